@@ -1,0 +1,45 @@
+"""Multiply-accumulate counts the way the paper reports them (fvcore-style GMACs, called FLOPs).
+
+Matrix products, linear layers, convolutions and the attention products of softmax attention
+(also inside ``scaled_dot_product_attention``) are counted by torch's ``FlopCounterMode``;
+circulant attention adds the paper's formula (:func:`cat.ops.circulant_attention_flops`), and
+its FFTs are not counted a second time. Element-wise ops and norms are not counted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from cat.ops import CirculantAttention, circulant_attention_flops
+
+__all__ = ["count_macs"]
+
+
+def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+# torch's counter knows the CUDA SDPA kernels; on CPU the fused kernel has its own op.
+_EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+
+
+def count_macs(model: nn.Module, inputs: Tensor) -> int:
+    """Multiply-accumulates of one forward of ``model`` on ``inputs`` (any device, meta included)."""
+    circulant_macs = 0
+
+    def add_circulant(module: CirculantAttention, args: tuple[Any, ...], output: Tensor) -> None:
+        nonlocal circulant_macs
+        x, _ = args
+        circulant_macs += x.shape[0] * circulant_attention_flops(x.shape[1], module.dim, module.head_dim)
+
+    hooks = [m.register_forward_hook(add_circulant) for m in model.modules() if isinstance(m, CirculantAttention)]
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
+            model(inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return counter.get_total_flops() // 2 + circulant_macs

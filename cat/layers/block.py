@@ -1,0 +1,40 @@
+"""The circulant-attention transformer block shared by every CA model."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+from timm.layers import DropPath, Mlp
+from torch import Tensor, nn
+
+from cat.ops import CirculantAttention
+from cat.ops.circulant import Reweight
+
+LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)
+
+
+class CirculantBlock(nn.Module):
+    """x += DWConv3x3(x); x += DropPath(CirAttn(LN(x))); x += DropPath(MLP(LN(x))).
+
+    Tokens are (B, N, C) on an H x W grid given as ``hw``. Parameter names match the released
+    CA-DeiT (``cpe``, ``norm1``, ``attn``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``).
+    """
+
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, head_dim: int = 1, reweight: Reweight = "post",
+                 proj_drop: float = 0.0, drop_path: float = 0.0,
+                 norm_layer: Callable[[int], nn.Module] = LayerNorm6,
+                 act_layer: type[nn.Module] = nn.GELU) -> None:
+        super().__init__()
+        self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm1 = norm_layer(dim)
+        self.attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, proj_drop=proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        B, N, C = x.shape
+        x = x + self.cpe(x.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+        x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))

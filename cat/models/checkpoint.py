@@ -1,0 +1,141 @@
+"""Safe checkpoint loading: the authors' release format, bare state dicts and cat's own checkpoints.
+
+Nothing here unpickles arbitrary code. Files are read with ``torch.load(weights_only=True)``; the
+released checkpoints hold a pickled yacs ``CfgNode``, which the weights-only unpickler refuses (it
+will not SETITEMS on a dict subclass), so those go through :class:`RestrictedUnpickler`, whose
+allow-list holds only tensor rebuilding, plain containers, and a dict stand-in for ``CfgNode``.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["load_checkpoint_file", "extract_state_dict", "load_state_dict", "CheckpointMismatchError",
+           "LoadReport", "UnsafeCheckpointError"]
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """The checkpoint references a Python global outside the allow-list."""
+
+
+class CfgNodeStandIn(dict):
+    """What a pickled yacs ``CfgNode`` loads as: a plain dict of its entries (yacs not needed)."""
+
+
+_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "set"): set,
+    ("__builtin__", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
+    ("torch", "Size"): torch.Size,
+    ("yacs.config", "CfgNode"): CfgNodeStandIn,
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler that resolves only the globals a released checkpoint needs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise UnsafeCheckpointError(
+                f"refusing to unpickle global '{module}.{name}': not on cat's checkpoint allow-list "
+                "(tensors, plain containers and yacs CfgNode). Re-save the file as a plain state dict "
+                "if you trust it.") from None
+
+
+class _RestrictedPickleModule:
+    """The ``pickle_module`` torch.load uses for the restricted path."""
+
+    Unpickler = RestrictedUnpickler
+    load = staticmethod(pickle.load)
+    UnpicklingError = pickle.UnpicklingError
+
+
+def load_checkpoint_file(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Any:
+    """Read a checkpoint file safely (see the module docstring)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # Typically the yacs CfgNode of a released checkpoint; the restricted path names any other global.
+        return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_RestrictedPickleModule)
+
+
+def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:
+    """The model state dict inside a loaded checkpoint (release format, mmengine format or bare)."""
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"checkpoint is a {type(checkpoint).__name__}, expected a dict")
+    for key in ("model", "state_dict"):
+        if isinstance(checkpoint.get(key), dict):
+            checkpoint = checkpoint[key]
+            break
+    non_tensors = [k for k, v in checkpoint.items() if not isinstance(v, Tensor)]
+    if non_tensors:
+        raise ValueError("checkpoint holds no 'model' or 'state_dict' entry and is not a bare state dict; "
+                         f"non-tensor entries: {non_tensors[:10]}")
+    # Weights saved from a DistributedDataParallel or torch.compile wrapper carry a prefix.
+    for prefix in ("module.", "_orig_mod."):
+        if checkpoint and all(k.startswith(prefix) for k in checkpoint):
+            checkpoint = {k[len(prefix):]: v for k, v in checkpoint.items()}
+    return dict(checkpoint)
+
+
+@dataclass
+class LoadReport:
+    """What did not load: keys the model lacks, keys the checkpoint lacks, and shape conflicts."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatch: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.unexpected or self.shape_mismatch)
+
+    def __str__(self) -> str:
+        lines = []
+        if self.missing:
+            lines.append(f"missing in checkpoint ({len(self.missing)}): {', '.join(self.missing)}")
+        if self.unexpected:
+            lines.append(f"unexpected in checkpoint ({len(self.unexpected)}): {', '.join(self.unexpected)}")
+        for key, want, got in self.shape_mismatch:
+            lines.append(f"shape mismatch {key}: model {want}, checkpoint {got}")
+        return "\n".join(lines) or "all keys matched"
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's keys or shapes do not match the model (``strict=True``)."""
+
+    def __init__(self, report: LoadReport, source: str) -> None:
+        self.report = report
+        super().__init__(f"checkpoint {source} does not match the model (pass strict=False to load the "
+                         f"matching part):\n{report}")
+
+
+def load_state_dict(model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True,
+                    source: str = "state dict") -> LoadReport:
+    """Load ``state_dict`` into ``model``; with ``strict`` raise on any mismatch, else load what fits."""
+    own = model.state_dict()
+    report = LoadReport(
+        missing=[k for k in own if k not in state_dict],
+        unexpected=[k for k in state_dict if k not in own],
+        shape_mismatch=[(k, tuple(own[k].shape), tuple(v.shape)) for k, v in state_dict.items()
+                        if k in own and own[k].shape != v.shape],
+    )
+    if strict and not report.clean:
+        raise CheckpointMismatchError(report, source)
+    bad = {k for k, _, _ in report.shape_mismatch}
+    model.load_state_dict({k: v for k, v in state_dict.items() if k in own and k not in bad}, strict=False)
+    return report

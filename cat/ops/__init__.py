@@ -1,0 +1,10 @@
+"""The circulant-attention operator. Pure torch: imports nothing else from ``cat``."""
+from .circulant import (
+    CirculantAttention,
+    attend_spectra,
+    bccb_project,
+    circulant_attention,
+    circulant_attention_flops,
+)
+
+__all__ = ["circulant_attention", "attend_spectra", "CirculantAttention", "bccb_project", "circulant_attention_flops"]

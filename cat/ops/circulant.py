@@ -1,0 +1,214 @@
+"""Circulant attention: self-attention whose attention map is exactly BCCB.
+
+For an H x W token grid with N = H*W tokens, a BCCB (block-circulant with circulant blocks)
+attention matrix has entries that depend only on the 2-D offset between query and key on the
+torus. Such a matrix is a circular convolution, so attention reduces to 2-D FFTs and costs
+O(N log N) instead of O(N^2).
+
+Conventions: spatial tensors are (B, H, W, C) real; spectra are the unnormalised ``rfft2`` over the
+grid dims, (B, H, W // 2 + 1, C) complex. FFTs always run in float32 (float64 for float64
+inputs) with autocast disabled: cuFFT rejects half precision for non-power-of-two grids, and the
+softmax logits need the range.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "circulant_attention",
+    "attend_spectra",
+    "CirculantAttention",
+    "bccb_project",
+    "circulant_attention_flops",
+]
+
+Reweight = Literal["post", "pre", "none"]
+
+
+def fft_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The real dtype FFTs run in for inputs of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    if not torch.amp.is_autocast_available(device.type):  # e.g. the meta device
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int],
+                   head_dim: int, scale: float) -> Tensor:
+    """Circulant attention given the rfft2 spectra of q, k and v.
+
+    ``q_f``, ``k_f``, ``v_f``: (B, H, W//2+1, C) complex, unnormalised ``rfft2`` over dims (1, 2).
+    Returns the real spatial output (B, H, W, C). Channels form heads of ``head_dim`` channels;
+    the caller is responsible for dtype and autocast handling (see :func:`circulant_attention`).
+    """
+    B, Hf, Wf, C = q_f.shape
+    H, W = hw
+    heads = C // head_dim
+    # Cross-correlation theorem: F(sum_i q_i k_{i+d}) = conj(F q) * F k; summing the products of
+    # a head's channels in the frequency domain gives the head's logits with one inverse FFT.
+    prod = torch.conj(q_f) * k_f
+    if head_dim > 1:
+        prod = prod.reshape(B, Hf, Wf, heads, head_dim).sum(-1)
+    logits = torch.fft.irfft2(prod, s=(H, W), dim=(1, 2)) * scale
+    weights = logits.reshape(B, H * W, heads).softmax(dim=1).view(B, H, W, heads)
+    # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
+    a_f = torch.conj(torch.fft.rfft2(weights, dim=(1, 2)))
+    if head_dim > 1:
+        out_f = (a_f.unsqueeze(-1) * v_f.reshape(B, Hf, Wf, heads, head_dim)).reshape(B, Hf, Wf, C)
+    else:
+        out_f = a_f * v_f
+    return torch.fft.irfft2(out_f, s=(H, W), dim=(1, 2))
+
+
+def _check_head_dim(channels: int, head_dim: int) -> None:
+    if head_dim < 1 or channels % head_dim:
+        raise ValueError(f"head_dim={head_dim} must be a positive divisor of the channel count {channels}")
+
+
+def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1,
+                        scale: float | None = None) -> Tensor:
+    """Circulant (BCCB) attention over a 2-D token grid, in O(N log N).
+
+    Args:
+        q, k, v: real tensors shaped (B, H, W, C), the tokens laid out on their H x W grid.
+        head_dim: channels per head; C must be divisible by it. ``1`` (per-channel attention) is
+            what the released CA-DeiT uses.
+        scale: multiplies the logits. ``None`` means ``1 / sqrt(N * head_dim)`` with N = H*W, the
+            scale the released CA-DeiT computes; the paper writes ``1 / (N * sqrt(d))``, which can
+            be passed explicitly. Any float is accepted.
+
+    For each batch item and head, with offsets d on the H x W torus (``+`` modulo (H, W)):
+        logits[d] = scale * sum_i <q_i, k_{i+d}>      (QK^T projected onto the BCCB subspace, times N)
+        w = softmax(logits) over the N offsets
+        out_i = sum_d w[d] * v_{i+d}                  (per channel of the head)
+
+    The FFTs run in float32 (float64 for float64 inputs) whatever autocast is active; the result
+    has the promoted dtype of the inputs.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"circulant_attention expects {name} shaped (B, H, W, C); got shape {tuple(t.shape)}")
+        if t.is_complex():
+            raise ValueError(f"circulant_attention expects real tensors; {name} is {t.dtype}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v must have the same shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, W, C = q.shape
+    _check_head_dim(C, head_dim)
+    if scale is None:
+        scale = 1.0 / math.sqrt(H * W * head_dim)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    work = fft_dtype(out_dtype)
+    with _no_autocast(q.device):
+        q_f, k_f, v_f = (torch.fft.rfft2(t.to(work), dim=(1, 2)) for t in (q, k, v))
+        out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale)
+    return out.to(out_dtype)
+
+
+class CirculantAttention(nn.Module):
+    """Circulant attention with the SiLU token gate, as in the released CA-DeiT.
+
+    Called as ``attn(x, hw)`` with x (B, N, C) and hw = (H, W), H*W = N. Parameter names follow the
+    released checkpoints: ``qkv.weight`` (bias-free, 3C x C), ``gate.0.{weight,bias}``,
+    ``proj.{weight,bias}``.
+
+    The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
+    so this equals projecting before the FFT while taking one FFT instead of three.
+
+    ``reweight`` selects the token reweighting of the paper's Table 5: ``'post'`` (default,
+    out = CirAttn(Q, K, V) * T), ``'pre'`` (out = CirAttn(Q, K, V * T)) or ``'none'``, where
+    T = SiLU(Linear(x)).
+    """
+
+    def __init__(self, dim: int, head_dim: int = 1, reweight: Reweight = "post", proj_drop: float = 0.0,
+                 scale: float | None = None) -> None:
+        super().__init__()
+        _check_head_dim(dim, head_dim)
+        if reweight not in ("post", "pre", "none"):
+            raise ValueError(f"reweight must be 'post', 'pre' or 'none'; got {reweight!r}")
+        self.dim = dim
+        self.head_dim = head_dim
+        self.reweight = reweight
+        self.scale = scale
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}"
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"CirculantAttention(dim={self.dim}) expects x shaped (B, N, {self.dim}); got {tuple(x.shape)}")
+        B, N, C = x.shape
+        H, W = hw
+        if H * W != N:
+            raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
+        scale = 1.0 / math.sqrt(N * self.head_dim) if self.scale is None else self.scale
+        gate = self.gate(x) if self.gate is not None else None
+        work = fft_dtype(x.dtype)
+        with _no_autocast(x.device):
+            x_f = torch.fft.rfft2(x.view(B, H, W, C).to(work), dim=(1, 2))
+        # One GEMM (autocast may run it in low precision) over the stacked real/imag parts.
+        re_im = torch.stack((x_f.real, x_f.imag))
+        if self.reweight == "pre":
+            qk = F.linear(re_im, self.qkv.weight[: 2 * C])
+            v = F.linear(x, self.qkv.weight[2 * C:]) * gate
+            with _no_autocast(x.device):
+                v_f = torch.fft.rfft2(v.view(B, H, W, C).to(work), dim=(1, 2))
+            q_f, k_f = torch.complex(qk[0].to(work), qk[1].to(work)).chunk(2, dim=-1)
+        else:
+            qkv = self.qkv(re_im)
+            q_f, k_f, v_f = torch.complex(qkv[0].to(work), qkv[1].to(work)).chunk(3, dim=-1)
+        with _no_autocast(x.device):
+            y = attend_spectra(q_f, k_f, v_f, (H, W), self.head_dim, scale).reshape(B, N, C)
+        if self.reweight == "post":
+            y = y * gate
+        return self.proj_drop(self.proj(y))
+
+
+def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:
+    """(N, N) index of the 2-D offset (j - i) mod (H, W) between token i and token j."""
+    H, W = hw
+    ys, xs = torch.meshgrid(torch.arange(H, device=device), torch.arange(W, device=device), indexing="ij")
+    ys, xs = ys.flatten(), xs.flatten()
+    dy = (ys[None, :] - ys[:, None]) % H
+    dx = (xs[None, :] - xs[:, None]) % W
+    return dy * W + dx
+
+
+def bccb_project(attn: Tensor, hw: tuple[int, int]) -> Tensor:
+    """Orthogonal (Frobenius) projection of (..., N, N) matrices onto the BCCB matrices of an H x W grid.
+
+    A BCCB matrix's entry (i, j) depends only on the torus offset j - i, so the nearest one averages
+    the N entries sharing each offset (the wrapped 2-D diagonals). Works for non-square grids.
+    """
+    H, W = hw
+    N = H * W
+    if attn.dim() < 2 or attn.shape[-1] != N or attn.shape[-2] != N:
+        raise ValueError(f"bccb_project expects (..., {N}, {N}) for hw={tuple(hw)}; got {tuple(attn.shape)}")
+    offset = _torus_offset_index(hw, attn.device)
+    flat = attn.reshape(*attn.shape[:-2], N * N)
+    index = offset.flatten().expand_as(flat)
+    diag_mean = torch.zeros(*attn.shape[:-2], N, dtype=attn.dtype, device=attn.device)
+    diag_mean = diag_mean.scatter_add(-1, index, flat) / N
+    return diag_mean[..., offset]
+
+
+def circulant_attention_flops(num_tokens: int, channels: int, head_dim: int = 1) -> int:
+    """Multiply-accumulates of circulant attention as the paper counts them.
+
+    Per head of dim d over N tokens: N * log2(N) * (4d + 2) + 4 * N * d.
+    """
+    heads = channels // head_dim
+    n = num_tokens
+    return round(heads * (n * math.log2(n) * (4 * head_dim + 2) + 4 * n * head_dim))

@@ -1,0 +1,73 @@
+"""Checkpoint loading: formats, strictness, and refusal to run pickled code."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import cat
+from cat.models import CheckpointMismatchError, UnsafeCheckpointError, load_checkpoint_file
+
+KWARGS = dict(embed_dim=32, depth=1, num_classes=5, img_size=32)
+
+
+def build():
+    return cat.create_model("ca_deit_tiny", **KWARGS)
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda sd: {"model": sd, "optimizer": {}, "epoch": 3},          # release / cat format
+    lambda sd: sd,                                                  # bare state dict
+    lambda sd: {"state_dict": {"module." + k: v for k, v in sd.items()}},  # mmengine + DDP prefix
+])
+def test_formats_round_trip(tmp_path, wrap):
+    src = build()
+    path = tmp_path / "ckpt.pth"
+    torch.save(wrap(src.state_dict()), path)
+    dst = cat.create_model("ca_deit_tiny", checkpoint=path, **KWARGS)
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(dst.state_dict()[k], v)
+
+
+def test_mismatch_lists_keys_and_shapes(tmp_path):
+    sd = build().state_dict()
+    sd.pop("norm.weight")
+    sd["extra.weight"] = torch.zeros(1)
+    sd["head.weight"] = torch.zeros(9, 32)
+    path = tmp_path / "bad.pth"
+    torch.save({"model": sd}, path)
+    with pytest.raises(CheckpointMismatchError) as err:
+        cat.create_model("ca_deit_tiny", checkpoint=path, **KWARGS)
+    msg = str(err.value)
+    assert "norm.weight" in msg and "extra.weight" in msg and "head.weight" in msg and "(9, 32)" in msg
+    model = build()
+    report = cat.load_checkpoint(model, path, strict=False)
+    assert report.missing == ["norm.weight"] and report.unexpected == ["extra.weight"]
+    torch.testing.assert_close(model.patch_embed.proj.weight, sd["patch_embed.proj.weight"])
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_arbitrary_globals_are_refused(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"model": build().state_dict(), "payload": _Evil()}, path)
+    with pytest.raises(UnsafeCheckpointError, match=r"posix\.system|os\.system"):
+        load_checkpoint_file(path)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pth"):
+        load_checkpoint_file(tmp_path / "nope.pth")
+
+
+def test_release_format_with_yacs_config(official_ca_deit):
+    ckpt = load_checkpoint_file(official_ca_deit / "small_p8_64.pth")
+    assert set(ckpt) >= {"model", "optimizer", "lr_scheduler", "epoch", "max_accuracy", "config"}
+    assert ckpt["config"]["DATA"]["IMG_SIZE"] == 64
+    with pytest.raises(pickle.UnpicklingError):  # the weights-only loader alone cannot read it
+        torch.load(official_ca_deit / "small_p8_64.pth", weights_only=True)
