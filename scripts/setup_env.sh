@@ -13,6 +13,8 @@ VPY=.venv/bin/python
 # setuptools<81 still ships pkg_resources, which older OpenMMLab build scripts import.
 "$VPY" -m pip install -q --disable-pip-version-check -U pip "setuptools<81" wheel
 "$VPY" -m pip install -q --disable-pip-version-check -r requirements.txt
+# The package itself, editable, so tools/ and the entry points import it from this checkout.
+"$VPY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
 "$VPY" - <<'PY'
 import torch, timm, hydra

@@ -1,0 +1,106 @@
+"""Atomic, resumable training checkpoints in the release format (``model`` holds the state dict).
+
+A checkpoint is written to a temporary file in the same folder, flushed to disk and renamed over
+its target, so a run killed at any moment (SIGKILL included) leaves the previous ``last.pth``
+intact. Snapshots (``best.pth``, ``epoch_XXXX.pth``) are hard links to the file just written:
+no extra I/O, and a later rename of ``last.pth`` leaves them untouched. Everything stored loads
+with ``torch.load(weights_only=True)``.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["atomic_save", "CheckpointManager", "capture_rng_state", "restore_rng_state", "seed_everything"]
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _snapshot(src: str, dst: str) -> None:
+    """Atomically make ``dst`` a copy of ``src`` (a hard link where the filesystem allows)."""
+    tmp = f"{dst}.{os.getpid()}.tmp"
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+class CheckpointManager:
+    """``last.pth`` every save, ``best.pth`` on a new best, and the ``keep_last`` latest ``epoch_XXXX.pth``."""
+
+    def __init__(self, folder: str, keep_last: int = 1) -> None:
+        self.folder = folder
+        self.keep_last = keep_last
+        self.last = os.path.join(folder, "last.pth")
+        self.best = os.path.join(folder, "best.pth")
+
+    def save(self, state: dict[str, Any], is_best: bool = False, epoch_end: bool = True) -> None:
+        atomic_save(state, self.last)
+        if is_best:
+            _snapshot(self.last, self.best)
+        if epoch_end and self.keep_last > 0:
+            _snapshot(self.last, os.path.join(self.folder, f"epoch_{state['epoch']:04d}.pth"))
+            for old in sorted(glob.glob(os.path.join(self.folder, "epoch_*.pth")))[:-self.keep_last]:
+                os.unlink(old)
+
+    def load_last(self) -> dict[str, Any] | None:
+        if not os.path.isfile(self.last):
+            return None
+        return torch.load(self.last, map_location="cpu", weights_only=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states, in a form ``weights_only`` loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

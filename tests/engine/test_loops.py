@@ -1,0 +1,73 @@
+"""The training loop's guards, checkpoint atomicity and RNG capture, at function level."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from timm.scheduler import create_scheduler_v2
+from torch import nn
+
+from cat.engine.checkpoint import CheckpointManager, atomic_save, capture_rng_state, restore_rng_state
+from cat.engine.dist import DistEnv
+from cat.engine.train import NonFiniteLossError, TrainOptions, train_one_epoch
+
+
+class NaNOnStep(nn.Module):
+    """A criterion that turns non-finite on a given call."""
+
+    def __init__(self, bad_call: int) -> None:
+        super().__init__()
+        self.calls, self.bad_call = 0, bad_call
+
+    def forward(self, logits, targets):
+        self.calls += 1
+        loss = nn.functional.cross_entropy(logits, targets)
+        return loss * float("nan") if self.calls == self.bad_call else loss
+
+
+def test_non_finite_loss_stops_naming_the_step():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched, _ = create_scheduler_v2(opt, num_epochs=1, step_on_epochs=False, updates_per_epoch=5)
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(5)]
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonFiniteLossError, match=r"epoch 7, step 2 \(global step 12\)"):
+        train_one_epoch(model, data, NaNOnStep(3), opt, sched, torch.amp.GradScaler("cpu", enabled=False), DistEnv(),
+                        epoch=7, first_update=10, opts=TrainOptions())
+    # Two good steps were taken, the bad one was not applied.
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_atomic_save_leaves_old_file_on_failure(tmp_path):
+    path = str(tmp_path / "last.pth")
+    atomic_save({"v": torch.ones(2)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        atomic_save({"v": Unpicklable()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["v"], torch.ones(2))
+    assert os.listdir(tmp_path) == ["last.pth"]  # no temporary left behind
+
+
+def test_manager_keeps_last_k_and_best(tmp_path):
+    mgr = CheckpointManager(str(tmp_path), keep_last=2)
+    for epoch in range(4):
+        mgr.save({"epoch": epoch, "w": torch.tensor(float(epoch))}, is_best=epoch == 1)
+    assert sorted(os.listdir(tmp_path)) == ["best.pth", "epoch_0002.pth", "epoch_0003.pth", "last.pth"]
+    assert torch.load(tmp_path / "best.pth", weights_only=True)["epoch"] == 1
+    assert mgr.load_last()["epoch"] == 3
+
+
+def test_rng_state_round_trips_through_weights_only_checkpoint(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    atomic_save({"rng": capture_rng_state()}, str(tmp_path / "rng.pth"))
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    restore_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected

@@ -1,0 +1,197 @@
+"""train_cls.py end to end on CPU: presets, eval of the released fixture, DDP parity, kill/resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import cat
+from cat.data import synthetic_dataset
+from cat.engine.classification import run
+from tests.conftest import REPO
+
+CONFIG_DIR = str(REPO / "configs" / "cls")
+EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
+# A tiny CA-DeiT on learnable synthetic data: seconds per run on one CPU thread.
+TINY = ["data=synthetic", "data.img_size=32", "model.kwargs={embed_dim:16,depth:1,patch_size:8}", "aug=none",
+        "workers=0", "logger.wandb.mode=disabled", "log_interval=1"]
+
+
+def compose_cls(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def train_cmd(output_dir: Path, *overrides: str, nproc: int = 1) -> list[str]:
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*launcher, str(REPO / "train_cls.py"), *TINY, f"output_dir={output_dir}", *overrides]
+
+
+def env_single_thread() -> dict[str, str]:
+    # One thread per process: deterministic reductions, and two ranks fit on two cores.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_train(output_dir: Path, *overrides: str, nproc: int = 1) -> dict:
+    proc = subprocess.run(train_cmd(output_dir, *overrides, nproc=nproc), cwd=REPO, env=env_single_thread(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(output_dir / "last.pth", map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_builds(experiment):
+    cfg = compose_cls(f"experiment={experiment}")
+    assert cfg.name == experiment or experiment == "quickstart"
+    with torch.device("meta"):
+        from cat.engine.classification import build_model
+        model = build_model(cfg, cfg.data.num_classes)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_paper_recipe_values():
+    cfg = compose_cls("experiment=ca_deit_s")
+    assert (cfg.epochs, cfg.lr, cfg.optim.lr_base_batch, cfg.optim.weight_decay, cfg.optim.clip_grad) == \
+        (300, 1e-3, 1024, 0.05, 5.0)
+    assert (cfg.schedule.sched, cfg.schedule.warmup_epochs) == ("cosine", 20)
+    assert (cfg.aug.auto_augment, cfg.aug.mixup, cfg.aug.cutmix, cfg.aug.smoothing, cfg.aug.reprob) == \
+        ("rand-m9-mstd0.5-inc1", 0.8, 1.0, 0.1, 0.25)
+    assert (cfg.data.name, cfg.data.img_size, cfg.data.crop_pct, cfg.data.interpolation) == \
+        ("imagenet", 224, 0.875, "bicubic")
+    drop_path = {e: compose_cls(f"experiment={e}").model.drop_path_rate for e in ("ca_deit_t", "ca_deit_s", "ca_deit_b")}
+    assert drop_path == {"ca_deit_t": 0.0, "ca_deit_s": 0.1, "ca_deit_b": 0.4}
+
+
+def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
+    ckpt = official_ca_deit / "small_p8_64.pth"
+    cfg = compose_cls("mode=eval", f"checkpoint={ckpt}", "data=synthetic", "data.num_classes=10", "data.img_size=64",
+                      "model.kwargs={embed_dim:64,depth:2,patch_size:8}", f"output_dir={tmp_path}", "workers=0",
+                      "logger.wandb.mode=disabled")
+    metrics = run(cfg)
+    assert json.loads((tmp_path / "metrics.json").read_text())["top1"] == metrics["top1"]
+    # The same numbers computed directly from the released weights.
+    model = cat.create_model("ca_deit_tiny", checkpoint=ckpt, embed_dim=64, depth=2, patch_size=8, img_size=64,
+                             num_classes=10).eval()
+    images, labels = synthetic_dataset("val", num_classes=10, img_size=64, samples_per_class=16).tensors
+    with torch.no_grad():
+        logits = model(images)
+    assert metrics["num_images"] == len(labels)
+    assert metrics["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
+    assert metrics["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
+
+
+def test_two_process_gloo_matches_single_process(tmp_path):
+    single = run_train(tmp_path / "single", "epochs=2", "batch_size=16")
+    ddp = run_train(tmp_path / "ddp", "epochs=2", "batch_size=8", nproc=2)
+    assert ddp["top1"] == pytest.approx(single["top1"], abs=1e-6)
+    assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
+    assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+    a, b = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-5, msg=k)
+
+
+def _start_and_signal(output_dir: Path, sig: int, *overrides: str) -> subprocess.Popen:
+    """Start a run and send ``sig`` once its second epoch has been checkpointed."""
+    proc = subprocess.Popen(train_cmd(output_dir, *overrides), cwd=REPO, env=env_single_thread(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not (output_dir / "epoch_0001.pth").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    return proc
+
+
+RESUME_RUN = ["epochs=12", "batch_size=8", "save.keep_last=100", "data.samples_per_class=64",
+              "model.drop_path_rate=0.1"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[dict, dict]:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return run_train(out, *RESUME_RUN), final_weights(out)
+
+
+def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted):
+    out = tmp_path / "killed"
+    proc = _start_and_signal(out, signal.SIGKILL, *RESUME_RUN)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "metrics.json").exists()  # it really was cut short
+    resumed = run_train(out, *RESUME_RUN)
+    expected_metrics, expected_weights = uninterrupted
+    assert resumed["top1"] == expected_metrics["top1"]
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted):
+    out = tmp_path / "preempted"
+    proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN)
+    log = proc.stdout.read()
+    assert proc.returncode == 0, log
+    assert "stop requested" in log
+    state = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
+    assert state["step_in_epoch"] > 0 and state["rng"] is not None
+    run_train(out, *RESUME_RUN)
+    _, expected_weights = uninterrupted
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_wandb_offline_files_and_outputs(tmp_path):
+    metrics = run_train(tmp_path, "epochs=1", "batch_size=16", "logger.wandb.mode=offline", "ema.enabled=true")
+    assert set(metrics) >= {"top1", "top5", "best_top1", "epoch", "wall_time_s"}
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count("epoch 1/1") == 1
+    ckpt = torch.load(tmp_path / "best.pth", map_location="cpu", weights_only=True)
+    assert {"model", "optimizer", "scheduler", "scaler", "ema", "epoch", "best_top1", "config", "rng"} <= set(ckpt)
+    assert OmegaConf.create(ckpt["config"]).data.name == "synthetic"
+    # The checkpoint is in the release format, so cat.create_model loads it.
+    cat.create_model("ca_deit_tiny", checkpoint=tmp_path / "best.pth", embed_dim=16, depth=1, patch_size=8,
+                     img_size=32, num_classes=4)
+
+
+@pytest.mark.parametrize("overrides, error, match", [
+    (["data=folder", "data.root=/nonexistent/imagenet"], FileNotFoundError, "/nonexistent/imagenet/train"),
+    (["model.name=ca_deit_tinyy"], ValueError, "unknown model 'ca_deit_tinyy'"),
+    (["aug=deit", "batch_size=7"], ValueError, "must be even"),
+    (["batch_size=1000"], ValueError, "fewer than one global batch"),
+    (["mode=fit"], ValueError, "mode must be"),
+])
+def test_clear_errors(tmp_path, overrides, error, match):
+    cfg = compose_cls(*TINY, f"output_dir={tmp_path}", *overrides)
+    with pytest.raises(error, match=match):
+        run(cfg)
+
+
+def test_empty_class_folder_is_named(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (tmp_path / "data" / split / "cat").mkdir(parents=True)
+        (tmp_path / "data" / split / "dog").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / "cat" / "a.png")
+    cfg = compose_cls(*TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}")
+    with pytest.raises(FileNotFoundError, match=r"train/dog holds no images"):
+        run(cfg)
