@@ -4,6 +4,7 @@
     python tools/flops.py ca_deit_tiny deit_tiny_patch16_224                   # 224x224
     python tools/flops.py ca_deit_tiny --img-size 224 --img-size 1024 --img-size 800 1280
     python tools/flops.py ca_deit_small --img-size 512 768 --json            # H=512, W=768
+    python tools/flops.py --table 2            # the paper's Table 2, ours beside the paper's numbers
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import count_macs
+from cat.paper import paper_table
 
 
 def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
@@ -31,13 +33,53 @@ def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
     return {"model": name, "img_size": list(img_size), "params": params, "flops": macs}
 
 
+def _relative_error(ours: float, paper: float | None) -> float | None:
+    return None if paper is None else (ours - paper) / paper
+
+
+def compare_table(number: int) -> list[dict[str, object]]:
+    """Every row of the paper's table ``number`` measured, beside the paper's params and GFLOPs."""
+    table = paper_table(number)
+    rows = []
+    for row in table["rows"]:
+        ours = measure(row["model"], (row["img_size"], row["img_size"]))
+        params_m, gflops = ours["params"] / 1e6, ours["flops"] / 1e9
+        tolerance = row.get("tolerance", table["tolerance"])
+        errors = [e for e in (_relative_error(params_m, row["params_m"]), _relative_error(gflops, row["gflops"]))
+                  if e is not None]
+        rows.append({**row, "ours_params_m": params_m, "ours_gflops": gflops, "tolerance": tolerance,
+                     "within_tolerance": all(abs(e) <= tolerance for e in errors)})
+    return rows
+
+
+def _print_table(number: int, rows: list[dict[str, object]]) -> None:
+    fmt = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
+    print(f"Table {number}: {paper_table(number)['title']}")
+    print(f"| model | timm name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        paper_note = " (target)" if r.get("target") else ""
+        print(f"| {r['label']} | `{r['model']}` | {r['img_size']}² | {r['ours_params_m']:.1f} | {fmt(r['params_m'])} "
+              f"| {r['ours_gflops']:.2f} | {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", help="timm model names (cat's models are registered)")
+    parser.add_argument("models", nargs="*", help="timm model names (cat's models are registered)")
+    parser.add_argument("--table", type=int, help="reproduce table N of the paper (exit status 1 if a row is "
+                                                  "outside its tolerance)")
     parser.add_argument("--img-size", nargs="+", type=int, action="append", metavar=("H", "W"),
                         help="input resolution: H (square) or H W; repeat the flag for several (default 224)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of raw counts")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        rows = compare_table(args.table)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_table(args.table, rows)
+        return 0 if all(r["within_tolerance"] for r in rows) else 1
+    if not args.models:
+        parser.error("give model names or --table N")
 
     resolutions = []
     for size in args.img_size or [[224]]:

@@ -4,13 +4,24 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor, nn
 
 from cat.ops import CirculantAttention
 from cat.ops.circulant import Reweight
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)
+
+
+def init_vit_weights(m: nn.Module) -> None:
+    """ViT initialisation: truncated-normal (std 0.02) linear weights, zero biases, unit LayerNorms."""
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
 
 
 class CirculantBlock(nn.Module):
@@ -32,9 +43,18 @@ class CirculantBlock(nn.Module):
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.apply(init_vit_weights)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
         x = x + self.cpe(x.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class CirculantBlockNHWC(CirculantBlock):
+    """:class:`CirculantBlock` on (B, H, W, C) maps, for stages built from NHWC blocks (Swin)."""
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        B, H, W, C = x.shape
+        return super().forward(x.reshape(B, H * W, C), (H, W)).reshape(B, H, W, C)

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from timm.layers import PatchEmbed, trunc_normal_
+from timm.layers import PatchEmbed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from cat.layers import CirculantBlock, LayerNorm6
+from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights
 from cat.ops.circulant import Reweight
 
 __all__ = ["CirculantVisionTransformer"]
@@ -48,17 +48,7 @@ class CirculantVisionTransformer(nn.Module):
         self.norm = LayerNorm6(embed_dim)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+        init_vit_weights(self.head)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -1,0 +1,130 @@
+"""The hierarchical zoo: every model trains, dense features at any size, PVT/Swin checkpoint parity."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from timm.models import model_entrypoint
+
+import cat
+from cat.layers import parse_attn_pattern
+from cat.models import load_backbone_checkpoint
+
+OURS = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("cat."))
+HIERARCHICAL = [n for n in OURS if not n.startswith("ca_deit")]
+
+
+def test_registry_holds_the_zoo():
+    expected = {f"{p}pvt_{s}" for p in ("", "ca_") for s in ("tiny", "small", "medium", "large")}
+    expected |= {"ca_swin_tiny", "ca_swin_small", "ca_swin_base", "ca_swin_base_384", "cat_tiny", "cat_small",
+                 "cat_base", "ca_deit_tiny", "ca_deit_small", "ca_deit_base"}
+    assert set(OURS) == expected
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_forward_backward_small_resolution(name):
+    model = timm.create_model(name, num_classes=5, img_size=64).train()
+    out = model(torch.randn(2, 3, 64, 64))
+    assert out.shape == (2, 5)
+    out.logsumexp(dim=1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing[:5]
+
+
+DENSE_CASES = [("cat_tiny", None)] + [(name, pattern) for name in ("pvt_tiny", "ca_pvt_tiny", "ca_swin_tiny")
+                                      for pattern in (None, "SSSS", "CM1SS")]
+
+
+@pytest.mark.parametrize("name, pattern", DENSE_CASES)
+def test_dense_features_any_size(name, pattern):
+    kwargs = {} if pattern is None else {"attn_pattern": pattern}
+    model = timm.create_model(name, features_only=True, **kwargs).eval()
+    with torch.no_grad():
+        feats = model(torch.randn(1, 3, 200, 328))
+    assert model.feature_info.reduction() == [4, 8, 16, 32]
+    for f, stride, ch in zip(feats, [4, 8, 16, 32], model.feature_info.channels()):
+        assert f.shape == (1, ch, -(-200 // stride), -(-328 // stride))
+
+
+def test_dense_out_indices_and_norm():
+    model = timm.create_model("ca_pvt_tiny", features_only=True, out_indices=(1, 3)).eval()
+    feats = model(torch.randn(1, 3, 96, 160))
+    assert [f.shape[1] for f in feats] == [128, 512]
+    base = timm.create_model("cat_tiny").eval()
+    x = torch.randn(1, 3, 64, 96)
+    plain = base.forward_intermediates(x, intermediates_only=True)
+    normed = base.forward_intermediates(x, norm=True, intermediates_only=True)
+    torch.testing.assert_close(plain[0], normed[0])
+    assert not torch.allclose(plain[3], normed[3])
+
+
+def test_swin_ssss_is_timm_swin():
+    reference = timm.create_model("swin_tiny_patch4_window7_224", num_classes=10).eval()
+    ours = cat.create_model("ca_swin_tiny", attn_pattern="SSSS", num_classes=10, drop_path_rate=0.1).eval()
+    report = cat.models.load_state_dict(ours, reference.state_dict(), strict=True)
+    assert report.clean
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x))
+
+
+def test_pvt_ssss_uses_release_names():
+    keys = set(timm.create_model("pvt_tiny").state_dict())
+    expected = {"cls_token", "norm.weight", "norm.bias", "head.weight", "head.bias"}
+    for s, sr in zip(range(1, 5), (8, 4, 2, 1)):
+        expected |= {f"pos_embed{s}"} | {f"patch_embed{s}.{m}.{p}" for m in ("proj", "norm") for p in ("weight", "bias")}
+        for j in range(2):
+            layers = ["norm1", "attn.q", "attn.kv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"]
+            layers += ["attn.sr", "attn.norm"] if sr > 1 else []
+            expected |= {f"block{s}.{j}.{m}.{p}" for m in layers for p in ("weight", "bias")}
+    assert keys == expected
+
+
+def test_ca_pvt_keeps_position_embeddings_and_circulant_stages():
+    model = timm.create_model("ca_pvt_tiny")
+    names = set(model.state_dict())
+    assert {"pos_embed1", "pos_embed2", "pos_embed3", "pos_embed4", "cls_token"} <= names
+    assert "block1.0.attn.gate.0.weight" in names and "block2.1.cpe.weight" in names
+    assert "block3.0.attn.sr.weight" in names and "block1.0.attn.sr.weight" not in names
+    assert model.no_weight_decay() >= {"pos_embed1", "cls_token"}
+
+
+def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
+    source = timm.create_model("ca_pvt_tiny", num_classes=10)
+    torch.save({"model": source.state_dict()}, tmp_path / "cls.pth")
+    backbone = timm.create_model("ca_pvt_tiny", img_size=320, num_classes=0)
+    report = load_backbone_checkpoint(backbone, tmp_path / "cls.pth")
+    assert report.clean, str(report)
+    assert backbone.pos_embed1.shape == (1, 80 * 80, 64)
+    torch.testing.assert_close(backbone.block1[0].attn.qkv.weight, source.block1[0].attn.qkv.weight)
+
+    swin = timm.create_model("ca_swin_tiny", num_classes=10)
+    torch.save(swin.state_dict(), tmp_path / "swin.pth")
+    swin_backbone = timm.create_model("ca_swin_tiny", num_classes=0)
+    assert load_backbone_checkpoint(swin_backbone, tmp_path / "swin.pth").clean
+    table = "layers.2.blocks.0.attn.relative_position_bias_table"
+    torch.testing.assert_close(swin_backbone.state_dict()[table], swin.state_dict()[table])
+
+
+@pytest.mark.parametrize("name", ["ca_pvt_tiny", "ca_swin_tiny", "cat_tiny"])
+def test_grad_checkpointing_matches(name):
+    model = timm.create_model(name, num_classes=3, drop_path_rate=0.0).train()
+    x = torch.randn(1, 3, 64, 64)
+    model(x).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for n, g in grads.items():
+        torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("pattern, counts", [("CCSS", [2, 2, 0, 0]), ("SSSS", [0, 0, 0, 0]), ("CM1SM2", [2, 1, 0, 2])])
+def test_attn_pattern(pattern, counts):
+    assert parse_attn_pattern(pattern, (2, 2, 6, 2)) == counts
+
+
+@pytest.mark.parametrize("pattern", ["CCS", "CCSX", "CM9SS", "ccss"])
+def test_attn_pattern_errors(pattern):
+    with pytest.raises(ValueError, match="attn_pattern"):
+        parse_attn_pattern(pattern, (2, 2, 6, 2))
