@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["paper_table"]
+__all__ = ["paper_table", "available_tables"]
 
 
 @lru_cache(maxsize=None)
@@ -22,3 +22,8 @@ def paper_table(number: int) -> dict[str, Any]:
     if key not in tables:
         raise ValueError(f"no table {number} in cat/paper_tables.yaml (have: {', '.join(sorted(tables))})")
     return tables[key]
+
+
+def available_tables() -> list[int]:
+    """Numbers of the tables held in ``cat/paper_tables.yaml``."""
+    return sorted(int(k[len("table"):]) for k in _tables() if k.startswith("table"))

@@ -42,31 +42,33 @@ def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int],
-                   head_dim: int, scale: float) -> Tensor:
-    """Circulant attention given the rfft2 spectra of q, k and v.
+def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float,
+                   return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Circulant attention given the rfft2 spectra of q, k and v, channels first.
 
-    ``q_f``, ``k_f``, ``v_f``: (B, H, W//2+1, C) complex, unnormalised ``rfft2`` over dims (1, 2).
-    Returns the real spatial output (B, H, W, C). Channels form heads of ``head_dim`` channels;
-    the caller is responsible for dtype and autocast handling (see :func:`circulant_attention`).
+    ``q_f``, ``k_f``, ``v_f``: (B, C, H, W//2+1) complex, the unnormalised ``rfft2`` over the last two
+    dims. Returns the real output (B, C, H, W) and, with ``return_weights``, the attention weights
+    (B, heads, H, W): weights[..., dy, dx] is the weight of the key at offset (dy, dx) from every
+    query. Channels form heads of ``head_dim`` channels; the caller handles dtypes and autocast.
     """
-    B, Hf, Wf, C = q_f.shape
+    B, C, Hf, Wf = q_f.shape
     H, W = hw
     heads = C // head_dim
     # Cross-correlation theorem: F(sum_i q_i k_{i+d}) = conj(F q) * F k; summing the products of
     # a head's channels in the frequency domain gives the head's logits with one inverse FFT.
     prod = torch.conj(q_f) * k_f
     if head_dim > 1:
-        prod = prod.reshape(B, Hf, Wf, heads, head_dim).sum(-1)
-    logits = torch.fft.irfft2(prod, s=(H, W), dim=(1, 2)) * scale
-    weights = logits.reshape(B, H * W, heads).softmax(dim=1).view(B, H, W, heads)
+        prod = prod.view(B, heads, head_dim, Hf, Wf).sum(2)
+    logits = torch.fft.irfft2(prod, s=(H, W))
+    weights = (logits.view(B, heads, H * W) * scale).softmax(dim=-1).view(B, heads, H, W)
     # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
-    a_f = torch.conj(torch.fft.rfft2(weights, dim=(1, 2)))
+    a_f = torch.conj(torch.fft.rfft2(weights))
     if head_dim > 1:
-        out_f = (a_f.unsqueeze(-1) * v_f.reshape(B, Hf, Wf, heads, head_dim)).reshape(B, Hf, Wf, C)
+        out_f = (a_f.unsqueeze(2) * v_f.view(B, heads, head_dim, Hf, Wf)).view(B, C, Hf, Wf)
     else:
         out_f = a_f * v_f
-    return torch.fft.irfft2(out_f, s=(H, W), dim=(1, 2))
+    out = torch.fft.irfft2(out_f, s=(H, W))
+    return (out, weights) if return_weights else out
 
 
 def _check_head_dim(channels: int, head_dim: int) -> None:
@@ -108,9 +110,9 @@ def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1,
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
     with _no_autocast(q.device):
-        q_f, k_f, v_f = (torch.fft.rfft2(t.to(work), dim=(1, 2)) for t in (q, k, v))
+        q_f, k_f, v_f = (torch.fft.rfft2(t.to(work).permute(0, 3, 1, 2)) for t in (q, k, v))
         out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale)
-    return out.to(out_dtype)
+    return out.permute(0, 2, 3, 1).to(out_dtype)
 
 
 class CirculantAttention(nn.Module):
@@ -122,6 +124,8 @@ class CirculantAttention(nn.Module):
 
     The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
     so this equals projecting before the FFT while taking one FFT instead of three.
+    With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
+    convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
     ``reweight`` selects the token reweighting of the paper's Table 5: ``'post'`` (default,
     out = CirAttn(Q, K, V) * T), ``'pre'`` (out = CirAttn(Q, K, V * T)) or ``'none'``, where
@@ -142,6 +146,9 @@ class CirculantAttention(nn.Module):
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        # Analysis tools set keep_weights to read each forward's attention weights (B, heads, H, W).
+        self.keep_weights = False
+        self.last_weights: Tensor | None = None
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}"
@@ -156,21 +163,26 @@ class CirculantAttention(nn.Module):
         scale = 1.0 / math.sqrt(N * self.head_dim) if self.scale is None else self.scale
         gate = self.gate(x) if self.gate is not None else None
         work = fft_dtype(x.dtype)
+        # Channels first, so every FFT runs over contiguous trailing dims and the spectrum's
+        # (re, im) pairs form one contiguous matrix the qkv weight multiplies without copies.
         with _no_autocast(x.device):
-            x_f = torch.fft.rfft2(x.view(B, H, W, C).to(work), dim=(1, 2))
-        # One GEMM (autocast may run it in low precision) over the stacked real/imag parts.
-        re_im = torch.stack((x_f.real, x_f.imag))
+            x_f = torch.fft.rfft2(x.transpose(1, 2).reshape(B, C, H, W).to(work))
+        Wf = x_f.shape[-1]
+        spectrum = torch.view_as_real(x_f).view(B, C, H * Wf * 2)
         if self.reweight == "pre":
-            qk = F.linear(re_im, self.qkv.weight[: 2 * C])
+            qk = torch.matmul(self.qkv.weight[: 2 * C], spectrum)
+            q_f, k_f = torch.view_as_complex(qk.to(work).view(B, 2 * C, H, Wf, 2)).chunk(2, dim=1)
             v = F.linear(x, self.qkv.weight[2 * C:]) * gate
             with _no_autocast(x.device):
-                v_f = torch.fft.rfft2(v.view(B, H, W, C).to(work), dim=(1, 2))
-            q_f, k_f = torch.complex(qk[0].to(work), qk[1].to(work)).chunk(2, dim=-1)
+                v_f = torch.fft.rfft2(v.transpose(1, 2).reshape(B, C, H, W).to(work))
         else:
-            qkv = self.qkv(re_im)
-            q_f, k_f, v_f = torch.complex(qkv[0].to(work), qkv[1].to(work)).chunk(3, dim=-1)
+            qkv = torch.matmul(self.qkv.weight, spectrum)  # one GEMM; autocast may run it in bf16/fp16
+            q_f, k_f, v_f = torch.view_as_complex(qkv.to(work).view(B, 3 * C, H, Wf, 2)).chunk(3, dim=1)
         with _no_autocast(x.device):
-            y = attend_spectra(q_f, k_f, v_f, (H, W), self.head_dim, scale).reshape(B, N, C)
+            y, weights = attend_spectra(q_f, k_f, v_f, (H, W), self.head_dim, scale, return_weights=True)
+        if self.keep_weights:
+            self.last_weights = weights.detach()
+        y = y.view(B, C, N).transpose(1, 2)
         if self.reweight == "post":
             y = y * gate
         return self.proj_drop(self.proj(y))

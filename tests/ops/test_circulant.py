@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cat.ops import CirculantAttention, bccb_project, circulant_attention
+from cat.ops.reference import released_circulant_attention
 
 
 def dense_bccb_attention(q, k, v, head_dim=1, scale=None):
@@ -128,27 +129,23 @@ def test_bad_head_dim_raises():
 
 # --- the module: released CA-DeiT numerics -----------------------------------------------------
 
-def released_pipeline(attn: CirculantAttention, x, hw):
-    """The released CA-DeiT attention written literally (ortho-normalised FFTs on (B, H, W, C))."""
-    B, N, C = x.shape
-    H, W = hw
-    t = F.silu(F.linear(x, attn.gate[0].weight, attn.gate[0].bias))
-    X = torch.fft.rfft2(x.view(B, H, W, C), dim=(1, 2), norm="ortho")
-    qkv = torch.view_as_complex(F.linear(torch.view_as_real(X).transpose(-1, -2), attn.qkv.weight)
-                                .transpose(-1, -2).contiguous())
-    q, k, v = qkv.chunk(3, dim=-1)
-    logits = torch.fft.irfft2(torch.conj(q) * k, s=(H, W), dim=(1, 2), norm="ortho")
-    weights = logits.reshape(B, N, C).softmax(dim=1).view(B, H, W, C)
-    A = torch.fft.rfft2(weights, dim=(1, 2))
-    y = torch.fft.irfft2(torch.conj(A) * v, s=(H, W), dim=(1, 2), norm="ortho").reshape(B, N, C)
-    return F.linear(y * t, attn.proj.weight, attn.proj.bias)
-
-
 @pytest.mark.parametrize("hw", [(4, 4), (3, 5), (6, 7)])
 def test_module_matches_released_pipeline(hw):
     attn = CirculantAttention(8).double()
     x = torch.randn(2, hw[0] * hw[1], 8, dtype=torch.float64)
-    torch.testing.assert_close(attn(x, hw), released_pipeline(attn, x, hw), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(attn(x, hw), released_circulant_attention(attn, x, hw), rtol=1e-10, atol=1e-12)
+
+
+def test_module_keeps_weights_on_request():
+    attn = CirculantAttention(6, head_dim=2).double()
+    x = torch.randn(2, 12, 6, dtype=torch.float64)
+    attn(x, (3, 4))
+    assert attn.last_weights is None
+    attn.keep_weights = True
+    attn(x, (3, 4))
+    w = attn.last_weights
+    assert w.shape == (2, 3, 3, 4)
+    torch.testing.assert_close(w.sum(dim=(-1, -2)), torch.ones(2, 3, dtype=torch.float64))
 
 
 def test_module_parameter_names():
@@ -213,3 +210,13 @@ def test_bccb_project_is_an_orthogonal_projection():
 def test_bccb_project_rejects_wrong_size():
     with pytest.raises(ValueError, match="bccb_project"):
         bccb_project(torch.randn(10, 10), (3, 4))
+
+
+def test_bccb_stochastic_matrix_is_closer_than_random():
+    hw, N = (4, 5), 20
+    logits = bccb_project(torch.randn(N, N, dtype=torch.float64), hw)
+    bccb_stochastic = logits.softmax(dim=-1)  # rows of a BCCB matrix are permutations of one another
+    random_stochastic = torch.rand(N, N, dtype=torch.float64)
+    random_stochastic /= random_stochastic.sum(-1, keepdim=True)
+    distance = lambda a: ((a - bccb_project(a, hw)).norm() / a.norm()).item()  # noqa: E731
+    assert distance(bccb_stochastic) < 1e-12 < 0.1 < distance(random_stochastic)
