@@ -5,6 +5,8 @@ from .circulant import (
     bccb_project,
     circulant_attention,
     circulant_attention_flops,
+    set_fft_backend,
 )
 
-__all__ = ["circulant_attention", "attend_spectra", "CirculantAttention", "bccb_project", "circulant_attention_flops"]
+__all__ = ["circulant_attention", "attend_spectra", "CirculantAttention", "bccb_project", "circulant_attention_flops",
+           "set_fft_backend"]

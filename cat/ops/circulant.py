@@ -20,15 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dft import irfft2_pairs, rfft2_pairs
+
 __all__ = [
     "circulant_attention",
     "attend_spectra",
     "CirculantAttention",
     "bccb_project",
     "circulant_attention_flops",
+    "set_fft_backend",
 ]
 
 Reweight = Literal["post", "pre", "none"]
+FFTBackend = Literal["fft", "matmul", "auto"]
 
 
 def fft_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -71,13 +75,62 @@ def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int], h
     return (out, weights) if return_weights else out
 
 
+def _attend_pairs(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    """:func:`attend_spectra` in real arithmetic on (B, C, H, W//2+1, 2) (re, im) spectra, with
+    matrix-product DFTs: no complex dtype anywhere, so it exports to ONNX."""
+    B, C, Hf, Wf, _ = q.shape
+    heads = C // head_dim
+    (qr, qi), (kr, ki), (vr, vi) = q.unbind(-1), k.unbind(-1), v.unbind(-1)
+    pr, pi = qr * kr + qi * ki, qr * ki - qi * kr  # conj(q) * k
+    if head_dim > 1:
+        pr, pi = (t.reshape(B, heads, head_dim, Hf, Wf).sum(2) for t in (pr, pi))
+    logits = irfft2_pairs(pr, pi, hw)
+    weights = (logits.reshape(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
+    ar, ai = (t.unsqueeze(2) for t in rfft2_pairs(weights))
+    vr, vi = (t.reshape(B, heads, head_dim, Hf, Wf) for t in (vr, vi))
+    out_r = (ar * vr + ai * vi).reshape(B, C, Hf, Wf)  # conj(A) * v
+    out_i = (ar * vi - ai * vr).reshape(B, C, Hf, Wf)
+    return irfft2_pairs(out_r, out_i, hw), weights
+
+
+# Largest token grid for which 'auto' picks the matmul DFT, per device type (measured with
+# tools/bench_attention.py; docs/perf.md has the numbers).
+_MATMUL_MAX_TOKENS = {"cpu": 0, "cuda": 0}
+
+
+def resolve_fft_backend(backend: FFTBackend, hw: tuple[int, int], device: torch.device) -> str:
+    """'fft' or 'matmul' for ``backend`` on an ``hw`` grid (``'auto'`` picks the faster one measured)."""
+    if backend == "auto":
+        return "matmul" if hw[0] * hw[1] <= _MATMUL_MAX_TOKENS.get(device.type, 0) else "fft"
+    if backend not in ("fft", "matmul"):
+        raise ValueError(f"fft_backend must be 'fft', 'matmul' or 'auto'; got {backend!r}")
+    return backend
+
+
+def spectrum(x: Tensor, backend: str) -> Tensor:
+    """Unnormalised rfft2 of real (B, C, H, W) as a real (B, C, H, W//2+1, 2) tensor of (re, im)."""
+    if backend == "matmul":
+        return torch.stack(rfft2_pairs(x), dim=-1)
+    return torch.view_as_real(torch.fft.rfft2(x))
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float,
+           backend: str) -> tuple[Tensor, Tensor]:
+    """Output (B, C, H, W) and weights (B, heads, H, W) from (re, im) spectra made by :func:`spectrum`."""
+    if backend == "matmul":
+        return _attend_pairs(q, k, v, hw, head_dim, scale)
+    q_f, k_f, v_f = (torch.view_as_complex(t) for t in (q, k, v))
+    return attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True)
+
+
 def _check_head_dim(channels: int, head_dim: int) -> None:
     if head_dim < 1 or channels % head_dim:
         raise ValueError(f"head_dim={head_dim} must be a positive divisor of the channel count {channels}")
 
 
-def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1,
-                        scale: float | None = None) -> Tensor:
+def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1, scale: float | None = None,
+                        fft_backend: FFTBackend = "fft") -> Tensor:
     """Circulant (BCCB) attention over a 2-D token grid, in O(N log N).
 
     Args:
@@ -87,6 +140,8 @@ def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1,
         scale: multiplies the logits. ``None`` means ``1 / sqrt(N * head_dim)`` with N = H*W, the
             scale the released CA-DeiT computes; the paper writes ``1 / (N * sqrt(d))``, which can
             be passed explicitly. Any float is accepted.
+        fft_backend: ``'fft'`` (torch.fft), ``'matmul'`` (dense DFT matrices: no complex dtypes,
+            ONNX-exportable) or ``'auto'`` (the faster one measured for the grid size and device).
 
     For each batch item and head, with offsets d on the H x W torus (``+`` modulo (H, W)):
         logits[d] = scale * sum_i <q_i, k_{i+d}>      (QK^T projected onto the BCCB subspace, times N)
@@ -109,9 +164,10 @@ def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1,
         scale = 1.0 / math.sqrt(H * W * head_dim)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
+    backend = resolve_fft_backend(fft_backend, (H, W), q.device)
     with _no_autocast(q.device):
-        q_f, k_f, v_f = (torch.fft.rfft2(t.to(work).permute(0, 3, 1, 2)) for t in (q, k, v))
-        out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale)
+        q_f, k_f, v_f = (spectrum(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
+        out, _ = attend(q_f, k_f, v_f, (H, W), head_dim, scale, backend)
     return out.permute(0, 2, 3, 1).to(out_dtype)
 
 
@@ -133,7 +189,7 @@ class CirculantAttention(nn.Module):
     """
 
     def __init__(self, dim: int, head_dim: int = 1, reweight: Reweight = "post", proj_drop: float = 0.0,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, fft_backend: FFTBackend = "fft") -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
         if reweight not in ("post", "pre", "none"):
@@ -142,6 +198,8 @@ class CirculantAttention(nn.Module):
         self.head_dim = head_dim
         self.reweight = reweight
         self.scale = scale
+        resolve_fft_backend(fft_backend, (1, 1), torch.device("cpu"))  # validate early
+        self.fft_backend = fft_backend
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
@@ -151,7 +209,7 @@ class CirculantAttention(nn.Module):
         self.last_weights: Tensor | None = None
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}"
+        return f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}, fft_backend={self.fft_backend!r}"
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
@@ -163,23 +221,23 @@ class CirculantAttention(nn.Module):
         scale = 1.0 / math.sqrt(N * self.head_dim) if self.scale is None else self.scale
         gate = self.gate(x) if self.gate is not None else None
         work = fft_dtype(x.dtype)
-        # Channels first, so every FFT runs over contiguous trailing dims and the spectrum's
+        backend = resolve_fft_backend(self.fft_backend, hw, x.device)
+        # Channels first, so every transform runs over contiguous trailing dims and the spectrum's
         # (re, im) pairs form one contiguous matrix the qkv weight multiplies without copies.
         with _no_autocast(x.device):
-            x_f = torch.fft.rfft2(x.transpose(1, 2).reshape(B, C, H, W).to(work))
-        Wf = x_f.shape[-1]
-        spectrum = torch.view_as_real(x_f).view(B, C, H * Wf * 2)
+            x_f = spectrum(x.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
+        Wf = x_f.shape[-2]
+        flat = x_f.view(B, C, H * Wf * 2)
         if self.reweight == "pre":
-            qk = torch.matmul(self.qkv.weight[: 2 * C], spectrum)
-            q_f, k_f = torch.view_as_complex(qk.to(work).view(B, 2 * C, H, Wf, 2)).chunk(2, dim=1)
+            q_f, k_f = torch.matmul(self.qkv.weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
             v = F.linear(x, self.qkv.weight[2 * C:]) * gate
             with _no_autocast(x.device):
-                v_f = torch.fft.rfft2(v.transpose(1, 2).reshape(B, C, H, W).to(work))
+                v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
         else:
-            qkv = torch.matmul(self.qkv.weight, spectrum)  # one GEMM; autocast may run it in bf16/fp16
-            q_f, k_f, v_f = torch.view_as_complex(qkv.to(work).view(B, 3 * C, H, Wf, 2)).chunk(3, dim=1)
+            qkv = torch.matmul(self.qkv.weight, flat)  # one GEMM; autocast may run it in bf16/fp16
+            q_f, k_f, v_f = qkv.to(work).view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
         with _no_autocast(x.device):
-            y, weights = attend_spectra(q_f, k_f, v_f, (H, W), self.head_dim, scale, return_weights=True)
+            y, weights = attend(q_f, k_f, v_f, hw, self.head_dim, scale, backend)
         if self.keep_weights:
             self.last_weights = weights.detach()
         y = y.view(B, C, N).transpose(1, 2)
@@ -224,3 +282,12 @@ def circulant_attention_flops(num_tokens: int, channels: int, head_dim: int = 1)
     heads = channels // head_dim
     n = num_tokens
     return round(heads * (n * math.log2(n) * (4 * head_dim + 2) + 4 * n * head_dim))
+
+
+def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
+    """Switch every :class:`CirculantAttention` in ``model`` to ``backend``; returns ``model``."""
+    resolve_fft_backend(backend, (1, 1), torch.device("cpu"))
+    for module in model.modules():
+        if isinstance(module, CirculantAttention):
+            module.fft_backend = backend
+    return model

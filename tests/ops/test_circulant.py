@@ -220,3 +220,39 @@ def test_bccb_stochastic_matrix_is_closer_than_random():
     random_stochastic /= random_stochastic.sum(-1, keepdim=True)
     distance = lambda a: ((a - bccb_project(a, hw)).norm() / a.norm()).item()  # noqa: E731
     assert distance(bccb_stochastic) < 1e-12 < 0.1 < distance(random_stochastic)
+
+
+# --- the matmul DFT backend ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matmul_backend_equals_fft_backend(shape):
+    B, H, W, C, d = shape
+    q, k, v = (torch.randn(B, H, W, C, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    fft = circulant_attention(q, k, v, head_dim=d, fft_backend="fft")
+    mm = circulant_attention(q, k, v, head_dim=d, fft_backend="matmul")
+    torch.testing.assert_close(mm, fft, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(fft)
+    for a, b in zip(torch.autograd.grad((fft * g).sum(), (q, k, v)), torch.autograd.grad((mm * g).sum(), (q, k, v))):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("reweight", ["post", "pre"])
+@pytest.mark.parametrize("hw", [(14, 14), (7, 10)])
+def test_matmul_backend_module_float32(reweight, hw):
+    attn = CirculantAttention(24, head_dim=2, reweight=reweight)
+    x = torch.randn(2, hw[0] * hw[1], 24)
+    ref = attn(x, hw)
+    attn.fft_backend = "matmul"
+    torch.testing.assert_close(attn(x, hw), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_set_fft_backend_and_validation():
+    from cat.ops import set_fft_backend
+
+    model = torch.nn.Sequential(CirculantAttention(4), CirculantAttention(4))
+    set_fft_backend(model, "matmul")
+    assert {m.fft_backend for m in model} == {"matmul"}
+    with pytest.raises(ValueError, match="fft_backend"):
+        set_fft_backend(model, "cufft")
+    with pytest.raises(ValueError, match="fft_backend"):
+        CirculantAttention(4, fft_backend="dft")
