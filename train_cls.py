@@ -11,19 +11,11 @@ Configs live in configs/cls (Hydra); see README.md for the keys.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 from cat.engine.classification import run
-
-
-def _quiet_hydra_on_other_ranks() -> None:
-    """Only rank 0 lets Hydra write its run folder; the other ranks would race on it."""
-    if int(os.environ.get("RANK", "0")) > 0:
-        sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=."]
+from cat.engine.launch import quiet_hydra_on_other_ranks
 
 
 @hydra.main(config_path="configs/cls", config_name="config", version_base="1.3")
@@ -32,5 +24,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    _quiet_hydra_on_other_ranks()
+    quiet_hydra_on_other_ranks()
     main()

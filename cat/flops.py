@@ -7,7 +7,7 @@ its FFTs are not counted a second time. Element-wise ops and norms are not count
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +26,11 @@ def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any
 _EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
 
 
-def count_macs(model: nn.Module, inputs: Tensor) -> int:
-    """Multiply-accumulates of one forward of ``model`` on ``inputs`` (any device, meta included)."""
+def count_macs(model: nn.Module, inputs: Tensor, forward: Callable[[Tensor], Any] | None = None) -> int:
+    """Multiply-accumulates of one forward of ``model`` on ``inputs`` (any device, meta included).
+
+    ``forward`` replaces ``model(inputs)`` for models driven another way (detectors, segmentors).
+    """
     circulant_macs = 0
 
     def add_circulant(module: CirculantAttention, args: tuple[Any, ...], output: Tensor) -> None:
@@ -38,7 +41,7 @@ def count_macs(model: nn.Module, inputs: Tensor) -> int:
     hooks = [m.register_forward_hook(add_circulant) for m in model.modules() if isinstance(m, CirculantAttention)]
     try:
         with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
-            model(inputs)
+            (forward or model)(inputs)
     finally:
         for h in hooks:
             h.remove()

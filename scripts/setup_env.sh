@@ -17,7 +17,8 @@ VPY=.venv/bin/python
 # PyPI has only the sdist for this torch: build it once (~12 min on 2 cores) and cache the wheel,
 # keyed by the torch version, so re-runs take seconds. mmcv puts -std=c++17 last on the compile
 # line while torch 2.14's headers need C++20, so the compiler is wrapped to append -std=c++20.
-if ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
+# CAT_SKIP_MM=1 skips the OpenMMLab stack (classification only; the det/seg tests then skip).
+if [ "${CAT_SKIP_MM:-0}" != 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
     TORCH_TAG=$("$VPY" -c "import torch; print(torch.__version__.replace('+', '_'))")
     WHEELS=${CAT_WHEEL_CACHE:-$HOME/.cache/cat/wheels}/torch-$TORCH_TAG
     if ! ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
@@ -39,7 +40,9 @@ if ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
     fi
     "$VPY" -m pip install -q --disable-pip-version-check --no-deps "$WHEELS"/mmcv-2.1.0-*.whl
 fi
-"$VPY" -m pip install -q --disable-pip-version-check -r requirements-mm.txt
+if [ "${CAT_SKIP_MM:-0}" != 1 ]; then
+    "$VPY" -m pip install -q --disable-pip-version-check -r requirements-mm.txt
+fi
 
 # The package itself, editable, so tools/ and the entry points import it from this checkout.
 "$VPY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

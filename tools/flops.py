@@ -5,6 +5,8 @@
     python tools/flops.py ca_deit_tiny --img-size 224 --img-size 1024 --img-size 800 1280
     python tools/flops.py ca_deit_small --img-size 512 768 --json            # H=512, W=768
     python tools/flops.py --table 2            # the paper's Table 2, ours beside the paper's numbers
+    python tools/flops.py --det mask_rcnn_ca_pvt_t_1x mask_rcnn_pvt_t_1x    # whole detectors at 800x1280
+    python tools/flops.py --seg fpn_ca_pvt_t_40k --img-size 512 2048        # whole segmentors
 """
 from __future__ import annotations
 
@@ -31,6 +33,21 @@ def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
         params = sum(p.numel() for p in model.parameters())
         macs = count_macs(model, torch.empty(1, 3, *img_size))
     return {"model": name, "img_size": list(img_size), "params": params, "flops": macs}
+
+
+def measure_dense(task: str, experiment: str, hw: tuple[int, int]) -> dict[str, object]:
+    """A whole detector (``task='det'``) or segmentor (``'seg'``) from its train_det/train_seg preset."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from cat.mm.flops import detector_macs, segmentor_macs
+
+    config_dir = Path(__file__).resolve().parents[1] / "configs" / task
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
+    params, macs = (detector_macs if task == "det" else segmentor_macs)(cfg, hw)
+    return {"model": experiment, "img_size": list(hw), "params": params, "flops": macs}
 
 
 def _relative_error(ours: float, paper: float | None) -> float | None:
@@ -69,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   "outside its tolerance)")
     parser.add_argument("--img-size", nargs="+", type=int, action="append", metavar=("H", "W"),
                         help="input resolution: H (square) or H W; repeat the flag for several (default 224)")
+    parser.add_argument("--det", nargs="+", metavar="EXPERIMENT", help="train_det.py presets: whole detectors "
+                        "(backbone, FPN, RPN, RoI heads on 1000 proposals; default input 800x1280)")
+    parser.add_argument("--seg", nargs="+", metavar="EXPERIMENT", help="train_seg.py presets: whole segmentors "
+                        "(default input 512x2048)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of raw counts")
     args = parser.parse_args(argv)
     if args.table is not None:
@@ -78,15 +99,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_table(args.table, rows)
         return 0 if all(r["within_tolerance"] for r in rows) else 1
-    if not args.models:
-        parser.error("give model names or --table N")
+    if not (args.models or args.det or args.seg):
+        parser.error("give model names, --det/--seg presets or --table N")
 
     resolutions = []
-    for size in args.img_size or [[224]]:
+    for size in args.img_size or []:
         if len(size) > 2:
             parser.error(f"--img-size takes H or H W, got {size}; repeat the flag for several resolutions")
         resolutions.append((size[0], size[-1]))
-    rows = [measure(m, r) for m in args.models for r in resolutions]
+    rows = [measure(m, r) for m in args.models for r in resolutions or [(224, 224)]]
+    rows += [measure_dense("det", e, r) for e in args.det or [] for r in resolutions or [(800, 1280)]]
+    rows += [measure_dense("seg", e, r) for e in args.seg or [] for r in resolutions or [(512, 2048)]]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

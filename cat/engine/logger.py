@@ -8,7 +8,7 @@ import secrets
 import sys
 from typing import Any
 
-__all__ = ["setup_logging", "WandbLogger", "wandb_api_key_configured"]
+__all__ = ["setup_logging", "WandbLogger", "wandb_api_key_configured", "resolve_wandb_mode", "persistent_run_id"]
 
 
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
@@ -37,6 +37,26 @@ def wandb_api_key_configured() -> bool:
         return False
 
 
+def resolve_wandb_mode(mode: str) -> str:
+    """``auto`` is online when an API key is configured and offline otherwise."""
+    if mode == "auto":
+        return "online" if wandb_api_key_configured() else "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise ValueError(f"logger.wandb.mode must be auto, online, offline or disabled; got {mode!r}")
+    return mode
+
+
+def persistent_run_id(output_dir: str) -> str:
+    """The W&B run id of ``output_dir``, created on first use, so resumed runs continue one W&B run."""
+    path = os.path.join(output_dir, "wandb_run_id.txt")
+    if not os.path.isfile(path):
+        os.makedirs(output_dir, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(secrets.token_hex(4))
+    with open(path) as f:
+        return f.read().strip()
+
+
 class WandbLogger:
     """A W&B run in ``output_dir/wandb`` that resumes with the training run (its id is kept there).
 
@@ -44,26 +64,14 @@ class WandbLogger:
     """
 
     def __init__(self, cfg: Any, output_dir: str, config: dict[str, Any], enabled: bool = True) -> None:
-        mode = cfg.mode
-        if mode == "auto":
-            mode = "online" if wandb_api_key_configured() else "offline"
-        if mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"logger.wandb.mode must be auto, online, offline or disabled; got {cfg.mode!r}")
+        mode = resolve_wandb_mode(cfg.mode)
         self.run = None
         if not enabled or mode == "disabled":
             return
         import wandb
 
-        id_file = os.path.join(output_dir, "wandb_run_id.txt")
-        if os.path.isfile(id_file):
-            with open(id_file) as f:
-                run_id = f.read().strip()
-        else:
-            run_id = secrets.token_hex(4)
-            with open(id_file, "w") as f:
-                f.write(run_id)
-        self.run = wandb.init(mode=mode, project=cfg.project, entity=cfg.entity, name=cfg.name,
-                              tags=list(cfg.tags), config=config, dir=output_dir, id=run_id, resume="allow")
+        self.run = wandb.init(mode=mode, project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
+                              config=config, dir=output_dir, id=persistent_run_id(output_dir), resume="allow")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run is not None:

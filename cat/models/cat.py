@@ -154,6 +154,19 @@ class CirculantAttentionTransformer(nn.Module):
     def _norm_map(self, x: Tensor) -> Tensor:
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final norm.
+
+        Under DistributedDataParallel unused parameters are an error, so backbones prune them.
+        """
+        take, _ = feature_take_indices(len(self.stages), indices)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens (B, N, C) of the last stage."""
         x = self.stages(self.stem(x))

@@ -222,6 +222,19 @@ class PyramidVisionTransformer(nn.Module):
             return intermediates
         return self.norm(tokens), intermediates
 
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final norm.
+
+        Under DistributedDataParallel unused parameters are an error, so backbones prune them.
+        """
+        take, _ = feature_take_indices(4, indices)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
     def forward_features(self, x: Tensor) -> Tensor:
         for s in range(4):
             tokens, hw = self._stage(s, x)

@@ -1,0 +1,79 @@
+"""cat's hierarchical models as OpenMMLab backbones (mmdet and mmseg), without a second copy.
+
+``CATBackbone`` wraps any timm-registered model with ``forward_intermediates`` (CA-PVT, PVT,
+CA-Swin, Swin, CAT): it builds the classification model itself, so ImageNet checkpoints from
+``train_cls.py`` or the release format load key for key, and returns the stage outputs as NCHW
+maps at strides 4/8/16/32 with an optional LayerNorm per output (as Swin/PVT detection backbones do).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from mmengine.model import BaseModule
+from torch import Tensor, nn
+
+import cat
+from cat.models import load_backbone_checkpoint
+
+__all__ = ["CATBackbone", "register_backbones", "backbone_channels"]
+
+
+class CATBackbone(BaseModule):
+    """A cat/timm hierarchical model as a multi-scale backbone.
+
+    Args:
+        model_name: a timm model name (``ca_pvt_tiny``, ``ca_swin_tiny``, ``cat_small``, ``pvt_tiny``...).
+        out_indices: which stages to return (0-3, strides 4/8/16/32).
+        out_norm: add a LayerNorm on each returned map.
+        pretrained: an ImageNet checkpoint (release format, bare state dict or cat's); the classifier
+            is dropped and position tables resized; whatever does not load is logged.
+        model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
+    """
+
+    def __init__(self, model_name: str, out_indices: Sequence[int] = (0, 1, 2, 3), out_norm: bool = True,
+                 pretrained: str | None = None, model_kwargs: dict[str, Any] | None = None,
+                 init_cfg: dict | None = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.model = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
+        self.out_indices = tuple(out_indices)
+        # The classifier's final norm feeds nothing here; DDP rejects parameters without gradients.
+        self.model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)
+        self.pretrained = pretrained
+        channels = [self.model.feature_info[i]["num_chs"] for i in self.out_indices]
+        self.norms = nn.ModuleList(nn.LayerNorm(c) for c in channels) if out_norm else None
+
+    def init_weights(self) -> None:
+        super().init_weights()
+        if self.pretrained:
+            load_backbone_checkpoint(self.model, self.pretrained)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        feats = self.model.forward_intermediates(x, indices=list(self.out_indices), intermediates_only=True)
+        if self.norms is not None:
+            feats = [norm(f.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous() for norm, f in zip(self.norms, feats)]
+        return tuple(feats)
+
+
+def backbone_channels(model_name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **model_kwargs: Any) -> list[int]:
+    """Channel counts of the returned maps (built on the meta device: no memory, no weights)."""
+    with torch.device("meta"):
+        model = cat.create_model(model_name, num_classes=0, **model_kwargs)
+    return [model.feature_info[i]["num_chs"] for i in out_indices]
+
+
+def register_backbones() -> None:
+    """Register ``CATBackbone`` in the mmdet and mmseg registries that are installed (idempotent)."""
+    registries = []
+    try:
+        from mmdet.registry import MODELS as det_models
+        registries.append(det_models)
+    except ImportError:
+        pass
+    try:
+        from mmseg.registry import MODELS as seg_models
+        registries.append(seg_models)
+    except ImportError:
+        pass
+    for registry in registries:
+        registry.register_module(name="CATBackbone", module=CATBackbone, force=True)

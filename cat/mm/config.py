@@ -1,0 +1,117 @@
+"""Hydra -> mmengine: build the Runner config for a detection or segmentation job.
+
+The model, dataset and schedule come from the packaged OpenMMLab base configs (``mmdet::...`` /
+``mmseg::...``); this module puts cat's backbone in, points the data at ``data.root``, and applies
+what every cat job shares: output folder, seed, optimizer, auto-resume, W&B, and the fixes that let
+the stack run on CPU and under torchrun without a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from mmengine.config import Config, ConfigDict
+from omegaconf import DictConfig, OmegaConf
+
+from cat.engine.dist import DistEnv, broadcast_object
+from cat.engine.logger import persistent_run_id, resolve_wandb_mode
+
+from .backbone import backbone_channels
+
+__all__ = ["load_base_config", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain"]
+
+
+def load_base_config(spec: str) -> Config:
+    """``'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'`` -> that packaged config, loaded."""
+    package, _, relative = spec.partition("::")
+    if not relative:
+        raise ValueError(f"base config {spec!r} must look like 'mmdet::path/in/its/configs.py'")
+    root = Path(importlib.import_module(package).__file__).parent / ".mim" / "configs"
+    path = root / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"{package} ships no config {relative} (looked in {root})")
+    return Config.fromfile(str(path))
+
+
+def to_plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
+    """The ``CATBackbone`` config for ``model.backbone`` and its output channels."""
+    kwargs = {"drop_path_rate": model.backbone.drop_path_rate, **to_plain(model.backbone.kwargs)}
+    out_indices = list(model.backbone.out_indices)
+    channels = backbone_channels(model.backbone.name, out_indices, **kwargs)
+    cfg = {"type": "CATBackbone", "model_name": model.backbone.name, "out_indices": out_indices,
+           "out_norm": model.backbone.out_norm, "pretrained": model.pretrained, "model_kwargs": kwargs}
+    return cfg, channels
+
+
+def replace_sync_bn(node: Any) -> Any:
+    """SyncBN has no CPU implementation: use plain BN (the CUDA path keeps SyncBN)."""
+    if isinstance(node, dict):
+        return {k: ("BN" if k == "type" and v == "SyncBN" else replace_sync_bn(v)) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return type(node)(replace_sync_bn(v) for v in node)
+    return node
+
+
+def _clear_download_urls(node: Any) -> Any:
+    """Packaged bases point at ``open-mmlab://`` / http weights; nothing is downloaded here."""
+    if isinstance(node, dict):
+        out = {k: _clear_download_urls(v) for k, v in node.items()}
+        if out.get("type") == "Pretrained" and "://" in str(out.get("checkpoint", "")):
+            return None
+        if isinstance(out.get("pretrained"), str) and "://" in out["pretrained"]:
+            out["pretrained"] = None
+        return out
+    if isinstance(node, (list, tuple)):
+        return type(node)(_clear_download_urls(v) for v in node)
+    return node
+
+
+def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
+    """Settings every cat detection/segmentation job shares."""
+    mm.work_dir = output_dir
+    mm.randomness = {"seed": cfg.seed, "deterministic": False}
+    mm.launcher = "pytorch" if env.distributed else "none"
+    mm.env_cfg = {"cudnn_benchmark": False, "mp_cfg": {"mp_start_method": "fork", "opencv_num_threads": 0},
+                  "dist_cfg": {"backend": "nccl" if env.device.type == "cuda" else "gloo"}}
+    if env.distributed:
+        # mmengine's default DDP wrapper passes device_ids=[local_rank], which DDP rejects on CPU.
+        mm.model_wrapper_cfg = {"type": "MMDistributedDataParallel", "broadcast_buffers": False,
+                                "device_ids": [env.local_rank] if env.device.type == "cuda" else None,
+                                "find_unused_parameters": cfg.find_unused_parameters}
+    mm.resume = bool(cfg.resume) and cfg.mode == "train"
+    mm.load_from = cfg.checkpoint
+    opt = cfg.schedule.optim
+    mm.optim_wrapper = {
+        "type": "AmpOptimWrapper" if (cfg.amp.enabled and env.device.type == "cuda") else "OptimWrapper",
+        "optimizer": {"type": opt.type, "lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas)},
+        "paramwise_cfg": {"custom_keys": {k: {"decay_mult": 0.0} for k in opt.no_decay_keys}},
+        "clip_grad": None if opt.clip_grad is None else {"max_norm": opt.clip_grad, "norm_type": 2},
+    }
+    if cfg.amp.enabled and env.device.type == "cuda":
+        mm.optim_wrapper["dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[cfg.amp.dtype]
+    mm.default_hooks.checkpoint = {"type": "CheckpointHook", "interval": cfg.checkpoint_interval,
+                                   "by_epoch": mm.train_cfg.get("type") == "EpochBasedTrainLoop",
+                                   "max_keep_ckpts": cfg.keep_last, "save_last": True}
+    mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval}
+    wandb = cfg.logger.wandb
+    mode = resolve_wandb_mode(wandb.mode)
+    backends: list[dict[str, Any]] = [{"type": "LocalVisBackend"}]
+    if mode != "disabled":
+        backends.append({"type": "WandbVisBackend", "init_kwargs": {
+            "project": wandb.project, "entity": wandb.entity, "name": wandb.name, "tags": list(wandb.tags),
+            "mode": mode, "dir": output_dir, "resume": "allow",
+            "id": broadcast_object(persistent_run_id(output_dir) if env.is_main else None)}})
+    mm.visualizer = {"type": mm.visualizer.get("type", "Visualizer"), "name": "visualizer", "vis_backends": backends}
+    mm.default_hooks.visualization = {**mm.default_hooks.get("visualization", {}), "draw": False}
+    if env.device.type != "cuda":
+        mm.model = ConfigDict(replace_sync_bn(mm.model.to_dict()))
+    mm.model = ConfigDict(_clear_download_urls(mm.model.to_dict()))
+    for key, value in to_plain(cfg.mm).items():  # free-form overrides, mmengine's cfg-options style
+        mm.merge_from_dict({key: value})
+    return mm
+

@@ -1,0 +1,86 @@
+"""Segmentation jobs: the mmseg config of a Hydra ``configs/seg`` composition."""
+from __future__ import annotations
+
+import os
+
+from mmengine.config import Config, ConfigDict
+from omegaconf import DictConfig
+
+from cat.engine.dist import DistEnv
+
+from .config import apply_common, backbone_cfg, load_base_config, to_plain
+
+__all__ = ["build_seg_config", "SEG_METRICS"]
+
+SEG_METRICS = {"mIoU": "mIoU", "mAcc": "mAcc", "aAcc": "aAcc"}  # metrics.json keys <- IoUMetric keys
+
+
+def _pipelines(mm: Config, data: DictConfig) -> None:
+    crop = tuple(data.crop_size)
+    mm.model.data_preprocessor.size = crop
+    for step in mm.train_pipeline:
+        if step["type"] == "RandomResize":
+            step["scale"] = tuple(data.scale)
+        if step["type"] == "RandomCrop":
+            step["crop_size"] = crop
+    for step in mm.test_pipeline:
+        if step["type"] == "Resize":
+            step["scale"] = tuple(data.scale)
+
+
+def _palette(n: int) -> list[list[int]]:
+    """Distinct display colours for ``n`` classes (fixed, so visualisations are stable)."""
+    return [[(37 * i + 80) % 256, (91 * i + 40) % 256, (151 * i + 160) % 256] for i in range(n)]
+
+
+def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
+    mm = load_base_config(cfg.model.base)
+    backbone, channels = backbone_cfg(cfg.model)
+    mm.model.backbone = ConfigDict(backbone)
+    mm.model.pop("pretrained", None)
+    if mm.model.get("neck") is not None:  # SemanticFPN: FPN neck over the four maps
+        mm.model.neck.in_channels = channels
+    else:  # UperNet: the head takes the maps directly
+        mm.model.decode_head.in_channels = channels
+    if mm.model.get("auxiliary_head") is not None:
+        mm.model.auxiliary_head.in_channels = channels[2]
+    data = cfg.data
+    if data.root is None or not os.path.isdir(data.root):
+        raise FileNotFoundError(f"data.root={data.root!r} is not a folder with the ADE20K layout (images/training, "
+                                "annotations/training, ...); tools/make_toy_ade.py writes one")
+    classes = None if data.classes is None else tuple(data.classes)
+    num_classes = 150 if classes is None else len(classes)
+    mm.model.decode_head.num_classes = num_classes
+    if mm.model.get("auxiliary_head") is not None:
+        mm.model.auxiliary_head.num_classes = num_classes
+    if cfg.model.overrides:  # dotted keys into the segmentor, e.g. {"decode_head.channels": 64}
+        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(cfg.model.overrides).items()})
+    _pipelines(mm, data)
+    for split, loader in (("training", "train_dataloader"), ("validation", "val_dataloader"),
+                          ("validation", "test_dataloader")):
+        for kind in ("images", "annotations"):
+            folder = os.path.join(data.root, kind, split)
+            if not os.path.isdir(folder):
+                raise FileNotFoundError(f"ADE20K folder not found: {folder}")
+        dl = mm[loader]
+        dl.batch_size = cfg.batch_size if split == "training" else 1
+        dl.num_workers = cfg.workers
+        dl.persistent_workers = cfg.workers > 0
+        ds = dl.dataset
+        ds.data_root = data.root
+        ds.data_prefix = {"img_path": f"images/{split}", "seg_map_path": f"annotations/{split}"}
+        ds.pipeline = mm.train_pipeline if split == "training" else mm.test_pipeline
+        if classes is not None:  # ADE20KDataset only accepts subsets of its 150 classes
+            ds.type = "BaseSegDataset"
+            ds.update({"img_suffix": ".jpg", "seg_map_suffix": ".png", "reduce_zero_label": True,
+                       "metainfo": {"classes": classes, "palette": _palette(len(classes))}})
+    if cfg.mode == "eval" and cfg.tta:  # multi-scale + flip testing
+        mm.test_dataloader.dataset.pipeline = mm.tta_pipeline
+        mm.model = ConfigDict({"type": "SegTTAModel", "module": mm.model.to_dict()})
+    sched = cfg.schedule
+    mm.train_cfg = {"type": "IterBasedTrainLoop", "max_iters": sched.iters, "val_interval": sched.val_interval}
+    mm.param_scheduler = ([{"type": "LinearLR", "start_factor": 1e-6, "by_epoch": False, "begin": 0,
+                            "end": sched.warmup_iters}] if sched.warmup_iters else []) + [
+        {"type": "PolyLR", "eta_min": 0.0, "power": sched.poly_power, "by_epoch": False,
+         "begin": sched.warmup_iters, "end": sched.iters}]
+    return apply_common(mm, cfg, env, output_dir)

@@ -1,0 +1,88 @@
+"""Segmentation on the OpenMMLab stack: toy ADE20K training, Runner resume, mIoU, presets."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from cat.engine.dist import DistEnv
+from tests.conftest import REPO
+from tests.mm.conftest import run_entry
+
+pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+
+SEG_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "seg" / "experiment").glob("*.yaml"))
+FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "checkpoint_interval=3"]
+
+
+def compose_seg(*overrides: str):
+    with initialize_config_dir(config_dir=str(REPO / "configs" / "seg"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("experiment", ["toy_fpn_ca_pvt", "toy_upernet_ca_swin"])
+def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
+    out = tmp_path / experiment
+    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
+              "schedule.iters=3", "schedule.val_interval=3", *FAST)
+    assert (out / "iter_3.pth").is_file()
+    proc = run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
+                     "schedule.iters=6", "schedule.val_interval=3", *FAST)
+    assert "Auto resumed from the latest checkpoint" in proc.stdout + proc.stderr
+    assert (out / "iter_6.pth").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) >= {"mIoU", "mAcc", "aAcc"} and 0 <= metrics["mIoU"] <= 100
+    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path / 'eval'}",
+              "mode=eval", f"checkpoint={out / 'iter_6.pth'}", *FAST)
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(metrics["mIoU"])
+
+
+def test_eval_with_multiscale_flip(toy_ade, tmp_path):
+    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path / 'train'}", "schedule.iters=2",
+              "schedule.val_interval=2", *FAST)
+    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path / 'tta'}", "mode=eval", "tta=true",
+              f"checkpoint={tmp_path / 'train' / 'iter_2.pth'}", *FAST)
+    assert json.loads((tmp_path / "tta" / "metrics.json").read_text())["mIoU"] is not None
+
+
+def test_two_process_gloo(toy_ade, tmp_path):
+    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path}", "schedule.iters=2",
+              "schedule.val_interval=2", *FAST, nproc=2)
+    assert json.loads((tmp_path / "metrics.json").read_text())["mIoU"] is not None
+
+
+def _build(experiment: str, toy_ade, tmp_path):
+    from mmseg.registry import MODELS
+    from mmseg.utils import register_all_modules
+
+    from cat.mm import register_backbones
+    from cat.mm.seg import build_seg_config
+
+    register_all_modules()
+    register_backbones()
+    cfg = compose_seg(f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path}",
+                      "logger.wandb.mode=disabled")
+    return cfg, build_seg_config(cfg, DistEnv(), str(tmp_path)), MODELS
+
+
+@pytest.mark.parametrize("experiment", SEG_EXPERIMENTS)
+def test_every_preset_builds_its_segmentor(experiment, toy_ade, tmp_path):
+    cfg, mm, models = _build(experiment, toy_ade, tmp_path)
+    with torch.device("meta"):
+        segmentor = models.build(mm.model)
+    assert sum(p.numel() for p in segmentor.backbone.parameters()) > 5e6
+    if not experiment.startswith("toy"):
+        assert mm.model.decode_head.num_classes == 150
+        assert mm.train_cfg.max_iters == (160000 if "upernet" in experiment else 40000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["fpn_ca_pvt_t_40k", "upernet_ca_swin_t_160k"])
+def test_full_segmentor_forward_512(experiment, toy_ade, tmp_path):
+    _, mm, models = _build(experiment, toy_ade, tmp_path)
+    segmentor = models.build(mm.model).eval()
+    with torch.no_grad():
+        logits = segmentor(torch.randn(1, 3, 512, 512), mode="tensor")
+    assert logits.shape == (1, 150, 128, 128)

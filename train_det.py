@@ -1,0 +1,27 @@
+#!/usr/bin/env python
+"""Object detection and instance segmentation (mmdet Mask R-CNN) with cat backbones.
+
+    python tools/make_toy_coco.py data/toy_coco && python train_det.py data.root=data/toy_coco
+    torchrun --nproc_per_node=8 train_det.py experiment=mask_rcnn_ca_pvt_t_1x data.root=/data/coco \\
+        model.pretrained=outputs/cls/ca_pvt_t/best.pth
+    python train_det.py experiment=mask_rcnn_ca_pvt_t_1x mode=eval checkpoint=det.pth data.root=/data/coco
+
+Configs live in configs/det (Hydra); see README.md.
+"""
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from cat.engine.launch import quiet_hydra_on_other_ranks
+from cat.mm import run_mm
+
+
+@hydra.main(config_path="configs/det", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_mm(cfg, "det")
+
+
+if __name__ == "__main__":
+    quiet_hydra_on_other_ranks()
+    main()

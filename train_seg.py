@@ -1,0 +1,27 @@
+#!/usr/bin/env python
+"""Semantic segmentation (mmseg SemanticFPN / UperNet) with cat backbones.
+
+    python tools/make_toy_ade.py data/toy_ade && python train_seg.py data.root=data/toy_ade
+    torchrun --nproc_per_node=8 train_seg.py experiment=fpn_ca_pvt_t_40k data.root=/data/ade/ADEChallengeData2016 \\
+        model.pretrained=outputs/cls/ca_pvt_t/best.pth
+    python train_seg.py experiment=upernet_ca_swin_t_160k mode=eval checkpoint=seg.pth tta=true data.root=...
+
+Configs live in configs/seg (Hydra); see README.md.
+"""
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from cat.engine.launch import quiet_hydra_on_other_ranks
+from cat.mm import run_mm
+
+
+@hydra.main(config_path="configs/seg", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_mm(cfg, "seg")
+
+
+if __name__ == "__main__":
+    quiet_hydra_on_other_ranks()
+    main()
