@@ -1,96 +1,173 @@
 #!/usr/bin/env python
-"""Side-by-side forward timings: circulant attention vs timm's softmax attention (fused SDPA).
+"""Circulant-attention speed, side by side with its baselines (medians of interleaved runs).
 
-Part 1 times the attention modules alone on an S x S token grid at C channels (timm's
-``Attention`` with C/64 heads, as in DeiT). Part 2 times whole models (forward, eval mode) at full
-image resolutions. Every pair is measured in the same run with ``torch.utils.benchmark``
-(medians of blocked runs), so the ratios are what matter, not the absolute times.
+For C channels on S x S token grids it times, in one run and interleaved round by round:
+  * ``ours``      the ``CirculantAttention`` module (``fft`` backend, and ``matmul`` with --matmul);
+  * ``released``  the released CA-DeiT pipeline written literally (``cat.ops.reference``);
+  * ``sdpa``      timm's softmax ``Attention`` (fused scaled_dot_product_attention), C/64 heads;
+  * ``gemm``      the module's own linear layers alone on the same tokens (gate, qkv on the
+                  spectrum's rows, proj): the floor any implementation of this module pays.
+Forward, and forward+backward with --backward. Then the cost-growth exponent of ours vs softmax
+attention over larger grids (slope of log time vs log N), and whole models (CA-DeiT-T vs DeiT-T,
+images/s, batch 1) at the --models-res resolutions.
 
-    python tools/bench_attention.py                       # C=192, grids 14 28 56 96; models at 224, 1024
-    python tools/bench_attention.py --grids 14 28 --models-res 224 --json
+    python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
+    python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from typing import Callable
 
+import numpy as np
 import timm
 import torch
+import torch.nn.functional as F
 from timm.layers import Attention
-from torch.utils import benchmark
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention
+from cat.ops.reference import released_circulant_attention
 
 
-def median_seconds(fn, min_run_time: float) -> float:
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
+def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
+    """Median seconds per call of each function; every round times each function once, in turn."""
+    for fn in fns.values():  # warm-up (and size each block to about min_block_s)
+        fn()
+    reps = {}
+    for name, fn in fns.items():
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < min_block_s / 2:
+            fn()
+            n += 1
+        reps[name] = max(n, 1)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(reps[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / reps[name])
+    return {name: float(np.median(s)) for name, s in samples.items()}
 
 
-def bench_modules(dim: int, grids: list[int], batch: int, min_run_time: float) -> list[dict]:
-    circulant = CirculantAttention(dim).eval()
-    softmax = Attention(dim, num_heads=max(dim // 64, 1), qkv_bias=True).eval()
-    rows = []
-    for side in grids:
-        x = torch.randn(batch, side * side, dim)
-        with torch.inference_mode():
-            t_ca = median_seconds(lambda: circulant(x, (side, side)), min_run_time)
-            t_sm = median_seconds(lambda: softmax(x), min_run_time)
-        rows.append({"tokens": f"{side}x{side}", "batch": batch, "circulant_ms": t_ca * 1e3,
-                     "softmax_sdpa_ms": t_sm * 1e3, "speedup": t_sm / t_ca})
-    return rows
+def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
+    ours = CirculantAttention(dim)
+    softmax = Attention(dim, num_heads=max(dim // 64, 1), qkv_bias=True)
+    x = torch.randn(batch, side * side, dim, requires_grad=backward)
+    spectral_rows = torch.randn(batch, 2 * side * (side // 2 + 1), dim, requires_grad=backward)
+    hw = (side, side)
+
+    def gemm_floor() -> torch.Tensor:
+        return (ours.gate(x).sum() + F.linear(spectral_rows, ours.qkv.weight).sum()
+                + ours.proj(x).sum())
+
+    fns = {"ours": lambda: ours(x, hw), "released": lambda: released_circulant_attention(ours, x, hw),
+           "sdpa": lambda: softmax(x), "gemm": gemm_floor}
+    if matmul:
+        ours_mm = CirculantAttention(dim, fft_backend="matmul")
+        ours_mm.load_state_dict(ours.state_dict())
+        fns["ours_matmul"] = lambda: ours_mm(x, hw)
+    if not backward:
+        def no_grad(fn):
+            def run():
+                with torch.inference_mode():
+                    return fn()
+            return run
+        return {name: no_grad(fn) for name, fn in fns.items()}
+
+    def with_backward(fn):
+        def run():
+            fn().sum().backward()
+        return run
+    return {name: with_backward(fn) for name, fn in fns.items()}
 
 
-def bench_models(pairs: list[tuple[str, str]], resolutions: list[int], batch: int, min_run_time: float) -> list[dict]:
+def growth_exponent(dim: int, sides: list[int], rounds: int, min_block_s: float) -> dict[str, float]:
+    """Slope of log(time) against log(N) for ours and softmax attention (batch 1, forward)."""
+    times: dict[str, list[float]] = {"ours": [], "sdpa": []}
+    for side in sides:
+        fns = module_candidates(dim, side, 1, backward=False, matmul=False)
+        t = interleaved_medians({k: fns[k] for k in times}, rounds, min_block_s)
+        for k in times:
+            times[k].append(t[k])
+    log_n = np.log([s * s for s in sides])
+    return {k: float(np.polyfit(log_n, np.log(v), 1)[0]) for k, v in times.items()}
+
+
+def whole_models(resolutions: list[int], rounds: int, min_block_s: float) -> list[dict[str, float]]:
     rows = []
     for res in resolutions:
-        for ca_name, base_name in pairs:
-            ca = timm.create_model(ca_name, img_size=res).eval()
-            base = timm.create_model(base_name, img_size=res).eval()
-            x = torch.randn(batch, 3, res, res)
-            with torch.inference_mode():
-                t_ca = median_seconds(lambda: ca(x), min_run_time)
-                t_base = median_seconds(lambda: base(x), min_run_time)
-            rows.append({"resolution": res, "batch": batch, "model": ca_name, "baseline": base_name,
-                         "model_img_s": batch / t_ca, "baseline_img_s": batch / t_base, "speedup": t_base / t_ca})
+        ca = timm.create_model("ca_deit_tiny", img_size=res).eval()
+        deit = timm.create_model("deit_tiny_patch16_224", img_size=res).eval()
+        x = torch.randn(1, 3, res, res)
+
+        def run(model):
+            def call():
+                with torch.inference_mode():
+                    return model(x)
+            return call
+        t = interleaved_medians({"ca_deit_tiny": run(ca), "deit_tiny": run(deit)}, rounds, min_block_s)
+        rows.append({"resolution": res, "ca_deit_tiny_img_s": 1 / t["ca_deit_tiny"], "deit_tiny_img_s": 1 / t["deit_tiny"],
+                     "speedup": t["deit_tiny"] / t["ca_deit_tiny"]})
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dim", type=int, default=192, help="channels C of the attention modules")
-    parser.add_argument("--grids", type=int, nargs="*", default=[14, 28, 56, 96], help="token grid sides S")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--models-res", type=int, nargs="*", default=[224, 1024],
-                        help="image resolutions for the whole-model comparison (none to skip)")
-    parser.add_argument("--pair", nargs=2, action="append", metavar=("CA_MODEL", "BASELINE"),
-                        help="model pair to compare (default: ca_deit_tiny deit_tiny_patch16_224)")
-    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per measurement")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--dim", type=int, default=192)
+    parser.add_argument("--grids", type=int, nargs="*", default=[14, 28, 56], help="token grid sides S")
+    parser.add_argument("--batches", type=int, nargs="*", default=[8, 2, 1], help="batch per grid (last repeats)")
+    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
+    parser.add_argument("--matmul", action="store_true", help="also time the matmul DFT backend")
+    parser.add_argument("--growth", type=int, nargs="*", default=[], help="grid sides for the cost-growth fit")
+    parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    result = {
-        "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "modules": bench_modules(args.dim, args.grids, args.batch, args.min_run_time),
-        "models": bench_models([tuple(p) for p in args.pair] if args.pair else [("ca_deit_tiny", "deit_tiny_patch16_224")],
-                               args.models_res, args.batch, args.min_run_time),
-    }
+    result: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "dim": args.dim}
+    for mode in (("forward", "forward_backward") if args.backward else ("forward",)) if args.grids else ():
+        rows = []
+        for i, side in enumerate(args.grids):
+            batch = args.batches[min(i, len(args.batches) - 1)]
+            fns = module_candidates(args.dim, side, batch, mode != "forward", args.matmul)
+            t = interleaved_medians(fns, args.rounds, args.min_block)
+            rows.append({"tokens": f"{side}x{side}", "batch": batch, **{f"{k}_ms": v * 1e3 for k, v in t.items()}})
+        result[mode] = rows
+    if args.growth:
+        result["growth_exponent"] = growth_exponent(args.dim, args.growth, max(3, args.rounds // 2), args.min_block)
+    if args.models_res:
+        result["models"] = whole_models(args.models_res, max(3, args.rounds // 2), args.min_block)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"torch {result['torch']}, CPU, {result['threads']} threads; C={args.dim}, batch {args.batch}")
-    print(f"{'tokens':>9} {'circulant ms':>13} {'softmax SDPA ms':>16} {'CA speed-up':>12}")
-    for r in result["modules"]:
-        print(f"{r['tokens']:>9} {r['circulant_ms']:>13.3f} {r['softmax_sdpa_ms']:>16.3f} {r['speedup']:>11.2f}x")
-    if result["models"]:
-        print(f"\n{'resolution':>10} {'model':>14} {'img/s':>9} {'baseline':>24} {'img/s':>9} {'speed-up':>9}")
-        for r in result["models"]:
-            print(f"{r['resolution']:>10} {r['model']:>14} {r['model_img_s']:>9.2f} {r['baseline']:>24} "
-                  f"{r['baseline_img_s']:>9.2f} {r['speedup']:>8.2f}x")
+
+    print(f"torch {result['torch']}, CPU threads {result['threads']}, C={args.dim}; medians of {args.rounds} "
+          f"interleaved rounds")
+    for mode in ("forward", "forward_backward"):
+        if mode not in result:
+            continue
+        rows = result[mode]
+        names = [k[:-3] for k in rows[0] if k.endswith("_ms")]
+        print(f"\n{mode.replace('_', '+')} (ms)   " + " ".join(f"{n:>11}" for n in names)
+              + "  speed vs released  time / GEMM floor  speed vs SDPA")
+        for r in rows:
+            ms = [r[f"{n}_ms"] for n in names]
+            print(f"{r['tokens']:>7} B={r['batch']:<2} " + " ".join(f"{v:>11.3f}" for v in ms)
+                  + f"  {r['released_ms'] / r['ours_ms']:>16.2f}x {r['ours_ms'] / r['gemm_ms']:>17.2f}x"
+                  f" {r['sdpa_ms'] / r['ours_ms']:>13.2f}x")
+    if "growth_exponent" in result:
+        g = result["growth_exponent"]
+        print(f"\ncost growth over {args.growth[0]}^2..{args.growth[-1]}^2 tokens: time ~ N^{g['ours']:.2f} (ours), "
+              f"N^{g['sdpa']:.2f} (softmax SDPA)")
+    for r in result.get("models", []):
+        print(f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch 1: {r['ca_deit_tiny_img_s']:.2f} vs "
+              f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x")
     return 0
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dft import irfft2_pairs, rfft2_pairs
+from .dft import irfft2_matmul, rfft2_matmul
 
 __all__ = [
     "circulant_attention",
@@ -82,20 +82,20 @@ def _attend_pairs(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim
     B, C, Hf, Wf, _ = q.shape
     heads = C // head_dim
     (qr, qi), (kr, ki), (vr, vi) = q.unbind(-1), k.unbind(-1), v.unbind(-1)
-    pr, pi = qr * kr + qi * ki, qr * ki - qi * kr  # conj(q) * k
+    prod = torch.stack((qr * kr + qi * ki, qr * ki - qi * kr), dim=-1)  # conj(q) * k
     if head_dim > 1:
-        pr, pi = (t.reshape(B, heads, head_dim, Hf, Wf).sum(2) for t in (pr, pi))
-    logits = irfft2_pairs(pr, pi, hw)
+        prod = prod.view(B, heads, head_dim, Hf, Wf, 2).sum(2)
+    logits = irfft2_matmul(prod.flatten(-3), hw)
     weights = (logits.reshape(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
-    ar, ai = (t.unsqueeze(2) for t in rfft2_pairs(weights))
+    ar, ai = rfft2_matmul(weights).view(B, heads, 1, Hf, Wf, 2).unbind(-1)
     vr, vi = (t.reshape(B, heads, head_dim, Hf, Wf) for t in (vr, vi))
-    out_r = (ar * vr + ai * vi).reshape(B, C, Hf, Wf)  # conj(A) * v
-    out_i = (ar * vi - ai * vr).reshape(B, C, Hf, Wf)
-    return irfft2_pairs(out_r, out_i, hw), weights
+    out = torch.stack((ar * vr + ai * vi, ar * vi - ai * vr), dim=-1)  # conj(A) * v
+    return irfft2_matmul(out.reshape(B, C, Hf * Wf * 2), hw), weights
 
 
-# Largest token grid for which 'auto' picks the matmul DFT, per device type (measured with
-# tools/bench_attention.py; docs/perf.md has the numbers).
+# Largest token grid for which 'auto' picks the matmul DFT, per device type. Measured with
+# tools/bench_attention.py --matmul (docs/perf.md): on CPU it was never faster than torch.fft (equal
+# at 14x14, batch 1; slower above), so 'auto' keeps the FFT there. CUDA is not measured yet.
 _MATMUL_MAX_TOKENS = {"cpu": 0, "cuda": 0}
 
 
@@ -111,7 +111,8 @@ def resolve_fft_backend(backend: FFTBackend, hw: tuple[int, int], device: torch.
 def spectrum(x: Tensor, backend: str) -> Tensor:
     """Unnormalised rfft2 of real (B, C, H, W) as a real (B, C, H, W//2+1, 2) tensor of (re, im)."""
     if backend == "matmul":
-        return torch.stack(rfft2_pairs(x), dim=-1)
+        B, C, H, W = x.shape
+        return rfft2_matmul(x).view(B, C, H, W // 2 + 1, 2)
     return torch.view_as_real(torch.fft.rfft2(x))
 
 

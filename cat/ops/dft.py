@@ -1,10 +1,13 @@
-"""2-D real DFTs as dense real matrix products (the ``'matmul'`` FFT backend).
+"""2-D real DFTs as one dense real matrix product each (the ``'matmul'`` FFT backend).
 
-For the small grids of vision models (14x14 ... 56x56) a 2-D DFT is two small dense products with
-separable cos/sin matrices, one along W (real to half spectrum) and one along H (complex). They run
-on matrix units, accept low precision, trace into ONNX and compile without complex dtypes.
-Spectra are real/imaginary pairs of tensors shaped (..., H, W // 2 + 1), matching ``torch.fft.rfft2``
-(unnormalised) and ``torch.fft.irfft2`` (1 / (H W) on the inverse).
+For the small grids of vision models (e.g. 14x14 tokens) a whole 2-D real DFT is a single GEMM
+with an (H W) x (2 H (W//2+1)) matrix: one large, efficient matrix product instead of many tiny
+FFTs. It runs on matrix units, accepts low precision, and traces into ONNX and torch.compile
+without complex dtypes. Its cost grows as N^2 per channel, so it only pays for small grids.
+
+Spectra use ``torch.view_as_real(torch.fft.rfft2(x))``'s layout, flattened: (..., H * (W//2+1) * 2)
+with (re, im) pairs innermost. ``rfft2_matmul`` is unnormalised like ``torch.fft.rfft2``;
+``irfft2_matmul`` is the inverse of Hermitian spectra (1 / (H W)), like ``torch.fft.irfft2``.
 """
 from __future__ import annotations
 
@@ -14,45 +17,52 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-__all__ = ["rfft2_pairs", "irfft2_pairs"]
+__all__ = ["rfft2_matmul", "irfft2_matmul"]
 
 
-@lru_cache(maxsize=64)
-def _cos_sin(rows: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos and sin of 2 pi k m / n for k < rows, m < n (built in float64: exact phases)."""
-    k = torch.arange(rows, dtype=torch.float64)[:, None]
-    m = torch.arange(n, dtype=torch.float64)[None, :]
-    angle = 2 * math.pi * torch.remainder(k * m, n) / n
-    return torch.cos(angle).to(dtype=dtype, device=device), torch.sin(angle).to(dtype=dtype, device=device)
-
-
-@lru_cache(maxsize=64)
-def _half_spectrum_synthesis(n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(n//2+1, n) cos/sin matrices of the inverse real DFT, Hermitian weights and 1/n folded in."""
-    wf = n // 2 + 1
-    weight = torch.full((wf, 1), 2.0, dtype=torch.float64)
-    weight[0] = 1.0
-    if n % 2 == 0:
-        weight[-1] = 1.0  # the Nyquist bin has no mirror image
-    cos, sin = _cos_sin(wf, n, torch.float64, torch.device("cpu"))
-    return (weight * cos / n).to(dtype=dtype, device=device), (weight * sin / n).to(dtype=dtype, device=device)
-
-
-def rfft2_pairs(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Real and imaginary parts of ``torch.fft.rfft2(x)`` over the last two dims."""
-    H, W = x.shape[-2:]
-    cos_w, sin_w = _cos_sin(W // 2 + 1, W, x.dtype, x.device)
-    a = x @ cos_w.T  # along W: x e^{-i theta} = x cos - i x sin
-    b = -(x @ sin_w.T)
-    cos_h, sin_h = _cos_sin(H, H, x.dtype, x.device)
-    return cos_h @ a + sin_h @ b, cos_h @ b - sin_h @ a  # along H: (cos - i sin)(a + i b)
-
-
-def irfft2_pairs(re: Tensor, im: Tensor, hw: tuple[int, int]) -> Tensor:
-    """``torch.fft.irfft2(re + i im, s=hw)`` over the last two dims."""
+def _phases(hw: tuple[int, int]) -> Tensor:
+    """2 pi (k1 n1 / H + k2 n2 / W) for every output (k1, k2 < W//2+1) and input (n1, n2): (N, H*Wf)."""
     H, W = hw
-    cos_h, sin_h = _cos_sin(H, H, re.dtype, re.device)
-    yr = (cos_h @ re - sin_h @ im) / H  # along H: (cos + i sin)(re + i im) / H
-    yi = (cos_h @ im + sin_h @ re) / H
-    cos_w, sin_w = _half_spectrum_synthesis(W, re.dtype, re.device)
-    return yr @ cos_w - yi @ sin_w  # along W: the real part of the Hermitian synthesis
+    n1, n2 = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64), indexing="ij")
+    k1, k2 = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W // 2 + 1, dtype=torch.float64),
+                            indexing="ij")
+    # Reduce modulo the period before scaling so the phases are exact in float64.
+    turns = torch.remainder(n1.reshape(-1, 1) * k1.reshape(1, -1), H) / H \
+        + torch.remainder(n2.reshape(-1, 1) * k2.reshape(1, -1), W) / W
+    return 2 * math.pi * turns
+
+
+# Cached across calls, so built outside inference mode: a tensor made under torch.inference_mode()
+# could not be used later by a forward that autograd records.
+@lru_cache(maxsize=32)
+@torch.inference_mode(False)
+def _analysis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(N, 2 H Wf): x_flat @ it = view_as_real(rfft2(x)) flattened."""
+    theta = _phases(hw)
+    return torch.stack((torch.cos(theta), -torch.sin(theta)), dim=-1).flatten(1).to(dtype=dtype, device=device)
+
+
+@lru_cache(maxsize=32)
+@torch.inference_mode(False)
+def _synthesis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(2 H Wf, N): spectrum_flat @ it = irfft2 of a Hermitian spectrum."""
+    H, W = hw
+    theta = _phases(hw).T  # (H*Wf, N)
+    weight = torch.full((W // 2 + 1,), 2.0, dtype=torch.float64)
+    weight[0] = 1.0
+    if W % 2 == 0:
+        weight[-1] = 1.0  # the Nyquist column has no mirror image
+    weight = weight.repeat(H)[:, None] / (H * W)
+    return torch.stack((weight * torch.cos(theta), -weight * torch.sin(theta)), dim=1).flatten(0, 1).to(
+        dtype=dtype, device=device)
+
+
+def rfft2_matmul(x: Tensor) -> Tensor:
+    """``view_as_real(rfft2(x))`` over the last two dims of real x, flattened to (..., H*(W//2+1)*2)."""
+    H, W = x.shape[-2:]
+    return x.flatten(-2) @ _analysis((H, W), x.dtype, x.device)
+
+
+def irfft2_matmul(spectrum: Tensor, hw: tuple[int, int]) -> Tensor:
+    """``irfft2(s=hw)`` of a (..., H*(W//2+1)*2) flattened (re, im) spectrum; returns (..., H, W)."""
+    return (spectrum @ _synthesis(tuple(hw), spectrum.dtype, spectrum.device)).unflatten(-1, tuple(hw))

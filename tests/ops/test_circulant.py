@@ -256,3 +256,12 @@ def test_set_fft_backend_and_validation():
         set_fft_backend(model, "cufft")
     with pytest.raises(ValueError, match="fft_backend"):
         CirculantAttention(4, fft_backend="dft")
+
+
+def test_matmul_backend_after_inference_mode_still_trains():
+    attn = CirculantAttention(8, fft_backend="matmul")
+    x = torch.randn(1, 30, 8)
+    with torch.inference_mode():
+        attn(x, (5, 6))  # builds and caches the DFT matrices for this grid
+    attn(x.requires_grad_(), (5, 6)).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
