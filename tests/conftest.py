@@ -13,6 +13,14 @@ SHARED = REPO.parent / "shared"
 OFFICIAL_CA_DEIT = SHARED / "fixtures" / "official_ca_deit"
 
 
+def compose_config(task: str, *overrides: str):
+    """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs" / task), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
 @pytest.fixture
 def official_ca_deit() -> Path:
     if not (OFFICIAL_CA_DEIT / "small_p8_64.pth").is_file():

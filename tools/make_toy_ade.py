@@ -12,14 +12,13 @@ Images of coloured shapes on noisy backgrounds and their PNG label maps, ADE20K-
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from cat.data.toy_shapes import SHAPES, place_shapes
+from cat.data.toy_shapes import SHAPES, draw_scene, toy_dataset_parser
 
 CLASSES = ("background", *SHAPES)  # label k + 1 is CLASSES[k]; 0 is unlabelled
 
@@ -29,13 +28,10 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
     images.mkdir(parents=True, exist_ok=True)
     labels.mkdir(parents=True, exist_ok=True)
     for index in range(count):
-        background = rng.integers(0, 80, 3)
-        pixels = np.clip(background + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
-        image = Image.fromarray(pixels)
+        image, shapes = draw_scene(rng, size)
         label = Image.new("L", (size, size), color=1)
-        draw, draw_label = ImageDraw.Draw(image), ImageDraw.Draw(label)
-        for shape, points in place_shapes(rng, size):
-            draw.polygon(points, fill=tuple(int(c) for c in rng.integers(120, 256, 3)))
+        draw_label = ImageDraw.Draw(label)
+        for shape, points in shapes:
             draw_label.polygon(points, fill=shape + 1, outline=0, width=1)
         name = f"ADE_toy_{split}_{index:08d}"
         image.save(images / f"{name}.jpg", quality=95)
@@ -43,13 +39,7 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--train", type=int, default=64, help="training images")
-    parser.add_argument("--val", type=int, default=16, help="validation images")
-    parser.add_argument("--size", type=int, default=128, help="image side in pixels")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = toy_dataset_parser(__doc__).parse_args(argv)
 
     out = Path(args.out_dir)
     rng = np.random.default_rng(args.seed)

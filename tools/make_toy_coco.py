@@ -12,15 +12,13 @@ instance with a polygon segmentation, its box and area:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
 
-from cat.data.toy_shapes import SHAPES, place_shapes, polygon_area
+from cat.data.toy_shapes import SHAPES, draw_scene, polygon_area, toy_dataset_parser
 
 CATEGORIES = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
 
@@ -31,12 +29,8 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
     images, annotations = [], []
     ann_id = first_ann_id
     for image_id in range(1, count + 1):
-        background = rng.integers(0, 80, 3)
-        pixels = np.clip(background + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
-        canvas = Image.fromarray(pixels)
-        draw = ImageDraw.Draw(canvas)
-        for category, points in place_shapes(rng, size):
-            draw.polygon(points, fill=tuple(int(c) for c in rng.integers(120, 256, 3)))
+        canvas, shapes = draw_scene(rng, size)
+        for category, points in shapes:
             xs, ys = [p[0] for p in points], [p[1] for p in points]
             x0, y0 = max(min(xs), 0.0), max(min(ys), 0.0)
             x1, y1 = min(max(xs), size - 1.0), min(max(ys), size - 1.0)
@@ -56,13 +50,7 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--train", type=int, default=64, help="training images")
-    parser.add_argument("--val", type=int, default=16, help="validation images")
-    parser.add_argument("--size", type=int, default=128, help="image side in pixels")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = toy_dataset_parser(__doc__).parse_args(argv)
 
     out = Path(args.out_dir)
     rng = np.random.default_rng(args.seed)

@@ -1,11 +1,13 @@
 """Random non-overlapping coloured shapes, for the toy COCO and ADE20K datasets of the tools."""
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
+from PIL import Image, ImageDraw
 
-__all__ = ["SHAPES", "place_shapes", "polygon_area"]
+__all__ = ["SHAPES", "place_shapes", "polygon_area", "draw_scene", "toy_dataset_parser"]
 
 SHAPES = ("circle", "square", "triangle")  # shape class k + 1 is SHAPES[k]
 
@@ -38,3 +40,25 @@ def place_shapes(rng: np.random.Generator, size: int, max_shapes: int = 3) -> li
 def polygon_area(points: list[tuple[float, float]]) -> float:
     x, y = np.array(points).T
     return float(0.5 * abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))))
+
+
+def draw_scene(rng: np.random.Generator, size: int) -> tuple[Image.Image, list[tuple[int, list[tuple[float, float]]]]]:
+    """A noisy dark background with bright random shapes drawn on it; returns the image and its shapes."""
+    pixels = np.clip(rng.integers(0, 80, 3) + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels)
+    draw = ImageDraw.Draw(image)
+    shapes = place_shapes(rng, size)
+    for _, points in shapes:
+        draw.polygon(points, fill=tuple(int(c) for c in rng.integers(120, 256, 3)))
+    return image, shapes
+
+
+def toy_dataset_parser(description: str) -> argparse.ArgumentParser:
+    """The command line both toy-dataset tools share."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--train", type=int, default=64, help="training images")
+    parser.add_argument("--val", type=int, default=16, help="validation images")
+    parser.add_argument("--size", type=int, default=128, help="image side in pixels")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser

@@ -19,7 +19,7 @@ from cat.engine.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
 
-__all__ = ["load_base_config", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain"]
+__all__ = ["load_base_config", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader"]
 
 
 def load_base_config(spec: str) -> Config:
@@ -46,6 +46,14 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
     cfg = {"type": "CATBackbone", "model_name": model.backbone.name, "out_indices": out_indices,
            "out_norm": model.backbone.out_norm, "pretrained": model.pretrained, "model_kwargs": kwargs}
     return cfg, channels
+
+
+def configure_loader(loader: ConfigDict, batch_size: int, workers: int, dataset: dict[str, Any]) -> None:
+    """Batch size, workers and dataset fields of one of the Runner's dataloader configs."""
+    loader.batch_size = batch_size
+    loader.num_workers = workers
+    loader.persistent_workers = workers > 0
+    loader.dataset.update(dataset)
 
 
 def replace_sync_bn(node: Any) -> Any:

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, backbone_cfg, load_base_config, to_plain
+from .config import apply_common, backbone_cfg, configure_loader, load_base_config, to_plain
 
 __all__ = ["build_det_config", "DET_METRICS"]
 
@@ -50,17 +50,11 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
         ann = os.path.join(data.root, "annotations", f"instances_{split}2017.json")
         if not os.path.isfile(ann):
             raise FileNotFoundError(f"COCO annotations not found: {ann}")
-        dl = mm[loader]
-        dl.batch_size = cfg.batch_size if split == "train" else 1
-        dl.num_workers = cfg.workers
-        dl.persistent_workers = cfg.workers > 0
-        ds = dl.dataset
-        ds.data_root = data.root
-        ds.ann_file = ann
-        ds.data_prefix = {"img": f"{split}2017/"}
-        ds.pipeline = mm.train_pipeline if split == "train" else mm.test_pipeline
+        dataset = {"data_root": data.root, "ann_file": ann, "data_prefix": {"img": f"{split}2017/"},
+                   "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline}
         if classes is not None:
-            ds.metainfo = {"classes": classes}
+            dataset["metainfo"] = {"classes": classes}
+        configure_loader(mm[loader], cfg.batch_size if split == "train" else 1, cfg.workers, dataset)
     for evaluator in ("val_evaluator", "test_evaluator"):
         mm[evaluator].ann_file = os.path.join(data.root, "annotations", "instances_val2017.json")
     sched = cfg.schedule

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, backbone_cfg, load_base_config, to_plain
+from .config import apply_common, backbone_cfg, configure_loader, load_base_config, to_plain
 
 __all__ = ["build_seg_config", "SEG_METRICS"]
 
@@ -62,18 +62,14 @@ def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
             folder = os.path.join(data.root, kind, split)
             if not os.path.isdir(folder):
                 raise FileNotFoundError(f"ADE20K folder not found: {folder}")
-        dl = mm[loader]
-        dl.batch_size = cfg.batch_size if split == "training" else 1
-        dl.num_workers = cfg.workers
-        dl.persistent_workers = cfg.workers > 0
-        ds = dl.dataset
-        ds.data_root = data.root
-        ds.data_prefix = {"img_path": f"images/{split}", "seg_map_path": f"annotations/{split}"}
-        ds.pipeline = mm.train_pipeline if split == "training" else mm.test_pipeline
+        dataset = {"data_root": data.root,
+                   "data_prefix": {"img_path": f"images/{split}", "seg_map_path": f"annotations/{split}"},
+                   "pipeline": mm.train_pipeline if split == "training" else mm.test_pipeline}
         if classes is not None:  # ADE20KDataset only accepts subsets of its 150 classes
-            ds.type = "BaseSegDataset"
-            ds.update({"img_suffix": ".jpg", "seg_map_suffix": ".png", "reduce_zero_label": True,
-                       "metainfo": {"classes": classes, "palette": _palette(len(classes))}})
+            dataset.update({"type": "BaseSegDataset", "img_suffix": ".jpg", "seg_map_suffix": ".png",
+                            "reduce_zero_label": True,
+                            "metainfo": {"classes": classes, "palette": _palette(len(classes))}})
+        configure_loader(mm[loader], cfg.batch_size if split == "training" else 1, cfg.workers, dataset)
     if cfg.mode == "eval" and cfg.tta:  # multi-scale + flip testing
         mm.test_dataloader.dataset.pipeline = mm.tta_pipeline
         mm.model = ConfigDict({"type": "SegTTAModel", "module": mm.model.to_dict()})

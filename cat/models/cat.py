@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights
+from cat.models._base import ClassifierMixin
 
 __all__ = ["CirculantAttentionTransformer"]
 
@@ -85,7 +86,7 @@ class CATStage(nn.Module):
         return tokens.transpose(1, 2).reshape(B, C, H, W)
 
 
-class CirculantAttentionTransformer(nn.Module):
+class CirculantAttentionTransformer(ClassifierMixin, nn.Module):
     def __init__(self, in_chans: int = 3, num_classes: int = 1000, embed_dim: int = 64,
                  depths: Sequence[int] = (2, 4, 8, 4), mlp_ratio: float = 4.0, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.2, global_pool: str = "avg", img_size: Any = None) -> None:
@@ -122,16 +123,6 @@ class CirculantAttentionTransformer(nn.Module):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return {"stem": r"^stem", "blocks": [(r"^stages\.(\d+)", None), (r"^norm", (99999,))]}
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
@@ -154,32 +145,10 @@ class CirculantAttentionTransformer(nn.Module):
     def _norm_map(self, x: Tensor) -> Tensor:
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
-    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
-        """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final norm.
-
-        Under DistributedDataParallel unused parameters are an error, so backbones prune them.
-        """
-        take, _ = feature_take_indices(len(self.stages), indices)
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0, "")
-        return take
-
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens (B, N, C) of the last stage."""
         x = self.stages(self.stem(x))
         return self.norm(x.flatten(2).transpose(1, 2))
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        if self.global_pool == "avg":
-            x = x.mean(dim=1)
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:

@@ -18,12 +18,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights
+from cat.models._base import ClassifierMixin
 from cat.ops.circulant import Reweight
 
 __all__ = ["CirculantVisionTransformer"]
 
 
-class CirculantVisionTransformer(nn.Module):
+class CirculantVisionTransformer(ClassifierMixin, nn.Module):
     """Isotropic ViT whose blocks use circulant attention (CA-DeiT)."""
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
@@ -63,16 +64,6 @@ class CirculantVisionTransformer(nn.Module):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return {"stem": r"^patch_embed", "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, 3, H, W) -> normalised tokens (B, N, C), N = (H / patch) * (W / patch)."""
         ph, pw = self.patch_embed.patch_size
@@ -88,15 +79,6 @@ class CirculantVisionTransformer(nn.Module):
             else:
                 x = blk(x, (H, W))
         return self.norm(x)
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        if self.global_pool == "avg":
-            x = x.mean(dim=1)
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights, parse_attn_pattern
+from cat.models._base import ClassifierMixin
 
 __all__ = ["PyramidVisionTransformer", "resize_pos_embed"]
 
@@ -96,7 +97,7 @@ def resize_pos_embed(pos_embed: Tensor, old_hw: tuple[int, int], new_hw: tuple[i
     return torch.cat([prefix, grid.flatten(2).transpose(1, 2)], dim=1)
 
 
-class PyramidVisionTransformer(nn.Module):
+class PyramidVisionTransformer(ClassifierMixin, nn.Module):
     """PVT v1 with per-stage choice of circulant or spatial-reduction attention."""
 
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
@@ -166,16 +167,6 @@ class PyramidVisionTransformer(nn.Module):
         return {"stem": r"^cls_token|^pos_embed1|^patch_embed1",
                 "blocks": [(r"^(?:block|patch_embed|pos_embed)(\d+)", None), (r"^norm", (99999,))]}
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = global_pool
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-
     def _stage(self, s: int, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Stage s (0-based) on an NCHW map; returns tokens (B, [cls +] N, C) and the grid."""
         x, hw = getattr(self, f"patch_embed{s + 1}")(x)
@@ -222,19 +213,6 @@ class PyramidVisionTransformer(nn.Module):
             return intermediates
         return self.norm(tokens), intermediates
 
-    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
-        """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final norm.
-
-        Under DistributedDataParallel unused parameters are an error, so backbones prune them.
-        """
-        take, _ = feature_take_indices(4, indices)
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0, "")
-        return take
-
     def forward_features(self, x: Tensor) -> Tensor:
         for s in range(4):
             tokens, hw = self._stage(s, x)
@@ -246,9 +224,6 @@ class PyramidVisionTransformer(nn.Module):
         x = x[:, 0] if self.global_pool == "token" else x.mean(dim=1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTransformer) -> dict[str, Tensor]:

@@ -11,24 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import cat
 from cat.data import synthetic_dataset
 from cat.engine.classification import run
-from tests.conftest import REPO
+from tests.conftest import REPO, compose_config
 
-CONFIG_DIR = str(REPO / "configs" / "cls")
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 # A tiny CA-DeiT on learnable synthetic data: seconds per run on one CPU thread.
 TINY = ["data=synthetic", "data.img_size=32", "model.kwargs={embed_dim:16,depth:1,patch_size:8}", "aug=none",
         "workers=0", "logger.wandb.mode=disabled", "log_interval=1"]
-
-
-def compose_cls(*overrides: str):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def train_cmd(output_dir: Path, *overrides: str, nproc: int = 1) -> list[str]:
@@ -56,7 +49,7 @@ def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_builds(experiment):
-    cfg = compose_cls(f"experiment={experiment}")
+    cfg = compose_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
     with torch.device("meta"):
         from cat.engine.classification import build_model
@@ -65,7 +58,7 @@ def test_every_experiment_composes_and_builds(experiment):
 
 
 def test_paper_recipe_values():
-    cfg = compose_cls("experiment=ca_deit_s")
+    cfg = compose_config("cls", "experiment=ca_deit_s")
     assert (cfg.epochs, cfg.lr, cfg.optim.lr_base_batch, cfg.optim.weight_decay, cfg.optim.clip_grad) == \
         (300, 1e-3, 1024, 0.05, 5.0)
     assert (cfg.schedule.sched, cfg.schedule.warmup_epochs) == ("cosine", 20)
@@ -73,13 +66,14 @@ def test_paper_recipe_values():
         ("rand-m9-mstd0.5-inc1", 0.8, 1.0, 0.1, 0.25)
     assert (cfg.data.name, cfg.data.img_size, cfg.data.crop_pct, cfg.data.interpolation) == \
         ("imagenet", 224, 0.875, "bicubic")
-    drop_path = {e: compose_cls(f"experiment={e}").model.drop_path_rate for e in ("ca_deit_t", "ca_deit_s", "ca_deit_b")}
+    drop_path = {e: compose_config("cls", f"experiment={e}").model.drop_path_rate
+                 for e in ("ca_deit_t", "ca_deit_s", "ca_deit_b")}
     assert drop_path == {"ca_deit_t": 0.0, "ca_deit_s": 0.1, "ca_deit_b": 0.4}
 
 
 def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
     ckpt = official_ca_deit / "small_p8_64.pth"
-    cfg = compose_cls("mode=eval", f"checkpoint={ckpt}", "data=synthetic", "data.num_classes=10", "data.img_size=64",
+    cfg = compose_config("cls", "mode=eval", f"checkpoint={ckpt}", "data=synthetic", "data.num_classes=10", "data.img_size=64",
                       "model.kwargs={embed_dim:64,depth:2,patch_size:8}", f"output_dir={tmp_path}", "workers=0",
                       "logger.wandb.mode=disabled")
     metrics = run(cfg)
@@ -180,7 +174,7 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     (["mode=fit"], ValueError, "mode must be"),
 ])
 def test_clear_errors(tmp_path, overrides, error, match):
-    cfg = compose_cls(*TINY, f"output_dir={tmp_path}", *overrides)
+    cfg = compose_config("cls", *TINY, f"output_dir={tmp_path}", *overrides)
     with pytest.raises(error, match=match):
         run(cfg)
 
@@ -192,6 +186,6 @@ def test_empty_class_folder_is_named(tmp_path):
         (tmp_path / "data" / split / "cat").mkdir(parents=True)
         (tmp_path / "data" / split / "dog").mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / "cat" / "a.png")
-    cfg = compose_cls(*TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}")
+    cfg = compose_config("cls", *TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}")
     with pytest.raises(FileNotFoundError, match=r"train/dog holds no images"):
         run(cfg)

@@ -21,17 +21,18 @@ def run_entry(script: str, *overrides: str, nproc: int = 1, timeout: int = 900) 
     return proc
 
 
-@pytest.fixture(scope="session")
-def toy_coco(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("toy_coco")
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "8", "--val", "4"],
+def _toy_dataset(tmp_path_factory, tool: str) -> Path:
+    root = tmp_path_factory.mktemp(tool)
+    subprocess.run([sys.executable, str(REPO / "tools" / f"make_{tool}.py"), str(root), "--train", "8", "--val", "4"],
                    check=True, capture_output=True)
     return root
+
+
+@pytest.fixture(scope="session")
+def toy_coco(tmp_path_factory) -> Path:
+    return _toy_dataset(tmp_path_factory, "toy_coco")
 
 
 @pytest.fixture(scope="session")
 def toy_ade(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("toy_ade")
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_ade.py"), str(root), "--train", "8", "--val", "4"],
-                   check=True, capture_output=True)
-    return root
+    return _toy_dataset(tmp_path_factory, "toy_ade")

@@ -8,21 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from cat.engine.dist import DistEnv
-from tests.conftest import REPO
+from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
 
 DET_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "det" / "experiment").glob("*.yaml"))
 FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2"]
-
-
-def compose_det(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "configs" / "det"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("experiment", ["toy_mask_rcnn_ca_pvt", "toy_mask_rcnn_ca_swin"])
@@ -64,7 +58,7 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
 
     register_all_modules()
     register_backbones()
-    cfg = compose_det(f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}",
+    cfg = compose_config("det", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}",
                       "logger.wandb.mode=disabled")
     mm = build_det_config(cfg, DistEnv(), str(tmp_path))
     with torch.device("meta"):
@@ -87,7 +81,7 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
 
     register_all_modules()
     register_backbones()
-    cfg = compose_det(f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}")
+    cfg = compose_config("det", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}")
     detector = MODELS.build(build_det_config(cfg, DistEnv(), str(tmp_path)).model).eval()
     sample = DetDataSample(metainfo={"img_shape": (800, 1333), "ori_shape": (800, 1333), "scale_factor": (1.0, 1.0),
                                      "batch_input_shape": (800, 1344)})

@@ -5,21 +5,15 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from cat.engine.dist import DistEnv
-from tests.conftest import REPO
+from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
 
 SEG_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "seg" / "experiment").glob("*.yaml"))
 FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "checkpoint_interval=3"]
-
-
-def compose_seg(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "configs" / "seg"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("experiment", ["toy_fpn_ca_pvt", "toy_upernet_ca_swin"])
@@ -62,7 +56,7 @@ def _build(experiment: str, toy_ade, tmp_path):
 
     register_all_modules()
     register_backbones()
-    cfg = compose_seg(f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path}",
+    cfg = compose_config("seg", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path}",
                       "logger.wandb.mode=disabled")
     return cfg, build_seg_config(cfg, DistEnv(), str(tmp_path)), MODELS
 
