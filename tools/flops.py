@@ -59,7 +59,10 @@ def compare_table(number: int) -> list[dict[str, object]]:
     table = paper_table(number)
     rows = []
     for row in table["rows"]:
-        ours = measure(row["model"], (row["img_size"], row["img_size"]))
+        if "experiment" in row:  # whole detectors / segmentors (Tables 3 and 4)
+            ours = measure_dense(table["task"], row["experiment"], tuple(row["img_size"]))
+        else:
+            ours = measure(row["model"], (row["img_size"], row["img_size"]))
         params_m, gflops = ours["params"] / 1e6, ours["flops"] / 1e9
         tolerance = row.get("tolerance", table["tolerance"])
         errors = [e for e in (_relative_error(params_m, row["params_m"]), _relative_error(gflops, row["gflops"]))
@@ -72,10 +75,11 @@ def compare_table(number: int) -> list[dict[str, object]]:
 def _print_table(number: int, rows: list[dict[str, object]]) -> None:
     fmt = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"Table {number}: {paper_table(number)['title']}")
-    print(f"| model | timm name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
+    print(f"| model | name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         paper_note = " (target)" if r.get("target") else ""
-        print(f"| {r['label']} | `{r['model']}` | {r['img_size']}² | {r['ours_params_m']:.1f} | {fmt(r['params_m'])} "
+        size = "x".join(map(str, r["img_size"])) if isinstance(r["img_size"], list) else f"{r['img_size']}²"
+        print(f"| {r['label']} | `{r.get('model') or r['experiment']}` | {size} | {r['ours_params_m']:.1f} | {fmt(r['params_m'])} "
               f"| {r['ours_gflops']:.2f} | {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |")
 
 

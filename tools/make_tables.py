@@ -21,8 +21,10 @@ import yaml
 
 from cat.paper import available_tables, paper_table
 
-# Which metric each table reports, and the key of metrics.json holding it.
-TABLE_METRICS = {2: ("top-1 (%)", "top1", "best_top1"), 3: ("box AP", "bbox_mAP", None), 4: ("mIoU", "mIoU", None)}
+# Per table: the metric's label, the metrics.json key (and a preferred key), and the factor to the
+# paper's percent scale (mmdet's COCO metric is a fraction).
+TABLE_METRICS = {2: ("top-1 (%)", "top1", "best_top1", 1.0), 3: ("box AP", "bbox_mAP", None, 100.0),
+                 4: ("mIoU (%)", "mIoU", None, 1.0)}
 
 
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
@@ -37,28 +39,31 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
             metrics = json.loads(metrics_path.read_text())
             model = config.get("model", {})
             runs.append({"dir": str(metrics_path.parent), "mode": config.get("mode", "train"), "metrics": metrics,
-                         "model": model.get("name") or model.get("backbone"),
+                         "name": config.get("name"),
+                         "model": model.get("name"),
                          "img_size": config.get("data", {}).get("img_size"),
                          "dataset": config.get("data", {}).get("name")})
     return runs
 
 
-def _value(run: dict[str, Any], key: str, fallback: str | None) -> float | None:
+def _value(run: dict[str, Any], key: str, preferred: str | None, scale: float = 1.0) -> float | None:
     metrics = run["metrics"]
-    if fallback and fallback in metrics:
-        return metrics[fallback]
-    return metrics.get(key)
+    value = metrics[preferred] if preferred and preferred in metrics else metrics.get(key)
+    return None if value is None else value * scale
 
 
 def fill_table(number: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     table = paper_table(number)
-    _, key, fallback = TABLE_METRICS[number]
+    _, key, fallback, scale = TABLE_METRICS[number]
     rows = []
     for row in table["rows"]:
-        matching = [r for r in runs if r["model"] == row["model"] and r["dataset"] == table["dataset"]
-                    and r["img_size"] in (None, row["img_size"]) and _value(r, key, fallback) is not None]
+        if "experiment" in row:  # detection/segmentation presets are matched by run name
+            matching = [r for r in runs if r["name"] == row["experiment"] and _value(r, key, fallback) is not None]
+        else:
+            matching = [r for r in runs if r["model"] == row["model"] and r["dataset"] == table["dataset"]
+                        and r["img_size"] in (None, row["img_size"]) and _value(r, key, fallback) is not None]
         best = max(matching, key=lambda r: _value(r, key, fallback), default=None)
-        rows.append({**row, "ours": None if best is None else _value(best, key, fallback),
+        rows.append({**row, "ours": None if best is None else _value(best, key, fallback, scale),
                      "run": None if best is None else best["dir"]})
     return rows
 
