@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 
-import timm
 import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
@@ -75,7 +74,7 @@ def compare_table(number: int) -> list[dict[str, object]]:
 def _print_table(number: int, rows: list[dict[str, object]]) -> None:
     fmt = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"Table {number}: {paper_table(number)['title']}")
-    print(f"| model | name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
+    print("| model | name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         paper_note = " (target)" if r.get("target") else ""
         size = "x".join(map(str, r["img_size"])) if isinstance(r["img_size"], list) else f"{r['img_size']}²"

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 from torch.utils.data import TensorDataset
 
 __all__ = ["digits_dataset", "synthetic_dataset"]

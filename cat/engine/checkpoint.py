@@ -9,6 +9,7 @@ with ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import shutil
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "CheckpointManager", "capture_rng_state", "restore_rng_state", "seed_everything"]
+__all__ = ["atomic_save", "atomic_write_json", "CheckpointManager", "capture_rng_state", "restore_rng_state", "seed_everything"]
 
 
 def atomic_save(obj: Any, path: str) -> None:
@@ -40,6 +41,14 @@ def atomic_save(obj: Any, path: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_write_json(path: str, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON so readers see the old file or the complete new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
 
 
 def _snapshot(src: str, dst: str) -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import time
@@ -23,9 +22,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 import cat
 from cat.data import build_dataset
 
-from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, seed_everything
-from .dist import DistEnv, barrier, broadcast_object, init_distributed
-from .logger import WandbLogger, setup_logging
+from .checkpoint import CheckpointManager, atomic_write_json, capture_rng_state, restore_rng_state, seed_everything
+from .dist import DistEnv, init_distributed
+from .launch import prepare_output_dir
+from .logger import WandbLogger
 from .train import TrainOptions, evaluate, measure_throughput, train_one_epoch
 
 __all__ = ["run", "build_model"]
@@ -81,13 +81,6 @@ def _num_classes(cfg: DictConfig, dataset: Dataset) -> int:
     return len(dataset.classes)  # folder datasets: one class per folder
 
 
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-
-
 def _val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
     return DataLoader(dataset, batch_size=cfg.batch_size, sampler=ShardSampler(len(dataset), env.rank, env.world_size),
                       num_workers=cfg.workers, pin_memory=cfg.pin_memory and env.device.type == "cuda")
@@ -98,15 +91,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.mode not in ("train", "eval", "throughput"):
         raise ValueError(f"mode must be train, eval or throughput; got {cfg.mode!r}")
     env = init_distributed(cfg.device)
-    # One directory for all ranks, even if output_dir interpolates a timestamp.
-    output_dir = broadcast_object(os.path.abspath(cfg.output_dir))
-    if env.is_main:
-        os.makedirs(output_dir, exist_ok=True)
-    log = setup_logging(env.is_main, os.path.join(output_dir, "log.txt"))
-    if env.is_main:
-        with open(os.path.join(output_dir, "config.yaml"), "w") as f:
-            f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    barrier()
+    output_dir, log = prepare_output_dir(cfg, env)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     seed_everything(cfg.seed + env.rank)
@@ -119,7 +104,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         else:
             metrics = _throughput(cfg, env, log)
         if env.is_main:
-            _write_json(os.path.join(output_dir, "metrics.json"), metrics)
+            atomic_write_json(os.path.join(output_dir, "metrics.json"), metrics)
         return metrics
     finally:
         if dist.is_initialized():

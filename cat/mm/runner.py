@@ -1,15 +1,15 @@
 """Run a detection or segmentation job on mmengine's Runner and write ``metrics.json``."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from cat.engine.dist import barrier, broadcast_object, init_distributed
-from cat.engine.logger import setup_logging
+from cat.engine.checkpoint import atomic_write_json
+from cat.engine.dist import init_distributed
+from cat.engine.launch import prepare_output_dir
 
 from .backbone import register_backbones
 from .safe_load import allow_mmengine_checkpoints
@@ -40,13 +40,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
     register_all_modules, build_config, metric_keys = _task(task)
     # Our own process group first: mmengine's init would call torch.cuda.set_device on CPU machines.
     env = init_distributed(cfg.device)
-    output_dir = broadcast_object(os.path.abspath(cfg.output_dir))
-    if env.is_main:
-        os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "config.yaml"), "w") as f:
-            f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    barrier()
-    log = setup_logging(env.is_main, os.path.join(output_dir, "log.txt"))
+    output_dir, log = prepare_output_dir(cfg, env)
     allow_mmengine_checkpoints()
     register_all_modules(init_default_scope=True)
     register_backbones()
@@ -67,9 +61,6 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
                for key, mm_key in metric_keys.items()}
     metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
     if env.is_main:
-        tmp = os.path.join(output_dir, "metrics.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(metrics, f, indent=2)
-        os.replace(tmp, os.path.join(output_dir, "metrics.json"))
+        atomic_write_json(os.path.join(output_dir, "metrics.json"), metrics)
     log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
     return metrics
