@@ -30,6 +30,7 @@ from timm.layers import Attention
 from torch import Tensor
 
 import cat
+from cat.models import parse_model_args
 from cat.ops import bccb_project
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for bccb.json and the figures")
     parser.add_argument("--model", default="deit_tiny_patch16_224", help="timm ViT-style model with softmax attention")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable")
     parser.add_argument("--checkpoint", default=None, help="weights to load (release format or state dict)")
     parser.add_argument("--images", default=None, help="folder of images (default: scikit-image's samples)")
     parser.add_argument("--num-images", type=int, default=4)
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size).eval()
+    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size,
+                             **parse_model_args(args.model_arg)).eval()
     x = preprocess(load_images(args.images, args.num_images), model, args.img_size)
     grid = tuple(model.patch_embed.dynamic_feat_size(x.shape[-2:]))
     prefix = getattr(model, "num_prefix_tokens", 0)

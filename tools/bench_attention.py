@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Callable
 
 import numpy as np
@@ -27,6 +26,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
+from torch.utils import benchmark
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention
@@ -34,23 +34,17 @@ from cat.ops.reference import released_circulant_attention
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
-    """Median seconds per call of each function; every round times each function once, in turn."""
-    for fn in fns.values():  # warm-up (and size each block to about min_block_s)
-        fn()
+    """Median seconds per call of each function, with ``torch.utils.benchmark``: every round times
+    one block of each function in turn, so slow drifts of the machine hit all of them alike."""
+    timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}) for name, fn in fns.items()}
     reps = {}
-    for name, fn in fns.items():
-        start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < min_block_s / 2:
-            fn()
-            n += 1
-        reps[name] = max(n, 1)
+    for name, timer in timers.items():  # warm-up, and size each block to about min_block_s
+        once = timer.timeit(1).mean
+        reps[name] = max(1, int(min_block_s / max(once, 1e-6)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(reps[name]):
-                fn()
-            samples[name].append((time.perf_counter() - start) / reps[name])
+        for name, timer in timers.items():
+            samples[name].append(timer.timeit(reps[name]).mean)
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 

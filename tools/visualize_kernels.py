@@ -25,6 +25,7 @@ from timm.data import create_transform, resolve_data_config
 from torch import Tensor
 
 import cat
+from cat.models import parse_model_args
 from cat.ops import CirculantAttention
 
 
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for kernels.png/.pdf and kernels.json")
     parser.add_argument("--model", default="ca_deit_tiny", help="a model with circulant attention")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable")
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--image", default=None, help="image file (default: scikit-image's cat photo)")
     parser.add_argument("--img-size", type=int, default=224)
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from PIL import Image
 
     torch.manual_seed(args.seed)
-    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size).eval()
+    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size,
+                             **parse_model_args(args.model_arg)).eval()
     config = resolve_data_config({"input_size": (3, args.img_size, args.img_size), "crop_pct": 1.0}, model=model)
     x = create_transform(**config)(Image.fromarray(load_image(args.image)))[None]
     kernels = capture_kernels(model, x)

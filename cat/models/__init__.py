@@ -23,7 +23,7 @@ from .checkpoint import (
 )
 from .deit import CirculantVisionTransformer
 
-__all__ = ["create_model", "load_checkpoint", "load_backbone_checkpoint", "adapt_state_dict", "CirculantVisionTransformer", "CheckpointMismatchError",
+__all__ = ["create_model", "parse_model_args", "load_checkpoint", "load_backbone_checkpoint", "adapt_state_dict", "CirculantVisionTransformer", "CheckpointMismatchError",
            "LoadReport", "UnsafeCheckpointError", "load_checkpoint_file", "extract_state_dict", "load_state_dict"]
 
 _logger = logging.getLogger(__name__)
@@ -85,3 +85,16 @@ def create_model(name: str, checkpoint: str | os.PathLike[str] | None = None, st
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, strict=strict)
     return model
+
+
+def parse_model_args(pairs: list[str]) -> dict[str, Any]:
+    """``["patch_size=4", "embed_dim=64"]`` -> ``{"patch_size": 4, "embed_dim": 64}`` (YAML values)."""
+    import yaml
+
+    args = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"model argument {pair!r} must look like KEY=VALUE")
+        args[key] = yaml.safe_load(value)
+    return args

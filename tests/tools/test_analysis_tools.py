@@ -38,9 +38,10 @@ def test_bccb_analysis_default_images(run_tool, tmp_path):
 
 
 def test_visualize_kernels(run_tool, tmp_path):
-    run_tool("visualize_kernels", "--out", str(tmp_path), "--img-size", "64", "--channels", "4")
+    run_tool("visualize_kernels", "--out", str(tmp_path), "--img-size", "64", "--channels", "4",
+             "--model-arg", "depth=3", "--model-arg", "embed_dim=32")
     result = json.loads((tmp_path / "kernels.json").read_text())
-    assert len(result["layers"]) == 12
+    assert len(result["layers"]) == 3
     for layer in result["layers"]:
         assert layer["grid"] == [4, 4]
         assert 0 < layer["mass_3x3"] <= layer["mass_7x7"] <= 1 + 1e-6  # weights are a distribution

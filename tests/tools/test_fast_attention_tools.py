@@ -1,0 +1,27 @@
+"""ONNX export of CA-DeiT through the matmul DFT backend, and the attention benchmark script."""
+from __future__ import annotations
+
+import onnx
+
+
+def test_export_ca_deit_tiny(run_tool, tmp_path):
+    path = tmp_path / "ca_deit_tiny.onnx"
+    text = run_tool("export_onnx", "--out", str(path), "--img-size", "64")
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    ops = {node.op_type for node in model.graph.node}
+    assert "MatMul" in ops and not any("FFT" in op or "DFT" in op for op in ops)
+    error = float(text.split("max relative difference ")[1].split()[0])
+    assert error < 1e-4
+
+
+def test_bench_attention_runs(run_tool):
+    import json
+
+    result = json.loads(run_tool("bench_attention", "--grids", "6", "--batches", "1", "--backward", "--matmul",
+                                 "--growth", "4", "6", "--rounds", "1", "--min-block", "0.001", "--json"))
+    for mode in ("forward", "forward_backward"):
+        (row,) = result[mode]
+        assert row["tokens"] == "6x6"
+        assert all(row[f"{k}_ms"] > 0 for k in ("ours", "released", "sdpa", "gemm", "ours_matmul"))
+    assert set(result["growth_exponent"]) == {"ours", "sdpa"}
