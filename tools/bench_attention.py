@@ -17,6 +17,7 @@ images/s, batch 1) at the --models-res resolutions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Callable
@@ -110,21 +111,10 @@ def whole_models(resolutions: list[int], rounds: int, min_block_s: float) -> lis
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dim", type=int, default=192)
-    parser.add_argument("--grids", type=int, nargs="*", default=[14, 28, 56], help="token grid sides S")
-    parser.add_argument("--batches", type=int, nargs="*", default=[8, 2, 1], help="batch per grid (last repeats)")
-    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
-    parser.add_argument("--matmul", action="store_true", help="also time the matmul DFT backend")
-    parser.add_argument("--growth", type=int, nargs="*", default=[], help="grid sides for the cost-growth fit")
-    parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-
-    result: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "dim": args.dim}
+def measure(args: argparse.Namespace) -> dict[str, object]:
+    """Every timing the arguments ask for, in the current device and autocast context."""
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    result: dict[str, object] = {"torch": torch.__version__, "device": device, "amp": args.amp, "dim": args.dim}
     for mode in (("forward", "forward_backward") if args.backward else ("forward",)) if args.grids else ():
         rows = []
         for i, side in enumerate(args.grids):
@@ -137,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         result["growth_exponent"] = growth_exponent(args.dim, args.growth, max(3, args.rounds // 2), args.min_block)
     if args.models_res:
         result["models"] = whole_models(args.models_res, max(3, args.rounds // 2), args.min_block)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
+    return result
 
-    print(f"torch {result['torch']}, CPU threads {result['threads']}, C={args.dim}; medians of {args.rounds} "
+
+def report(args: argparse.Namespace, result: dict) -> None:
+    device = result["device"]
+    print(f"torch {result['torch']}, {device}, amp {args.amp}, C={args.dim}; medians of {args.rounds} "
           f"interleaved rounds")
     for mode in ("forward", "forward_backward"):
         if mode not in result:
@@ -162,6 +153,37 @@ def main(argv: list[str] | None = None) -> int:
     for r in result.get("models", []):
         print(f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch 1: {r['ca_deit_tiny_img_s']:.2f} vs "
               f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=192)
+    parser.add_argument("--grids", type=int, nargs="*", default=[14, 28, 56], help="token grid sides S")
+    parser.add_argument("--batches", type=int, nargs="*", default=[8, 2, 1], help="batch per grid (last repeats)")
+    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
+    parser.add_argument("--matmul", action="store_true", help="also time the matmul DFT backend")
+    parser.add_argument("--growth", type=int, nargs="*", default=[], help="grid sides for the cost-growth fit")
+    parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
+    parser.add_argument("--amp", choices=["bf16", "fp16"], default=None, help="time under autocast (GEMMs in low "
+                        "precision; the FFTs stay fp32)")
+    parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_default_device(args.device)
+    amp = (torch.autocast(args.device.split(":")[0], dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.amp])
+           if args.amp else contextlib.nullcontext())
+    with amp:
+        result = measure(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    report(args, result)
     return 0
 
 

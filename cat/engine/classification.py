@@ -160,7 +160,7 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
     val_loader = _val_loader(cfg, val_set, env)
     steps_per_epoch = len(sampler.base) // cfg.batch_size
 
-    model = build_model(cfg, num_classes, checkpoint=cfg.checkpoint).to(env.device)
+    model = build_model(cfg, num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load).to(env.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None

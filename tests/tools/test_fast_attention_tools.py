@@ -25,3 +25,18 @@ def test_bench_attention_runs(run_tool):
         assert row["tokens"] == "6x6"
         assert all(row[f"{k}_ms"] > 0 for k in ("ours", "released", "sdpa", "gemm", "ours_matmul"))
     assert set(result["growth_exponent"]) == {"ours", "sdpa"}
+
+
+def test_gpu_check_correctness_dry_run_on_cpu():
+    """The prepared GPU script's correctness part, run on the CPU (autocast there too)."""
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    rows = gpu_check.correctness("cpu")
+    assert {r["dtype"] for r in rows} == {"fp16", "bf16"} and len(rows) == 22
+    for r in rows:
+        assert r["rel_err"] < 3e-2, r
