@@ -19,7 +19,7 @@ FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2"]
 
 
 @pytest.mark.parametrize("experiment", ["toy_mask_rcnn_ca_pvt", "toy_mask_rcnn_ca_swin"])
-def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path):
+def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, run_tool):
     out = tmp_path / experiment
     run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={out}",
               "schedule.epochs=1", *FAST)
@@ -36,10 +36,16 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50", "segm_mAP_75"):
         assert 0.0 <= metrics[key] <= 1.0
+    # An evaluation run named like a Table 3 preset fills that row of tools/make_tables.py's Table 3.
+    row_name = "mask_rcnn_ca_pvt_t_1x" if "pvt" in experiment else "mask_rcnn_ca_swin_t_1x"
     run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path / 'eval'}",
-              "mode=eval", f"checkpoint={out / 'epoch_2.pth'}", *FAST)
+              "mode=eval", f"checkpoint={out / 'epoch_2.pth'}", f"name={row_name}", *FAST)
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["bbox_mAP"] == pytest.approx(metrics["bbox_mAP"])
+    table = run_tool("make_tables", str(tmp_path / "eval"), "--table", "3")
+    label = "CA-PVT-T" if "pvt" in experiment else "CA-Swin-T"
+    row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+    assert f"| {100 * metrics['bbox_mAP']:.2f} |" in row
 
 
 def test_two_process_gloo(toy_coco, tmp_path):
