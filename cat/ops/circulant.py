@@ -5,10 +5,11 @@ attention matrix has entries that depend only on the 2-D offset between query an
 torus. Such a matrix is a circular convolution, so attention reduces to 2-D FFTs and costs
 O(N log N) instead of O(N^2).
 
-Conventions: spatial tensors are (B, H, W, C) real; spectra are the unnormalised ``rfft2`` over the
-grid dims, (B, H, W // 2 + 1, C) complex. FFTs always run in float32 (float64 for float64
-inputs) with autocast disabled: cuFFT rejects half precision for non-power-of-two grids, and the
-softmax logits need the range.
+Conventions: the public function takes (B, H, W, C) tokens; inside, maps are channels first,
+(B, C, H, W), and spectra are the unnormalised ``rfft2`` over the last two dims, (B, C, H, W//2+1),
+either complex or as real (re, im) pairs (B, C, H, W//2+1, 2) for the matmul backend. Transforms
+always run in float32 (float64 for float64 inputs) with autocast disabled: cuFFT rejects half
+precision for non-power-of-two grids, and the softmax logits need the range.
 """
 from __future__ import annotations
 
