@@ -19,7 +19,7 @@ from cat.engine.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
 
-__all__ = ["load_base_config", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader"]
+__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader"]
 
 
 def load_base_config(spec: str) -> Config:
@@ -46,6 +46,28 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
     cfg = {"type": "CATBackbone", "model_name": model.backbone.name, "out_indices": out_indices,
            "out_norm": model.backbone.out_norm, "pretrained": model.pretrained, "model_kwargs": kwargs}
     return cfg, channels
+
+
+def base_with_backbone(model: DictConfig) -> Config:
+    """The packaged base config of ``model.base`` with cat's backbone wired in.
+
+    The backbone's channels go to the FPN neck (detectors, SemanticFPN) or straight to the decode
+    head (UperNet), stage 3's to an auxiliary head; ``model.overrides`` (dotted keys into the model
+    config, e.g. ``{"neck.out_channels": 64}``) are applied last.
+    """
+    mm = load_base_config(model.base)
+    backbone, channels = backbone_cfg(model)
+    mm.model.backbone = ConfigDict(backbone)
+    mm.model.pop("pretrained", None)  # a download URL in the packaged bases
+    if mm.model.get("neck") is not None:
+        mm.model.neck.in_channels = channels
+    else:
+        mm.model.decode_head.in_channels = channels
+    if mm.model.get("auxiliary_head") is not None:
+        mm.model.auxiliary_head.in_channels = channels[2]
+    if model.overrides:
+        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(model.overrides).items()})
+    return mm
 
 
 def configure_loader(loader: ConfigDict, batch_size: int, workers: int, dataset: dict[str, Any]) -> None:

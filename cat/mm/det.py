@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config
 from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, backbone_cfg, configure_loader, load_base_config, to_plain
+from .config import apply_common, base_with_backbone, configure_loader
 
 __all__ = ["build_det_config", "DET_METRICS"]
 
@@ -31,12 +31,7 @@ def _pipelines(mm: Config, data: DictConfig) -> None:
 
 
 def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
-    mm = load_base_config(cfg.model.base)
-    backbone, channels = backbone_cfg(cfg.model)
-    mm.model.backbone = ConfigDict(backbone)
-    mm.model.neck.in_channels = channels
-    if cfg.model.overrides:  # dotted keys into the detector, e.g. {"neck.out_channels": 64}
-        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(cfg.model.overrides).items()})
+    mm = base_with_backbone(cfg.model)
     data = cfg.data
     if data.root is None or not os.path.isdir(data.root):
         raise FileNotFoundError(f"data.root={data.root!r} is not a folder with the COCO layout (train2017/, "

@@ -9,26 +9,14 @@ from omegaconf import DictConfig
 from cat.flops import count_macs
 
 from .backbone import register_backbones
-from .config import backbone_cfg, load_base_config, to_plain
+from .config import base_with_backbone
 
 __all__ = ["detector_macs", "segmentor_macs"]
 
 
 def _build(cfg: DictConfig, registry: Any) -> torch.nn.Module:
-    mm = load_base_config(cfg.model.base)
-    backbone, channels = backbone_cfg(cfg.model)
-    mm.model.backbone = backbone
-    mm.model.pop("pretrained", None)
-    if mm.model.get("neck") is not None:
-        mm.model.neck.in_channels = channels
-    else:
-        mm.model.decode_head.in_channels = channels
-    if mm.model.get("auxiliary_head") is not None:
-        mm.model.auxiliary_head.in_channels = channels[2]
-    if cfg.model.overrides:
-        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(cfg.model.overrides).items()})
     register_backbones()
-    return registry.build(mm.model).eval()
+    return registry.build(base_with_backbone(cfg.model).model).eval()
 
 
 def detector_macs(cfg: DictConfig, hw: tuple[int, int], proposals: int = 1000) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, backbone_cfg, configure_loader, load_base_config, to_plain
+from .config import apply_common, base_with_backbone, configure_loader
 
 __all__ = ["build_seg_config", "SEG_METRICS"]
 
@@ -34,16 +34,7 @@ def _palette(n: int) -> list[list[int]]:
 
 
 def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
-    mm = load_base_config(cfg.model.base)
-    backbone, channels = backbone_cfg(cfg.model)
-    mm.model.backbone = ConfigDict(backbone)
-    mm.model.pop("pretrained", None)
-    if mm.model.get("neck") is not None:  # SemanticFPN: FPN neck over the four maps
-        mm.model.neck.in_channels = channels
-    else:  # UperNet: the head takes the maps directly
-        mm.model.decode_head.in_channels = channels
-    if mm.model.get("auxiliary_head") is not None:
-        mm.model.auxiliary_head.in_channels = channels[2]
+    mm = base_with_backbone(cfg.model)
     data = cfg.data
     if data.root is None or not os.path.isdir(data.root):
         raise FileNotFoundError(f"data.root={data.root!r} is not a folder with the ADE20K layout (images/training, "
@@ -53,8 +44,6 @@ def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     mm.model.decode_head.num_classes = num_classes
     if mm.model.get("auxiliary_head") is not None:
         mm.model.auxiliary_head.num_classes = num_classes
-    if cfg.model.overrides:  # dotted keys into the segmentor, e.g. {"decode_head.channels": 64}
-        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(cfg.model.overrides).items()})
     _pipelines(mm, data)
     for split, loader in (("training", "train_dataloader"), ("validation", "val_dataloader"),
                           ("validation", "test_dataloader")):
