@@ -8,6 +8,7 @@ the stack run on CPU and under torchrun without a GPU.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,15 @@ from cat.engine.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
 
-__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader"]
+__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader",
+           "require_data_root"]
+
+
+def require_data_root(root: str | None, layout: str) -> str:
+    """``root`` if it is a folder, else a FileNotFoundError saying which ``layout`` it should hold."""
+    if root is None or not os.path.isdir(root):
+        raise FileNotFoundError(f"data.root={root!r} is not a folder with the {layout}")
+    return root
 
 
 def load_base_config(spec: str) -> Config:

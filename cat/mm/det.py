@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, base_with_backbone, configure_loader
+from .config import apply_common, base_with_backbone, configure_loader, require_data_root
 
 __all__ = ["build_det_config", "DET_METRICS"]
 
@@ -33,9 +33,8 @@ def _pipelines(mm: Config, data: DictConfig) -> None:
 def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     mm = base_with_backbone(cfg.model)
     data = cfg.data
-    if data.root is None or not os.path.isdir(data.root):
-        raise FileNotFoundError(f"data.root={data.root!r} is not a folder with the COCO layout (train2017/, "
-                                "val2017/, annotations/instances_*.json); tools/make_toy_coco.py writes one")
+    require_data_root(data.root, "COCO layout (train2017/, val2017/, annotations/instances_*.json); "
+                      "tools/make_toy_coco.py writes one")
     classes = None if data.classes is None else tuple(data.classes)
     if classes is not None:
         mm.model.roi_head.bbox_head.num_classes = len(classes)

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from cat.engine.dist import DistEnv
 
-from .config import apply_common, base_with_backbone, configure_loader
+from .config import apply_common, base_with_backbone, configure_loader, require_data_root
 
 __all__ = ["build_seg_config", "SEG_METRICS"]
 
@@ -36,9 +36,8 @@ def _palette(n: int) -> list[list[int]]:
 def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     mm = base_with_backbone(cfg.model)
     data = cfg.data
-    if data.root is None or not os.path.isdir(data.root):
-        raise FileNotFoundError(f"data.root={data.root!r} is not a folder with the ADE20K layout (images/training, "
-                                "annotations/training, ...); tools/make_toy_ade.py writes one")
+    require_data_root(data.root, "ADE20K layout (images/training, annotations/training, ...); "
+                      "tools/make_toy_ade.py writes one")
     classes = None if data.classes is None else tuple(data.classes)
     num_classes = 150 if classes is None else len(classes)
     mm.model.decode_head.num_classes = num_classes

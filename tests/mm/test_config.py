@@ -1,0 +1,24 @@
+"""The Hydra -> mmengine bridge refuses bad input with errors that name the problem."""
+from __future__ import annotations
+
+import pytest
+
+from cat.engine.dist import DistEnv
+from tests.conftest import compose_config
+
+pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+
+
+@pytest.mark.parametrize(("task", "layout"), [("det", "COCO layout"), ("seg", "ADE20K layout")])
+@pytest.mark.parametrize("root", [None, "missing"])
+def test_missing_data_root(task, layout, root, tmp_path):
+    from cat.mm.det import build_det_config
+    from cat.mm.seg import build_seg_config
+
+    data_root = "null" if root is None else str(tmp_path / root)
+    cfg = compose_config(task, f"data.root={data_root}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled")
+    build = build_det_config if task == "det" else build_seg_config
+    with pytest.raises(FileNotFoundError, match=layout) as error:
+        build(cfg, DistEnv(), str(tmp_path))
+    assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)
