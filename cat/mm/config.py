@@ -20,8 +20,8 @@ from cat.engine.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
 
-__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain", "configure_loader",
-           "require_data_root"]
+__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain",
+           "configure_loader", "require_data_root"]
 
 
 def require_data_root(root: str | None, layout: str) -> str:

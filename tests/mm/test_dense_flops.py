@@ -31,13 +31,14 @@ def _check_table(rows: list[dict], min_flops_rows: int) -> None:
     by_label = {r["label"]: r for r in rows}
     implied = 0
     for label, r in by_label.items():
-        base = by_label.get(label.removeprefix("CA-"))
-        backbone = label.removesuffix(" 3x")
-        if not label.startswith("CA-") or base is None or base["params_m"] is None:
+        if not label.startswith("CA-") or label[3:] not in by_label:
             continue
-        if TABLE2_PARAMS.get(backbone) is None or TABLE2_PARAMS.get(backbone[3:]) is None:
+        backbone = label.removesuffix(" 3x")  # the CA backbone's Table 2 label
+        known = (by_label[label[3:]]["params_m"], TABLE2_PARAMS.get(backbone), TABLE2_PARAMS.get(backbone[3:]))
+        if None in known:
             continue
-        paper_params = base["params_m"] + TABLE2_PARAMS[backbone] - TABLE2_PARAMS[backbone[3:]]
+        base_params, ca_backbone, base_backbone = known
+        paper_params = base_params + ca_backbone - base_backbone
         assert abs(r["ours_params_m"] - paper_params) / paper_params <= r["tolerance"], (label, r["ours_params_m"],
                                                                                            paper_params)
         implied += 1
