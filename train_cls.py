@@ -15,14 +15,14 @@ import hydra
 from omegaconf import DictConfig
 
 from cat.engine.classification import run
-from cat.engine.launch import quiet_hydra_on_other_ranks
+from cat.runtime import report_user_errors
 
 
 @hydra.main(config_path="configs/cls", config_name="config", version_base="1.3")
+@report_user_errors
 def main(cfg: DictConfig) -> None:
     run(cfg)
 
 
 if __name__ == "__main__":
-    quiet_hydra_on_other_ranks()
     main()

@@ -13,15 +13,15 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from cat.engine.launch import quiet_hydra_on_other_ranks
 from cat.mm import run_mm
+from cat.runtime import report_user_errors
 
 
 @hydra.main(config_path="configs/seg", config_name="config", version_base="1.3")
+@report_user_errors
 def main(cfg: DictConfig) -> None:
     run_mm(cfg, "seg")
 
 
 if __name__ == "__main__":
-    quiet_hydra_on_other_ranks()
     main()

@@ -32,6 +32,7 @@ from torch import Tensor
 import cat
 from cat.models import parse_model_args
 from cat.ops import bccb_project
+from cat.runtime import report_user_errors
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
@@ -159,6 +160,7 @@ def plot_neighbour_queries(maps: list[Tensor], layer: int, hw: tuple[int, int], 
     plt.close(fig)
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for bccb.json and the figures")

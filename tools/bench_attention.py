@@ -32,6 +32,7 @@ from torch.utils import benchmark
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention
 from cat.ops.reference import released_circulant_attention
+from cat.runtime import report_user_errors
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_default_device(args.device)

@@ -27,6 +27,7 @@ import torch
 
 import cat
 from cat.flops import count_macs
+from cat.runtime import report_user_errors
 
 _AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -120,6 +121,7 @@ def plot(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="folder for benchmark.csv/.json and the figure")

@@ -19,6 +19,7 @@ import torch
 
 import cat
 from cat.ops import set_fft_backend
+from cat.runtime import report_user_errors
 
 
 def export(model: torch.nn.Module, img_size: int, path: str, batch: int = 1) -> None:
@@ -43,6 +44,7 @@ def check(model: torch.nn.Module, path: str, img_size: int, batch: int = 2) -> f
     return float(np.abs(got - expected).max() / np.abs(expected).max())
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the .onnx file to write")

@@ -19,6 +19,7 @@ import torch
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import count_macs
 from cat.paper import paper_table
+from cat.runtime import report_user_errors
 
 
 def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
@@ -82,6 +83,7 @@ def _print_table(number: int, rows: list[dict[str, object]]) -> None:
               f"| {r['ours_gflops']:.2f} | {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |")
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", help="timm model names (cat's models are registered)")

@@ -25,6 +25,7 @@ import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, circulant_attention
+from cat.runtime import report_user_errors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention  # noqa: E402  (the benchmark script beside this one)
@@ -66,6 +67,7 @@ def correctness(device: str) -> list[dict[str, object]]:
     return rows
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)

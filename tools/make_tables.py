@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from cat.paper import available_tables, paper_table
+from cat.errors import DataError
+from cat.runtime import report_user_errors
 
 # Per table: the metric's label, the metrics.json key (and a preferred key), and the factor to the
 # paper's percent scale (mmdet's COCO metric is a fraction).
@@ -36,7 +38,10 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
             if not config_path.is_file():
                 continue
             config = yaml.safe_load(config_path.read_text())
-            metrics = json.loads(metrics_path.read_text())
+            try:
+                metrics = json.loads(metrics_path.read_text())
+            except ValueError as error:
+                raise DataError(f"{metrics_path} is not valid JSON ({error})") from None
             model = config.get("model", {})
             runs.append({"dir": str(metrics_path.parent), "mode": config.get("mode", "train"), "metrics": metrics,
                          "name": config.get("name"),
@@ -81,12 +86,16 @@ def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", help="folders to search for runs (metrics.json + config.yaml)")
     parser.add_argument("--table", type=int, nargs="+", default=None, help="tables to print (default: all)")
     parser.add_argument("--out", default=None, help="also write the Markdown to this file")
     args = parser.parse_args(argv)
+    missing = [folder for folder in args.folders if not Path(folder).is_dir()]
+    if missing:
+        raise DataError(f"not a folder: {', '.join(missing)}")
 
     runs = collect_runs(args.folders)
     tables = args.table or [t for t in available_tables() if t in TABLE_METRICS]

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from cat.data.toy_shapes import SHAPES, draw_scene, toy_dataset_parser
+from cat.runtime import report_user_errors
 
 CLASSES = ("background", *SHAPES)  # label k + 1 is CLASSES[k]; 0 is unlabelled
 
@@ -38,6 +39,7 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
         label.save(labels / f"{name}.png")
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     args = toy_dataset_parser(__doc__).parse_args(argv)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cat.data.toy_shapes import SHAPES, draw_scene, polygon_area, toy_dataset_parser
+from cat.runtime import report_user_errors
 
 CATEGORIES = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
 
@@ -49,6 +50,7 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
     return ann_id
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     args = toy_dataset_parser(__doc__).parse_args(argv)
 

@@ -27,6 +27,7 @@ from torch import Tensor
 import cat
 from cat.models import parse_model_args
 from cat.ops import CirculantAttention
+from cat.runtime import report_user_errors
 
 
 def load_image(path: str | None) -> np.ndarray:
@@ -85,6 +86,7 @@ def plot_kernels(kernels: list[Tensor], channels: int, out: Path) -> None:
     plt.close(fig)
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for kernels.png/.pdf and kernels.json")

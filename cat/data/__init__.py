@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import Dataset
+
+from cat.errors import ConfigError, DataError
 
 from .tensor_sets import digits_dataset, synthetic_dataset
 
@@ -19,27 +22,37 @@ __all__ = ["build_dataset", "digits_dataset", "synthetic_dataset"]
 _IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def load_rgb(path: str) -> Image.Image:
+    """An image file as RGB; a file that cannot be decoded raises a DataError naming it."""
+    try:
+        with open(path, "rb") as f:
+            image = Image.open(f)
+            return image.convert("RGB")
+    except OSError as error:  # PIL's UnidentifiedImageError and truncated-file errors are OSErrors
+        raise DataError(f"cannot read image {path} ({error}); replace or remove the file") from None
+
+
 def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
     from torchvision.datasets import ImageFolder
 
     if data.root is None:
-        raise ValueError(f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
+        raise ConfigError(f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
                          f"and {data.val_split}/ class folders)")
     folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"dataset split folder not found: {folder} (data.root={data.root}; expected "
+        raise DataError(f"dataset split folder not found: {folder} (data.root={data.root}; expected "
                                 f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)")
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
     if not classes:
-        raise FileNotFoundError(f"no class folders in {folder}")
+        raise DataError(f"no class folders in {folder}")
     for c in classes:
         has_image = any(f.lower().endswith(_IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c))
                         for f in files)
         if not has_image:
-            raise FileNotFoundError(f"class folder {os.path.join(folder, c)} holds no images "
+            raise DataError(f"class folder {os.path.join(folder, c)} holds no images "
                                     f"({', '.join(_IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
-        raise ValueError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
+        raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
     is_train = split == "train"
     transform = create_transform(
         input_size=data.img_size, is_training=is_train, interpolation=data.interpolation,
@@ -47,13 +60,13 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
         **({"auto_augment": aug.auto_augment, "re_prob": aug.reprob, "re_mode": aug.remode,
             "re_count": aug.recount, "hflip": aug.hflip, "color_jitter": aug.color_jitter} if is_train else {}),
     )
-    return ImageFolder(folder, transform=transform)
+    return ImageFolder(folder, transform=transform, loader=load_rgb)
 
 
 def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
     """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node."""
     if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     if data.name == "digits":
         return digits_dataset(split, img_size=data.img_size)
     if data.name == "synthetic":
@@ -61,4 +74,4 @@ def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
                                  samples_per_class=data.samples_per_class, seed=data.seed)
     if data.name in ("imagenet", "folder"):
         return _image_folder(data, aug, split)
-    raise ValueError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")
+    raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

@@ -1,59 +1,31 @@
 """Atomic, resumable training checkpoints in the release format (``model`` holds the state dict).
 
-A checkpoint is written to a temporary file in the same folder, flushed to disk and renamed over
-its target, so a run killed at any moment (SIGKILL included) leaves the previous ``last.pth``
-intact. Snapshots (``best.pth``, ``epoch_XXXX.pth``) are hard links to the file just written:
+A checkpoint is written atomically (:func:`cat.runtime.io.atomic_save`), so a run killed at any
+moment (SIGKILL included) leaves the previous ``last.pth`` intact. Snapshots (``best.pth``, ``epoch_XXXX.pth``) are hard links to the file just written:
 no extra I/O, and a later rename of ``last.pth`` leaves them untouched. Everything stored loads
-with ``torch.load(weights_only=True)``.
+with ``torch.load(weights_only=True)``, and resuming reads it through cat's one safe loader.
 """
 from __future__ import annotations
 
 import glob
-import json
 import os
 import random
 import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "atomic_write_json", "CheckpointManager", "capture_rng_state", "restore_rng_state", "seed_everything"]
+from cat.errors import CheckpointError
+from cat.models import load_checkpoint_file
+from cat.runtime.io import atomic_save
 
-
-def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save`` to ``path`` so that readers see the old file or the complete new one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON so readers see the old file or the complete new one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+__all__ = ["CheckpointManager", "capture_rng_state", "restore_rng_state", "seed_everything"]
 
 
 def _snapshot(src: str, dst: str) -> None:
     """Atomically make ``dst`` a copy of ``src`` (a hard link where the filesystem allows)."""
-    tmp = f"{dst}.{os.getpid()}.tmp"
+    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{os.getpid()}.tmp")
     try:
         os.link(src, tmp)
     except OSError:
@@ -82,7 +54,14 @@ class CheckpointManager:
     def load_last(self) -> dict[str, Any] | None:
         if not os.path.isfile(self.last):
             return None
-        return torch.load(self.last, map_location="cpu", weights_only=True)
+        try:
+            return load_checkpoint_file(self.last)
+        except CheckpointError as error:
+            snapshots = sorted(glob.glob(os.path.join(glob.escape(self.folder), "epoch_*.pth")))
+            hint = (f"copy a snapshot over it (cp {snapshots[-1]} {self.last})" if snapshots
+                    else "no epoch_*.pth snapshot is left to fall back on")
+            raise CheckpointError(f"cannot resume: {error}. To go on, {hint}, or start over with resume=false "
+                                  "(or another output_dir)") from None
 
 
 def seed_everything(seed: int) -> None:

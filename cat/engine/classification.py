@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import os
 import signal
 import time
+from dataclasses import asdict
 from typing import Any, Iterator
 
 import torch
@@ -21,14 +24,42 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
 from cat.data import build_dataset
+from cat.errors import ConfigError, UserError
+from cat.runtime import (RunFolder, Rule, atomic_write_json, init_distributed, open_run_folder, run_dir_for,
+                         validate_config)
+from cat.runtime.dist import DistEnv
+from cat.runtime.logger import WandbLogger
 
-from .checkpoint import CheckpointManager, atomic_write_json, capture_rng_state, restore_rng_state, seed_everything
-from .dist import DistEnv, init_distributed
-from .launch import prepare_output_dir
-from .logger import WandbLogger
-from .train import TrainOptions, evaluate, measure_throughput, train_one_epoch
+from .checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, seed_everything
+from .train import EpochProgress, NonFiniteLossError, TrainOptions, evaluate, measure_throughput, train_one_epoch
 
-__all__ = ["run", "build_model"]
+__all__ = ["run", "build_model", "CLS_RULES", "check_config", "RESUME_FIXED_KEYS"]
+
+CLS_RULES = (
+    Rule("mode", "str", choices=("train", "eval", "throughput")),
+    Rule("epochs", "int", min=1), Rule("batch_size", "int", min=1), Rule("lr", "float", min=0, exclusive_min=True),
+    Rule("seed", "int", min=0), Rule("workers", "int", min=0), Rule("log_interval", "int", min=1),
+    Rule("device", "str", choices=("auto", "cpu", "cuda")), Rule("checkpoint", "str", nullable=True),
+    *(Rule(key, "bool") for key in ("resume", "strict_load", "compile", "channels_last", "deterministic",
+                                    "pin_memory", "debug", "amp.enabled", "ema.enabled")),
+    Rule("amp.dtype", "str", choices=("bf16", "fp16")), Rule("ema.decay", "float", min=0, max=1),
+    Rule("data.name", "str", choices=("imagenet", "folder", "digits", "synthetic")),
+    Rule("data.img_size", "int", min=1), Rule("data.num_classes", "int", min=1, nullable=True),
+    Rule("optim.weight_decay", "float", min=0), Rule("optim.clip_grad", "float", min=0, exclusive_min=True, nullable=True),
+    Rule("optim.lr_base_batch", "int", min=1, nullable=True),
+    Rule("schedule.warmup_epochs", "float", min=0), Rule("schedule.warmup_lr", "float", min=0),
+    Rule("schedule.min_lr", "float", min=0), Rule("schedule.cooldown_epochs", "float", min=0),
+    Rule("save.keep_last", "int", min=0),
+    Rule("logger.wandb.mode", "str", choices=("auto", "online", "offline", "disabled")),
+    Rule("throughput.batch_size", "int", min=1), Rule("throughput.iters", "int", min=1),
+    Rule("throughput.warmup", "int", min=0),
+)
+
+# A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
+# resumed step on); these would make it a different run, so resuming with them changed is refused.
+RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "seed", "optim.opt", "ema.enabled")
+RESUME_FREE_KEYS = ("data.root",)  # the same data may move
+
 
 
 class ResumableSampler(Sampler[int]):
@@ -75,6 +106,48 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
                             drop_path_rate=cfg.model.drop_path_rate, **kwargs)
 
 
+def _input_size(cfg: DictConfig) -> tuple[int, int]:
+    size = cfg.throughput.img_size if cfg.mode == "throughput" and cfg.throughput.img_size else cfg.data.img_size
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def _model_problems(cfg: DictConfig) -> list[str]:
+    """Whether the model builds and runs at the configured input size: a forward on the meta device
+    (no memory, no compute) catches sizes the patch grid or windows cannot take."""
+    hw = _input_size(cfg)
+    try:
+        with torch.device("meta"):
+            build_model(cfg, cfg.data.num_classes or 2).eval()(torch.empty(1, 3, *hw))
+    except UserError as error:
+        return [str(error)]
+    except Exception as error:  # the model's own complaint about the input size
+        return [f"model={cfg.model.name} does not run at {hw[0]}x{hw[1]} (data.img_size): "
+                f"{str(error).strip().splitlines()[0]}"]
+    return []
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every problem with a classification config, before data or weights are read (ConfigError)."""
+    problems: list[str] = []
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        problems.append("device=cuda: CUDA is not available on this machine")
+    if cfg.checkpoint is not None and not os.path.isfile(str(cfg.checkpoint)):
+        problems.append(f"checkpoint={cfg.checkpoint}: no such file")
+    if cfg.data.name in ("imagenet", "folder") and not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
+        problems.append(f"data.root={cfg.data.root}: not a folder (data={cfg.data.name} needs "
+                        f"{cfg.data.train_split}/<class>/ and {cfg.data.val_split}/<class>/ image folders)")
+    try:
+        validate_config(cfg, CLS_RULES, problems)
+    except ConfigError as error:
+        basic = error.problems
+    else:
+        basic = []
+    if not any(p.startswith(("data.img_size", "throughput.img_size", "data.num_classes")) for p in basic):
+        basic += _model_problems(cfg)
+    if basic:
+        raise ConfigError(basic)
+
+
 def _num_classes(cfg: DictConfig, dataset: Dataset) -> int:
     if cfg.data.num_classes is not None:
         return int(cfg.data.num_classes)
@@ -87,47 +160,50 @@ def _val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.mode`` and return what it wrote to ``output_dir/metrics.json``."""
-    if cfg.mode not in ("train", "eval", "throughput"):
-        raise ValueError(f"mode must be train, eval or throughput; got {cfg.mode!r}")
+    """Run ``cfg.mode`` and return what it wrote to ``metrics.json``.
+
+    Training writes into ``output_dir``; eval and throughput into ``output_dir/eval`` and
+    ``output_dir/throughput``, so they never overwrite a training run's record.
+    """
+    check_config(cfg)
     env = init_distributed(cfg.device)
-    output_dir, log = prepare_output_dir(cfg, env)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    seed_everything(cfg.seed + env.rank)
-    log.info("%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size, output_dir)
+    folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
     try:
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(cfg.seed + env.rank)
+        folder.log.info("%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size,
+                        folder.path)
         if cfg.mode == "train":
-            metrics = _train(cfg, env, output_dir, log)
-        elif cfg.mode == "eval":
-            metrics = _eval(cfg, env, output_dir, log)
+            metrics = _train(cfg, env, folder)
         else:
-            metrics = _throughput(cfg, env, log)
+            folder.write_config(cfg)
+            metrics = _eval(cfg, env, folder) if cfg.mode == "eval" else _throughput(cfg, env, folder)
         if env.is_main:
-            atomic_write_json(os.path.join(output_dir, "metrics.json"), metrics)
+            atomic_write_json(folder.file("metrics.json"), metrics)
         return metrics
     finally:
+        folder.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _eval(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any]:
-    checkpoint = cfg.checkpoint or os.path.join(output_dir, "best.pth")
+def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
     if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
+        raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
     dataset = build_dataset(cfg.data, cfg.aug, "val")
     model = build_model(cfg, _num_classes(cfg, dataset), checkpoint=checkpoint).to(env.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     metrics = evaluate(model, _val_loader(cfg, dataset, env), env, cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
-    log.info("eval %s: top1 %.2f top5 %.2f loss %.4f on %d images", checkpoint, metrics["top1"], metrics["top5"],
+    folder.log.info("eval %s: top1 %.2f top5 %.2f loss %.4f on %d images", checkpoint, metrics["top1"], metrics["top5"],
              metrics["loss"], metrics["num_images"])
     return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
 
 
-def _throughput(cfg: DictConfig, env: DistEnv, log) -> dict[str, Any]:
-    size = cfg.throughput.img_size or cfg.data.img_size
-    hw = (size, size) if isinstance(size, int) else tuple(size)
+def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    hw = _input_size(cfg)
     model = build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint).to(env.device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -135,22 +211,45 @@ def _throughput(cfg: DictConfig, env: DistEnv, log) -> dict[str, Any]:
         model = torch.compile(model)
     metrics = measure_throughput(model, cfg.throughput.batch_size, hw, env.device, cfg.throughput.warmup,
                                  cfg.throughput.iters, cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
-    log.info("%s at %dx%d, batch %d: %.1f images/s", cfg.model.name, *hw, cfg.throughput.batch_size,
+    folder.log.info("%s at %dx%d, batch %d: %.1f images/s", cfg.model.name, *hw, cfg.throughput.batch_size,
              metrics["throughput_img_s"])
     return {"model": cfg.model.name, "device": str(env.device), **metrics}
 
 
-def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any]:
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, list], list[str]]:
+    """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of
+    them a resume cannot take (:data:`RESUME_FIXED_KEYS`)."""
+    old, new = _flatten(saved), _flatten(current)
+    changed = {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+    fixed = [k for k in changed if k.startswith(RESUME_FIXED_KEYS) and k not in RESUME_FREE_KEYS]
+    return changed, fixed
+
+
+def _weights_finite(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point())
+
+
+def _train(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    log = folder.log
     train_set = build_dataset(cfg.data, cfg.aug, "train")
     val_set = build_dataset(cfg.data, cfg.aug, "val")
     num_classes = _num_classes(cfg, train_set)
     global_batch = cfg.batch_size * env.world_size
     mixup_active = cfg.aug.mixup > 0 or cfg.aug.cutmix > 0
     if mixup_active and cfg.batch_size % 2:
-        raise ValueError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
+        raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
     if len(train_set) < global_batch:
-        raise ValueError(f"the train split has {len(train_set)} images, fewer than one global batch of "
-                         f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes)")
+        raise ConfigError(f"the train split has {len(train_set)} images, fewer than one global batch of "
+                          f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes)")
 
     sampler = ResumableSampler(DistributedSampler(train_set, num_replicas=env.world_size, rank=env.rank,
                                                   shuffle=True, seed=cfg.seed, drop_last=True))
@@ -167,6 +266,7 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
     lr = cfg.lr * global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr
     optimizer = create_optimizer_v2(model, opt=cfg.optim.opt, lr=lr, weight_decay=cfg.optim.weight_decay,
                                     momentum=cfg.optim.momentum, **OmegaConf.to_container(cfg.optim.kwargs))
+    # The schedule is a pure function of the step, built from the current config (never restored).
     scheduler, _ = create_scheduler_v2(optimizer, sched=cfg.schedule.sched, num_epochs=cfg.epochs,
                                        warmup_epochs=cfg.schedule.warmup_epochs, warmup_lr=cfg.schedule.warmup_lr,
                                        min_lr=cfg.schedule.min_lr, cooldown_epochs=cfg.schedule.cooldown_epochs,
@@ -183,28 +283,49 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
     else:
         criterion = nn.CrossEntropyLoss()
 
-    ckpt = CheckpointManager(output_dir, keep_last=cfg.save.keep_last)
+    resolved_config = OmegaConf.to_container(cfg, resolve=True)
+    ckpt = CheckpointManager(folder.path, keep_last=cfg.save.keep_last)
     state = ckpt.load_last() if cfg.resume else None
-    start_epoch, skip_steps, best_top1, wall_time, last_metrics, resume_rng = 0, 0, float("-inf"), 0.0, {}, None
+    start_epoch, skip_steps, best_top1, wall_time, last_metrics = 0, 0, None, 0.0, {}
+    resume_rng, carried = None, None
     if state is not None:
+        start_epoch, skip_steps = state["epoch"] + 1, state["step_in_epoch"]
+        changed, fixed = resume_changes(state.get("config") or {}, resolved_config)
+        if skip_steps and state.get("world_size", env.world_size) != env.world_size:
+            fixed.append(f"world size {state['world_size']} -> {env.world_size} (mid-epoch)")
+        if fixed:
+            raise ConfigError([f"cannot resume {ckpt.last} with a different {k}" +
+                               (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "") for k in fixed]
+                              + ["start a new run in another output_dir, or pass resume=false to overwrite"])
         model.load_state_dict(state["model"])
+        hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        for group, current in zip(optimizer.param_groups, hyperparameters):
+            group.update(current)  # keep moments and step counts, take lr/decay/betas from the config
         scaler.load_state_dict(state["scaler"])
         if ema is not None and state.get("ema") is not None:
             ema.load_state_dict(state["ema"])
-        start_epoch, skip_steps = state["epoch"] + 1, state["step_in_epoch"]
         best_top1, wall_time, last_metrics = state["best_top1"], state["wall_time_s"], state["metrics"]
-        rng = state.get("rng")
+        rng, progress = state.get("rng"), state.get("epoch_progress")
         if skip_steps and rng is not None and len(rng) == env.world_size:
             resume_rng = rng[env.rank]
-        log.info("resumed from %s: epoch %d, step %d", ckpt.last, start_epoch, skip_steps)
+        if skip_steps and progress is not None and len(progress) == env.world_size:
+            carried = EpochProgress(**progress[env.rank])
+        log.info("resumed from %s: epoch %d, step %d of %d", ckpt.last, start_epoch + 1, skip_steps, steps_per_epoch)
+        if changed:
+            log.info("config changed since the checkpoint, applied from here on: %s",
+                     "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+            if env.is_main:
+                with open(folder.file("config_changes.jsonl"), "a") as f:
+                    f.write(json.dumps({"epoch": start_epoch + 1, "step_in_epoch": skip_steps, "changed": changed,
+                                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    scheduler.step_update(num_updates=start_epoch * steps_per_epoch + skip_steps)
+    folder.write_config(cfg)
 
     train_model: nn.Module = torch.compile(model) if cfg.compile else model
     if env.distributed:
         train_model = DistributedDataParallel(train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
-    resolved_config = OmegaConf.to_container(cfg, resolve=True)
-    wandb = WandbLogger(cfg.logger.wandb, output_dir, resolved_config, enabled=env.is_main)
+    wandb = WandbLogger(cfg.logger.wandb, folder.path, resolved_config, enabled=env.is_main)
 
     stop = {"requested": False}
 
@@ -213,13 +334,17 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
 
     previous_handler = signal.signal(signal.SIGTERM, request_stop)
     opts = TrainOptions(clip_grad=cfg.optim.clip_grad, amp=cfg.amp.enabled, amp_dtype=cfg.amp.dtype,
-                        channels_last=cfg.channels_last, log_interval=cfg.log_interval)
+                        channels_last=cfg.channels_last, log_interval=cfg.log_interval, num_epochs=cfg.epochs)
 
-    def checkpoint_state(epoch: int, step_in_epoch: int, rng: list | None) -> dict[str, Any]:
+    def checkpoint_state(epoch: int, step_in_epoch: int, rng: list | None, progress: list | None) -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None,
                 "epoch": epoch, "step_in_epoch": step_in_epoch, "best_top1": best_top1, "metrics": last_metrics,
-                "wall_time_s": wall_time, "config": resolved_config, "rng": rng}
+                "wall_time_s": wall_time, "config": resolved_config, "rng": rng, "epoch_progress": progress,
+                "world_size": env.world_size}
+
+    def kept() -> str:
+        return f"{ckpt.last} (the last good checkpoint) is kept" if os.path.isfile(ckpt.last) else "nothing was saved"
 
     log.info("model %s: %.2fM params; %d train / %d val images, %d classes; global batch %d, lr %.2e, "
              "%d steps/epoch", cfg.model.name, sum(p.numel() for p in model.parameters()) / 1e6, len(train_set),
@@ -236,32 +361,40 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
             result = train_one_epoch(train_model, batches, criterion, optimizer, scheduler, scaler, env, epoch,
                                      first_update=epoch * steps_per_epoch + skip, opts=opts, mixup_fn=mixup_fn,
                                      ema=ema, stop_requested=lambda: stop["requested"], log_fn=wandb.log,
-                                     total_steps=steps_per_epoch - skip)
-            if result.interrupted:
+                                     steps_per_epoch=steps_per_epoch, first_step=skip,
+                                     carried=carried if epoch == start_epoch else None)
+            if result.interrupted and skip + result.steps < steps_per_epoch:
                 wall_time += time.perf_counter() - t0
+                if not _weights_finite(model):
+                    raise NonFiniteLossError(f"epoch {epoch + 1}: weights are not finite at the stop; {kept()}")
                 rng: list | None = [None] * env.world_size
+                progress: list | None = [None] * env.world_size
                 if env.distributed:
                     dist.all_gather_object(rng, capture_rng_state())
+                    dist.all_gather_object(progress, asdict(result.progress))
                 else:
-                    rng = [capture_rng_state()]
+                    rng, progress = [capture_rng_state()], [asdict(result.progress)]
                 if env.is_main:
-                    ckpt.save(checkpoint_state(epoch - 1, skip + result.steps, rng), epoch_end=False)
-                log.info("stop requested (SIGTERM): saved epoch %d step %d to %s; rerun the same command to resume",
-                         epoch, skip + result.steps, ckpt.last)
+                    ckpt.save(checkpoint_state(epoch - 1, skip + result.steps, rng, progress), epoch_end=False)
+                log.info("stop requested (SIGTERM): saved epoch %d step %d/%d to %s; rerun the same command to resume",
+                         epoch + 1, skip + result.steps, steps_per_epoch, ckpt.last)
                 return {**last_metrics, "best_top1": best_top1, "epoch": epoch, "wall_time_s": wall_time,
                         "preempted": True}
-            scheduler.step(epoch + 1)
+            # A stop on the epoch's last step lets the epoch end normally (evaluated and saved) first.
             eval_metrics = evaluate(train_model, val_loader, env, cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
+            if not math.isfinite(eval_metrics["loss"]) or not _weights_finite(model):
+                what = "weights" if not _weights_finite(model) else f"validation loss ({eval_metrics['loss']})"
+                raise NonFiniteLossError(f"epoch {epoch + 1} ended with non-finite {what}; it is not saved and {kept()}")
             if ema is not None:
                 ema_metrics = evaluate(ema.module, val_loader, env, cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
                 eval_metrics["ema_top1"] = ema_metrics["top1"]
-            is_best = eval_metrics["top1"] > best_top1
-            best_top1 = max(best_top1, eval_metrics["top1"])
+            is_best = best_top1 is None or eval_metrics["top1"] > best_top1
+            best_top1 = eval_metrics["top1"] if is_best else best_top1
             wall_time += time.perf_counter() - t0
             last_metrics = {"top1": eval_metrics["top1"], "top5": eval_metrics["top5"], "val_loss": eval_metrics["loss"],
                             "train_loss": result.loss}
             if env.is_main:
-                ckpt.save(checkpoint_state(epoch, 0, None), is_best=is_best)
+                ckpt.save(checkpoint_state(epoch, 0, None, None), is_best=is_best)
             log.info("epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f  "
                      "(%.1f s, %.0f img/s)", epoch + 1, cfg.epochs, result.loss, result.lr, eval_metrics["top1"],
                      eval_metrics["top5"], eval_metrics["loss"], best_top1, time.perf_counter() - t0,
@@ -271,9 +404,14 @@ def _train(cfg: DictConfig, env: DistEnv, output_dir: str, log) -> dict[str, Any
                        "val/top5": eval_metrics["top5"], "val/loss": eval_metrics["loss"], "val/best_top1": best_top1,
                        **({"val/ema_top1": eval_metrics["ema_top1"]} if ema is not None else {})},
                       step=(epoch + 1) * steps_per_epoch)
+            if result.interrupted:
+                log.info("stop requested (SIGTERM) on the last step of epoch %d: saved it to %s; rerun the same "
+                         "command to resume", epoch + 1, ckpt.last)
+                return {**last_metrics, "best_top1": best_top1, "epoch": epoch + 1, "wall_time_s": wall_time,
+                        "preempted": True}
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         wandb.finish()
     if start_epoch >= cfg.epochs:
-        log.info("%s already holds a finished run of %d epochs", output_dir, cfg.epochs)
+        log.info("%s already holds a finished run of %d epochs", folder.path, cfg.epochs)
     return {**last_metrics, "best_top1": best_top1, "epoch": cfg.epochs, "wall_time_s": wall_time}

@@ -2,23 +2,24 @@
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
-from .dist import DistEnv, all_reduce_sum
+from cat.errors import UserError
+from cat.runtime.console import StepProgress, progress_bar
+from cat.runtime.dist import DistEnv, all_reduce_sum
 
-__all__ = ["TrainOptions", "EpochResult", "NonFiniteLossError", "train_one_epoch", "evaluate", "measure_throughput",
+__all__ = ["TrainOptions", "EpochProgress", "EpochResult", "NonFiniteLossError", "train_one_epoch", "evaluate", "measure_throughput",
            "autocast_for"]
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; training stops without saving over the last good checkpoint."""
+class NonFiniteLossError(UserError, FloatingPointError):
+    """Loss or weights became NaN or infinite; training stops without saving over the last good checkpoint."""
 
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,11 +33,6 @@ def autocast_for(device: torch.device, enabled: bool, dtype: str) -> contextlib.
     return torch.autocast(device.type, dtype=_AMP_DTYPES[dtype])
 
 
-def _progress_interval() -> float:
-    # Redirected output (Slurm logs) gets a progress line a minute instead of a stream of redraws.
-    return 1.0 if sys.stderr.isatty() else 60.0
-
-
 @dataclass
 class TrainOptions:
     clip_grad: float | None = None
@@ -44,6 +40,16 @@ class TrainOptions:
     amp_dtype: str = "bf16"
     channels_last: bool = False
     log_interval: int = 50
+    num_epochs: int = 1  # for "epoch i/N" in progress lines
+
+
+@dataclass
+class EpochProgress:
+    """What an epoch has done so far, kept in a mid-epoch checkpoint so a resumed epoch reports it whole."""
+
+    loss_sum: float = 0.0
+    images: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -51,8 +57,9 @@ class EpochResult:
     loss: float
     lr: float
     images_per_s: float
-    steps: int
-    interrupted: bool = False  # stopped early on request (preemption); ``steps`` were completed
+    steps: int  # completed in this call
+    interrupted: bool = False  # stopped early on request (preemption)
+    progress: EpochProgress = field(default_factory=EpochProgress)  # this rank's totals, earlier parts included
 
 
 def train_one_epoch(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], criterion: nn.Module,
@@ -60,22 +67,26 @@ def train_one_epoch(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], c
                     epoch: int, first_update: int, opts: TrainOptions, mixup_fn: Callable | None = None,
                     ema: nn.Module | None = None, stop_requested: Callable[[], bool] = lambda: False,
                     log_fn: Callable[[dict[str, float], int], None] | None = None,
-                    total_steps: int | None = None) -> EpochResult:
-    """One pass over ``loader``. ``first_update`` is the global optimizer step the epoch starts at.
+                    steps_per_epoch: int | None = None, first_step: int = 0,
+                    carried: EpochProgress | None = None) -> EpochResult:
+    """One pass over ``loader`` (0-based ``epoch``; logs count from 1). ``first_update`` is the global
+    optimizer step the pass starts at, ``first_step`` its step within the epoch (a resumed epoch), and
+    ``carried`` what the epoch's earlier part did, so the result covers the whole epoch.
 
     Every step, all ranks agree (one tiny all-reduce) on whether the loss is finite and whether a
     stop was requested, so they leave the loop together.
     """
     model.train()
     device = env.device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    seen = 0
+    carried = carried or EpochProgress()
+    loss_sum = torch.tensor(carried.loss_sum, dtype=torch.float64, device=device)
+    seen = carried.images
     steps = 0
     interrupted = False
     start = time.perf_counter()
-    progress = tqdm(loader, total=total_steps, desc=f"epoch {epoch}", disable=not env.is_main, leave=False,
-                    dynamic_ncols=True, mininterval=_progress_interval())
-    for images, targets in progress:
+    progress = StepProgress(f"epoch {epoch + 1}/{opts.num_epochs}", steps_per_epoch or 0, first_step,
+                            opts.log_interval, env.is_main, logging.getLogger("cat"))
+    for images, targets in loader:
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         if opts.channels_last:
@@ -88,8 +99,9 @@ def train_one_epoch(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], c
         flags = torch.tensor([0.0 if torch.isfinite(loss.detach()) else 1.0, float(stop_requested())], device=device)
         all_reduce_sum(flags)
         if flags[0] > 0:
-            raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at epoch {epoch}, step {steps} "
-                                     f"(global step {first_update + steps}); the last good checkpoint is kept")
+            raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step "
+                                     f"{first_step + steps + 1} (global step {first_update + steps + 1}); "
+                                     "the last good checkpoint is kept")
 
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -106,18 +118,19 @@ def train_one_epoch(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], c
         loss_sum += loss.detach().double() * images.shape[0]
         seen += images.shape[0]
         lr = optimizer.param_groups[0]["lr"]
-        if steps % opts.log_interval == 0:
-            progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
-            if log_fn is not None:
-                log_fn({"train/loss_step": loss.item(), "train/lr": lr}, first_update + steps)
+        progress.update(lambda: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
+        if log_fn is not None and steps % opts.log_interval == 0:
+            log_fn({"train/loss_step": loss.item(), "train/lr": lr}, first_update + steps)
         if flags[1] > 0:
             interrupted = True
             break
     progress.close()
-    elapsed = time.perf_counter() - start
+    elapsed = carried.seconds + time.perf_counter() - start
+    mine = EpochProgress(loss_sum=loss_sum.item(), images=seen, seconds=elapsed)
     totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)]))
     return EpochResult(loss=(totals[0] / totals[1].clamp(min=1)).item(), lr=optimizer.param_groups[0]["lr"],
-                       images_per_s=totals[1].item() / max(elapsed, 1e-9), steps=steps, interrupted=interrupted)
+                       images_per_s=totals[1].item() / max(elapsed, 1e-9), steps=steps, interrupted=interrupted,
+                       progress=mine)
 
 
 @torch.no_grad()
@@ -127,8 +140,7 @@ def evaluate(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], env: Dis
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss, top1, top5, count
-    for images, targets in tqdm(loader, desc="eval", disable=not env.is_main, leave=False, dynamic_ncols=True,
-                                mininterval=_progress_interval()):
+    for images, targets in progress_bar(loader, "eval", env.is_main):
         images = images.to(env.device, non_blocking=True)
         targets = targets.to(env.device, non_blocking=True)
         if channels_last:

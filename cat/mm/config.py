@@ -15,19 +15,21 @@ from typing import Any
 from mmengine.config import Config, ConfigDict
 from omegaconf import DictConfig, OmegaConf
 
-from cat.engine.dist import DistEnv, broadcast_object
-from cat.engine.logger import persistent_run_id, resolve_wandb_mode
+from cat.errors import DataError
+from cat.runtime.dist import DistEnv, broadcast_object
+from cat.runtime.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
+from .safe_load import ATOMIC_BACKEND
 
 __all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain",
            "configure_loader", "require_data_root"]
 
 
 def require_data_root(root: str | None, layout: str) -> str:
-    """``root`` if it is a folder, else a FileNotFoundError saying which ``layout`` it should hold."""
+    """``root`` if it is a folder, else a DataError saying which ``layout`` it should hold."""
     if root is None or not os.path.isdir(root):
-        raise FileNotFoundError(f"data.root={root!r} is not a folder with the {layout}")
+        raise DataError(f"data.root={root!r} is not a folder with the {layout}")
     return root
 
 
@@ -133,9 +135,15 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     }
     if cfg.amp.enabled and env.device.type == "cuda":
         mm.optim_wrapper["dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[cfg.amp.dtype]
-    mm.default_hooks.checkpoint = {"type": "CheckpointHook", "interval": cfg.checkpoint_interval,
-                                   "by_epoch": mm.train_cfg.get("type") == "EpochBasedTrainLoop",
-                                   "max_keep_ckpts": cfg.keep_last, "save_last": True}
+    by_epoch = mm.train_cfg.get("type") == "EpochBasedTrainLoop"
+    atomic = {"backend": ATOMIC_BACKEND}
+    mm.default_hooks.checkpoint = {"type": "CheckpointHook", "interval": cfg.checkpoint_interval, "by_epoch": by_epoch,
+                                   "max_keep_ckpts": cfg.keep_last, "save_last": True, "backend_args": atomic}
+    mm.custom_hooks = [*mm.get("custom_hooks", []), {"type": "PreemptionHook", "backend_args": atomic}]
+    if by_epoch:  # a mid-epoch resume trains only the rest of its epoch
+        mm.train_cfg["type"] = "ResumableEpochBasedTrainLoop"
+        if mm.train_dataloader.sampler.type == "DefaultSampler":
+            mm.train_dataloader.sampler.type = "ResumableDefaultSampler"
     mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval}
     wandb = cfg.logger.wandb
     mode = resolve_wandb_mode(wandb.mode)

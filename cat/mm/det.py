@@ -6,7 +6,8 @@ import os
 from mmengine.config import Config
 from omegaconf import DictConfig
 
-from cat.engine.dist import DistEnv
+from cat.errors import DataError
+from cat.runtime.dist import DistEnv
 
 from .config import apply_common, base_with_backbone, configure_loader, require_data_root
 
@@ -43,7 +44,7 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     for split, loader in (("train", "train_dataloader"), ("val", "val_dataloader"), ("val", "test_dataloader")):
         ann = os.path.join(data.root, "annotations", f"instances_{split}2017.json")
         if not os.path.isfile(ann):
-            raise FileNotFoundError(f"COCO annotations not found: {ann}")
+            raise DataError(f"COCO annotations not found: {ann}")
         dataset = {"data_root": data.root, "ann_file": ann, "data_prefix": {"img": f"{split}2017/"},
                    "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline}
         if classes is not None:

@@ -1,20 +1,47 @@
 """Run a detection or segmentation job on mmengine's Runner and write ``metrics.json``."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cat.engine.checkpoint import atomic_write_json
-from cat.engine.dist import init_distributed
-from cat.engine.launch import prepare_output_dir
+from cat.errors import ConfigError
+from cat.runtime import Rule, atomic_write_json, init_distributed, open_run_folder, run_dir_for, validate_config
 
 from .backbone import register_backbones
-from .safe_load import allow_mmengine_checkpoints
+from .safe_load import install_safe_checkpoint_io
 
-__all__ = ["run_mm"]
+__all__ = ["run_mm", "MM_RULES", "check_mm_config"]
+
+MM_RULES = (
+    Rule("mode", "str", choices=("train", "eval")), Rule("batch_size", "int", min=1), Rule("workers", "int", min=0),
+    Rule("seed", "int", min=0), Rule("device", "str", choices=("auto", "cpu", "cuda")),
+    Rule("checkpoint", "str", nullable=True), Rule("model.pretrained", "str", nullable=True),
+    *(Rule(key, "bool") for key in ("resume", "debug", "amp.enabled", "find_unused_parameters")),
+    Rule("amp.dtype", "str", choices=("bf16", "fp16")), Rule("checkpoint_interval", "int", min=1),
+    Rule("keep_last", "int", min=-1), Rule("log_interval", "int", min=1),
+    Rule("logger.wandb.mode", "str", choices=("auto", "online", "offline", "disabled")),
+    Rule("schedule.optim.lr", "float", min=0, exclusive_min=True),
+    Rule("schedule.optim.weight_decay", "float", min=0),
+)
+
+
+def check_mm_config(cfg: DictConfig) -> None:
+    """Every problem with a detection/segmentation config, before anything is built (ConfigError)."""
+    problems = []
+    if cfg.mode == "eval" and not cfg.checkpoint:
+        problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
+    for key in ("checkpoint", "model.pretrained"):
+        path = OmegaConf.select(cfg, key)
+        if isinstance(path, str) and not os.path.isfile(path):
+            problems.append(f"{key}={path}: no such file")
+    if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
+        problems.append(f"data.root={cfg.data.root}: not a folder with the dataset "
+                        "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)")
+    validate_config(cfg, MM_RULES, problems)
 
 
 def _task(task: str):
@@ -28,39 +55,54 @@ def _task(task: str):
 
         from .seg import SEG_METRICS, build_seg_config
         return register_all_modules, build_seg_config, SEG_METRICS
-    raise ValueError(f"task must be 'det' or 'seg', got {task!r}")
+    raise ConfigError(f"task must be 'det' or 'seg', got {task!r}")
 
 
 def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
-    """Train (auto-resuming from ``output_dir``) or evaluate; returns what metrics.json holds."""
-    if cfg.mode not in ("train", "eval"):
-        raise ValueError(f"mode must be train or eval; got {cfg.mode!r}")
-    if cfg.mode == "eval" and not cfg.checkpoint:
-        raise ValueError("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
+    """Train (auto-resuming from ``output_dir``) or evaluate; returns what metrics.json holds.
+
+    Training writes into ``output_dir``, eval into ``output_dir/eval``. On SIGTERM a training run
+    saves ``iter_N.pth`` after the running iteration and returns with ``preempted: true``.
+    """
+    check_mm_config(cfg)
     register_all_modules, build_config, metric_keys = _task(task)
     # Our own process group first: mmengine's init would call torch.cuda.set_device on CPU machines.
     env = init_distributed(cfg.device)
-    output_dir, log = prepare_output_dir(cfg, env)
-    allow_mmengine_checkpoints()
-    register_all_modules(init_default_scope=True)
-    register_backbones()
-    from mmengine.runner import Runner
-
-    mm = build_config(cfg, env, output_dir)
-    if env.is_main:
-        mm.dump(os.path.join(output_dir, "mm_config.py"))
+    folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
     try:
+        install_safe_checkpoint_io()
+        register_all_modules(init_default_scope=True)
+        register_backbones()
+        from mmengine.runner import Runner
+
+        from .preemption import Preempted
+
+        mm = build_config(cfg, env, folder.path)
+        folder.write_config(cfg)
+        if env.is_main:
+            mm.dump(folder.file("mm_config.py"))
         runner = Runner.from_cfg(mm)
-        if cfg.mode == "train":
-            runner.train()
-        results = runner.test()
+        if env.is_main:  # mmengine's log lines in log.txt too, as they happen
+            handler = logging.FileHandler(folder.file("log.txt"))
+            handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+            runner.logger.addHandler(handler)
+        try:
+            if cfg.mode == "train":
+                runner.train()
+            results = runner.test()
+        except Preempted as stop:
+            metrics = {"mode": cfg.mode, "preempted": True, "iteration": stop.iteration, "checkpoint": stop.checkpoint}
+            folder.log.info("stop requested (SIGTERM): saved iteration %d to %s; rerun the same command to resume",
+                            stop.iteration, stop.checkpoint)
+        else:
+            metrics = {key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy -> JSON
+                       for key, mm_key in metric_keys.items()}
+            metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
+            folder.log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
+        if env.is_main:
+            atomic_write_json(folder.file("metrics.json"), metrics)
+        return metrics
     finally:
+        folder.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-    metrics = {key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy scalars -> JSON
-               for key, mm_key in metric_keys.items()}
-    metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
-    if env.is_main:
-        atomic_write_json(os.path.join(output_dir, "metrics.json"), metrics)
-    log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
-    return metrics

@@ -1,27 +1,75 @@
-"""Let torch's weights-only loader read mmengine checkpoints.
+"""mmengine's checkpoints through cat's one safe loader, and written atomically.
 
-mmengine 0.10.7 calls ``torch.load`` without ``weights_only``, which is True by default since
-torch 2.6, and its checkpoints hold the message hub's ``HistoryBuffer`` (numpy arrays inside), so
-``resume`` and ``load_from`` fail. Rather than turning the safety off for everything
-(``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), exactly what those checkpoints contain is allow-listed.
+mmengine 0.10.7 reads checkpoints with a bare ``torch.load`` and writes them with a plain
+``open(path, 'wb')``. Its checkpoints hold the message hub's ``HistoryBuffer`` (numpy arrays
+inside, and its statistics methods pickled as ``getattr(HistoryBuffer, 'mean')``). So:
+
+- local checkpoints are read by :func:`cat.models.load_checkpoint_file` with exactly those
+  globals allowed for that one call. ``builtins.getattr`` itself is never allowed: the name maps to
+  :func:`_history_buffer_method`, which resolves HistoryBuffer's statistics methods and nothing
+  else (a real ``getattr`` reaches ``builtins.eval`` through ``getattr.__self__``);
+- checkpoints and the ``last_checkpoint`` pointer are written through an atomic file backend.
 """
 from __future__ import annotations
 
-import builtins
+import os
+import pickle
+from typing import Any
 
 import numpy as np
-import torch
 
-__all__ = ["allow_mmengine_checkpoints"]
+from cat.models import load_checkpoint_file
+from cat.runtime.io import atomic_write_bytes
+
+__all__ = ["ATOMIC_BACKEND", "install_safe_checkpoint_io", "load_mm_checkpoint", "mmengine_safe_globals"]
+
+ATOMIC_BACKEND = "cat_atomic_local"
+# HistoryBuffer's built-in statistics (its registry of them fills only once an instance exists).
+_HISTORY_BUFFER_STATISTICS = ("min", "max", "mean", "current")
 
 
-def allow_mmengine_checkpoints() -> None:
+def _history_buffer_method(owner: Any, name: str) -> Any:
+    """What mmengine's pickles use ``getattr`` for: one of HistoryBuffer's statistics methods."""
     from mmengine.logging.history_buffer import HistoryBuffer
 
-    numpy_reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
-    numpy_scalar = np._core.multiarray.scalar if hasattr(np, "_core") else np.core.multiarray.scalar
-    torch.serialization.add_safe_globals([
-        HistoryBuffer, numpy_reconstruct, numpy_scalar, np.ndarray, np.dtype,
-        *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
-        builtins.getattr,
-    ])
+    allowed = {*_HISTORY_BUFFER_STATISTICS, *HistoryBuffer._statistics_methods}
+    if owner is HistoryBuffer and isinstance(name, str) and name in allowed:
+        return getattr(HistoryBuffer, name)
+    raise pickle.UnpicklingError(f"refused global 'builtins.getattr' on {owner!r}.{name}: only HistoryBuffer's "
+                                 "statistics methods are allowed")
+
+
+def mmengine_safe_globals() -> list[Any]:
+    """The globals an mmengine checkpoint needs beyond tensors (scoped to one load, never process-wide)."""
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    core = np._core if hasattr(np, "_core") else np.core
+    return [HistoryBuffer, core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,
+            *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
+            (_history_buffer_method, "builtins.getattr")]
+
+
+def load_mm_checkpoint(filename: str, map_location: Any = None) -> Any:
+    """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals."""
+    return load_checkpoint_file(os.path.expanduser(filename), map_location or "cpu",
+                                safe_globals=mmengine_safe_globals())
+
+
+def install_safe_checkpoint_io() -> None:
+    """Route mmengine's local checkpoint reads through :func:`load_mm_checkpoint`, and register the
+    atomic file backend (``backend_args={'backend': ATOMIC_BACKEND}``) for its writes."""
+    from mmengine.fileio import LocalBackend, register_backend
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    class AtomicLocalBackend(LocalBackend):
+        """mmengine's local backend, with writes that leave the old file or the whole new one."""
+
+        def put(self, obj: bytes, filepath: Any) -> None:
+            os.makedirs(os.path.dirname(os.path.abspath(filepath)), exist_ok=True)
+            atomic_write_bytes(str(filepath), obj)
+
+        def put_text(self, obj: str, filepath: Any, encoding: str = "utf-8") -> None:
+            self.put(obj.encode(encoding), filepath)
+
+    CheckpointLoader.register_scheme(prefixes="", loader=load_mm_checkpoint, force=True)
+    register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)

@@ -6,7 +6,8 @@ import os
 from mmengine.config import Config, ConfigDict
 from omegaconf import DictConfig
 
-from cat.engine.dist import DistEnv
+from cat.errors import DataError
+from cat.runtime.dist import DistEnv
 
 from .config import apply_common, base_with_backbone, configure_loader, require_data_root
 
@@ -49,7 +50,7 @@ def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
         for kind in ("images", "annotations"):
             folder = os.path.join(data.root, kind, split)
             if not os.path.isdir(folder):
-                raise FileNotFoundError(f"ADE20K folder not found: {folder}")
+                raise DataError(f"ADE20K folder not found: {folder}")
         dataset = {"data_root": data.root,
                    "data_prefix": {"img_path": f"images/{split}", "seg_map_path": f"annotations/{split}"},
                    "pipeline": mm.train_pipeline if split == "training" else mm.test_pipeline}

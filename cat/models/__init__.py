@@ -12,6 +12,8 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_filter
 from torch import Tensor, nn
 
+from cat.errors import ConfigError
+
 from . import cat, deit, pvt, swin  # noqa: F401  (register the model families with timm)
 from .checkpoint import (
     CheckpointMismatchError,
@@ -80,7 +82,7 @@ def create_model(name: str, checkpoint: str | os.PathLike[str] | None = None, st
     """
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('_')[0]}*")[:10]
-        raise ValueError(f"unknown model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+        raise ConfigError(f"unknown model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
     model = timm.create_model(name, **kwargs)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, strict=strict)
@@ -95,6 +97,6 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"model argument {pair!r} must look like KEY=VALUE")
+            raise ConfigError(f"model argument {pair!r} must look like KEY=VALUE")
         args[key] = yaml.safe_load(value)
     return args

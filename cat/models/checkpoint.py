@@ -1,9 +1,12 @@
-"""Safe checkpoint loading: the authors' release format, bare state dicts and cat's own checkpoints.
+"""The one checkpoint loader of cat: release format, bare state dicts, cat's and mmengine's files.
 
-Nothing here unpickles arbitrary code. Files are read with ``torch.load(weights_only=True)``; the
-released checkpoints hold a pickled yacs ``CfgNode``, which the weights-only unpickler refuses (it
-will not SETITEMS on a dict subclass), so those go through :class:`RestrictedUnpickler`, whose
-allow-list holds only tensor rebuilding, plain containers, and a dict stand-in for ``CfgNode``.
+Nothing here unpickles code. Every file is first read with ``torch.load(weights_only=True)``,
+with at most a caller's narrow allow-list scoped to that one call (never a process-wide entry).
+Released checkpoints hold a pickled yacs ``CfgNode``, which the weights-only unpickler refuses (it
+will not SETITEMS on a dict subclass); those go through :class:`RestrictedUnpickler`, whose
+allow-list holds only tensor rebuilding, plain containers and a dict stand-in for ``CfgNode``,
+and which reads every pickle of the file itself (torch's legacy format included), so no byte of
+an untrusted file reaches ``pickle.load``. Every failure names the file.
 """
 from __future__ import annotations
 
@@ -11,16 +14,18 @@ import collections
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor, nn
+
+from cat.errors import CheckpointError, UserError
 
 __all__ = ["load_checkpoint_file", "extract_state_dict", "load_state_dict", "CheckpointMismatchError",
            "LoadReport", "UnsafeCheckpointError"]
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
     """The checkpoint references a Python global outside the allow-list."""
 
 
@@ -28,13 +33,29 @@ class CfgNodeStandIn(dict):
     """What a pickled yacs ``CfgNode`` loads as: a plain dict of its entries (yacs not needed)."""
 
 
+def _no_hooks(hooks: Any, metadata: Any = None) -> None:
+    # Tensors and parameters carry backward hooks and attribute state; a weights file has neither.
+    if hooks or metadata:
+        raise UnsafeCheckpointError("a tensor in the file carries backward hooks or attribute state")
+
+
+def _rebuild_tensor(storage, offset, size, stride, requires_grad, hooks, metadata=None):
+    _no_hooks(hooks, metadata)
+    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict())
+
+
+def _rebuild_parameter(data, requires_grad, hooks):
+    _no_hooks(hooks)
+    return torch._utils._rebuild_parameter(data, requires_grad, collections.OrderedDict())
+
+
 _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
     ("__builtin__", "set"): set,
     ("builtins", "frozenset"): frozenset,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch", "Size"): torch.Size,
     ("yacs.config", "CfgNode"): CfgNodeStandIn,
 }
@@ -48,29 +69,52 @@ class RestrictedUnpickler(pickle.Unpickler):
             return _ALLOWED_GLOBALS[(module, name)]
         except KeyError:
             raise UnsafeCheckpointError(
-                f"refusing to unpickle global '{module}.{name}': not on cat's checkpoint allow-list "
-                "(tensors, plain containers and yacs CfgNode). Re-save the file as a plain state dict "
-                "if you trust it.") from None
+                f"refused global '{module}.{name}': not on cat's checkpoint allow-list (tensors, plain "
+                "containers and yacs CfgNode); re-save the file as a plain state dict if you trust it") from None
 
 
 class _RestrictedPickleModule:
-    """The ``pickle_module`` torch.load uses for the restricted path."""
+    """The ``pickle_module`` torch.load uses for the restricted path: every pickle it reads, the
+    legacy format's header records included, goes through :class:`RestrictedUnpickler`."""
 
     Unpickler = RestrictedUnpickler
-    load = staticmethod(pickle.load)
     UnpicklingError = pickle.UnpicklingError
 
+    @staticmethod
+    def load(file: Any, **kwargs: Any) -> Any:
+        return RestrictedUnpickler(file, **kwargs).load()
 
-def load_checkpoint_file(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Any:
-    """Read a checkpoint file safely (see the module docstring)."""
+
+def load_checkpoint_file(path: str | os.PathLike[str], map_location: str | torch.device = "cpu",
+                         safe_globals: Iterable[Any] = ()) -> Any:
+    """Read a checkpoint file without running code from it (see the module docstring).
+
+    ``safe_globals`` widens torch's weights-only allow-list for this call only (e.g. the numpy
+    reconstructors an mmengine checkpoint needs). Raises :class:`UnsafeCheckpointError` naming the
+    file and the refused global, or :class:`CheckpointError` for a missing, empty or corrupt file.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        # Typically the yacs CfgNode of a released checkpoint; the restricted path names any other global.
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as refused:
+        weights_only_error = refused  # typically a released checkpoint's yacs CfgNode
+    except Exception as error:  # truncated zip, wrong magic number, I/O error: corrupt, not hostile
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}: {error})") from None
+    try:
         return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_RestrictedPickleModule)
+    except UnsafeCheckpointError as error:
+        raise UnsafeCheckpointError(f"refusing to load checkpoint {path}: {error}") from None
+    except UserError:
+        raise
+    except Exception as error:
+        first_line = str(weights_only_error).strip().splitlines()[0]
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}: {error}; the "
+                              f"weights-only reader said: {first_line})") from None
 
 
 def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:
@@ -115,7 +159,7 @@ class LoadReport:
         return "\n".join(lines) or "all keys matched"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserError, ValueError):
     """The checkpoint's keys or shapes do not match the model (``strict=True``)."""
 
     def __init__(self, report: LoadReport, source: str) -> None:

@@ -1,21 +1,37 @@
-# Shared by the sbatch templates: run from the checkout with its .venv, forward preemption.
-# Submit from the repository root (sbatch copies the script, so its own path is not the checkout).
-cd "${SLURM_SUBMIT_DIR:-.}"
+# Shared by the sbatch templates; sourced from the checkout they were submitted from.
+# sbatch runs a copy of the batch script from slurmd's spool folder, so the templates find this file
+# (and the checkout) through $CAT_ROOT, default $SLURM_SUBMIT_DIR: submit from the repository root.
+CAT_ROOT=${CAT_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+cd "$CAT_ROOT"
 PY=${PY:-.venv/bin/python}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-8}}
 
-# On USR1 (time limit near, --signal=B:USR1@300) or TERM (preemption), pass SIGTERM to the
-# trainers, which save a mid-epoch checkpoint and exit; then put the job back in the queue.
+# Processes per node: the GPUs Slurm gave this job, else those the node shows, else one (CPU).
+gpus_per_node() {
+    if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "$SLURM_GPUS_ON_NODE" -gt 0 ] 2>/dev/null; then
+        echo "$SLURM_GPUS_ON_NODE"
+    elif command -v nvidia-smi >/dev/null 2>&1 && n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') && [ "$n" -gt 0 ]; then
+        echo "$n"
+    else
+        echo 1
+    fi
+}
+
+# Run the training step ("$@", an srun command) and handle preemption. On USR1 (time limit near,
+# --signal=B:USR1@300; or `scancel --signal=USR1 --batch JOB`) or TERM, send SIGTERM to the step's
+# tasks (not to srun, which would cancel the step and kill them), so every trainer finishes its
+# step, saves a checkpoint and exits; then requeue the job, which resumes from output_dir.
 launch() {
     "$@" &
-    local child=$!
-    requeue() {
-        echo "cat: signal received, checkpointing and requeueing job $SLURM_JOB_ID"
-        kill -TERM "$child" 2>/dev/null || true
-        wait "$child" || true
+    local step=$!
+    preempt() {
+        echo "cat: signal received; asking the trainers to checkpoint (job $SLURM_JOB_ID)"
+        scancel --signal=TERM "$SLURM_JOB_ID"
+        wait "$step" || true
+        echo "cat: trainers stopped; requeueing job $SLURM_JOB_ID"
         scontrol requeue "$SLURM_JOB_ID"
         exit 0
     }
-    trap requeue USR1 TERM
-    wait "$child"
+    trap preempt USR1 TERM
+    wait "$step"
 }

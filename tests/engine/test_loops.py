@@ -10,8 +10,9 @@ import torch
 from timm.scheduler import create_scheduler_v2
 from torch import nn
 
-from cat.engine.checkpoint import CheckpointManager, atomic_save, capture_rng_state, restore_rng_state
-from cat.engine.dist import DistEnv
+from cat.engine.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from cat.runtime.io import atomic_save
+from cat.runtime.dist import DistEnv
 from cat.engine.train import NonFiniteLossError, TrainOptions, train_one_epoch
 
 
@@ -34,7 +35,8 @@ def test_non_finite_loss_stops_naming_the_step():
     sched, _ = create_scheduler_v2(opt, num_epochs=1, step_on_epochs=False, updates_per_epoch=5)
     data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(5)]
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(NonFiniteLossError, match=r"epoch 7, step 2 \(global step 12\)"):
+    # 0-based epoch 7 is the log's epoch 8; the third step (1-based, as logged) of global step 13.
+    with pytest.raises(NonFiniteLossError, match=r"epoch 8, step 3 \(global step 13\)"):
         train_one_epoch(model, data, NaNOnStep(3), opt, sched, torch.amp.GradScaler("cpu", enabled=False), DistEnv(),
                         epoch=7, first_update=10, opts=TrainOptions())
     # Two good steps were taken, the bad one was not applied.

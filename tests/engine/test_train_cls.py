@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 import cat
 from cat.data import synthetic_dataset
 from cat.engine.classification import run
+from cat.errors import ConfigError, DataError
 from tests.conftest import REPO, compose_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
@@ -77,7 +78,7 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
                       "model.kwargs={embed_dim:64,depth:2,patch_size:8}", f"output_dir={tmp_path}", "workers=0",
                       "logger.wandb.mode=disabled")
     metrics = run(cfg)
-    assert json.loads((tmp_path / "metrics.json").read_text())["top1"] == metrics["top1"]
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["top1"] == metrics["top1"]
     # The same numbers computed directly from the released weights.
     model = cat.create_model("ca_deit_tiny", checkpoint=ckpt, embed_dim=64, depth=2, patch_size=8, img_size=64,
                              num_classes=10).eval()
@@ -167,11 +168,11 @@ def test_wandb_offline_files_and_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, error, match", [
-    (["data=folder", "data.root=/nonexistent/imagenet"], FileNotFoundError, "/nonexistent/imagenet/train"),
-    (["model.name=ca_deit_tinyy"], ValueError, "unknown model 'ca_deit_tinyy'"),
-    (["aug=deit", "batch_size=7"], ValueError, "must be even"),
-    (["batch_size=1000"], ValueError, "fewer than one global batch"),
-    (["mode=fit"], ValueError, "mode must be"),
+    (["data=folder", "data.root=/nonexistent/imagenet"], ConfigError, "data.root=/nonexistent/imagenet: not a folder"),
+    (["model.name=ca_deit_tinyy"], ConfigError, "unknown model 'ca_deit_tinyy'"),
+    (["aug=deit", "batch_size=7"], ConfigError, "must be even"),
+    (["batch_size=1000"], ConfigError, "fewer than one global batch"),
+    (["mode=fit"], ConfigError, "mode='fit': expected one of train, eval, throughput"),
 ])
 def test_clear_errors(tmp_path, overrides, error, match):
     cfg = compose_config("cls", *TINY, f"output_dir={tmp_path}", *overrides)
@@ -187,5 +188,5 @@ def test_empty_class_folder_is_named(tmp_path):
         (tmp_path / "data" / split / "dog").mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / "cat" / "a.png")
     cfg = compose_config("cls", *TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}")
-    with pytest.raises(FileNotFoundError, match=r"train/dog holds no images"):
+    with pytest.raises(DataError, match=r"train/dog holds no images"):
         run(cfg)

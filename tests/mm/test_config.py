@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from cat.engine.dist import DistEnv
+from cat.errors import DataError
+from cat.runtime.dist import DistEnv
 from tests.conftest import compose_config
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
@@ -19,6 +20,6 @@ def test_missing_data_root(task, layout, root, tmp_path):
     data_root = "null" if root is None else str(tmp_path / root)
     cfg = compose_config(task, f"data.root={data_root}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled")
     build = build_det_config if task == "det" else build_seg_config
-    with pytest.raises(FileNotFoundError, match=layout) as error:
+    with pytest.raises(DataError, match=layout) as error:
         build(cfg, DistEnv(), str(tmp_path))
     assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from cat.engine.dist import DistEnv
+from cat.runtime.dist import DistEnv
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
@@ -24,8 +27,8 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
     run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={out}",
               "schedule.epochs=1", *FAST)
     assert (out / "epoch_1.pth").is_file()
-    # The checkpoint holds mmengine's HistoryBuffer: torch's weights-only loader refuses it unless
-    # cat's allow-list is active (checked in a fresh interpreter).
+    # The checkpoint holds mmengine's HistoryBuffer: torch's weights-only loader refuses it without
+    # cat's scoped allow-list (checked in a fresh interpreter).
     probe = subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(out / 'epoch_1.pth')!r})"],
                            capture_output=True, text=True)
     assert probe.returncode != 0 and "HistoryBuffer" in probe.stderr
@@ -40,7 +43,7 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
     row_name = "mask_rcnn_ca_pvt_t_1x" if "pvt" in experiment else "mask_rcnn_ca_swin_t_1x"
     run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path / 'eval'}",
               "mode=eval", f"checkpoint={out / 'epoch_2.pth'}", f"name={row_name}", *FAST)
-    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    evaluated = json.loads((tmp_path / "eval" / "eval" / "metrics.json").read_text())
     assert evaluated["bbox_mAP"] == pytest.approx(metrics["bbox_mAP"])
     table = run_tool("make_tables", str(tmp_path / "eval"), "--table", "3")
     label = "CA-PVT-T" if "pvt" in experiment else "CA-Swin-T"
@@ -95,3 +98,54 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
         (result,) = detector.test_step({"inputs": [image], "data_samples": [sample]})
     assert result.pred_instances.bboxes.shape[1] == 4
     assert result.pred_instances.masks.shape[-2:] == (800, 1333)
+
+
+def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factory, tmp_path):
+    root = tmp_path_factory.mktemp("coco40")
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "40", "--val", "4"],
+                   check=True, capture_output=True)
+    out = tmp_path / "run"
+    args = [sys.executable, str(REPO / "train_det.py"), f"data.root={root}", f"output_dir={out}", "schedule.epochs=1",
+            *FAST]
+    first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not re.search(r"Epoch\(train\) +\[1\]\[ *5/20\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""):
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=300) == 0
+    stopped = json.loads((out / "metrics.json").read_text())
+    assert stopped["preempted"] is True and 5 <= stopped["iteration"] < 20
+    saved = out / f"iter_{stopped['iteration']}.pth"
+    assert saved.is_file() and (out / "last_checkpoint").read_text() == str(saved)
+    assert not list(out.glob(".*.tmp"))
+    proc = run_entry("train_det.py", f"data.root={root}", f"output_dir={out}", "schedule.epochs=1", *FAST)
+    log = proc.stdout + proc.stderr
+    done = stopped["iteration"]
+    assert f"resuming epoch 1 at iteration {done + 1} of 20: skipping the {done} batches it trained" in log
+    trained = re.findall(r"Epoch\(train\) +\[1\]\[ *(\d+)/20\]", log)
+    assert trained[0] == str(done + 1) and trained[-1] == "20" and len(trained) == 20 - done
+    assert json.loads((out / "metrics.json").read_text())["bbox_mAP"] is not None
+
+
+@pytest.mark.parametrize("name", ["getattr_chain", "zip_torch"])
+def test_hostile_checkpoints_are_refused_everywhere(name, toy_coco, tmp_path):
+    from tests.hostile import write_hostile_files
+
+    marker = tmp_path / "MARKER"
+    hostile = write_hostile_files(tmp_path / "files", marker)[name]
+    refused = "getattr" if name == "getattr_chain" else "system"
+    resume_dir = tmp_path / "resume"
+    resume_dir.mkdir()
+    (resume_dir / "epoch_1.pth").write_bytes(hostile.read_bytes())
+    (resume_dir / "last_checkpoint").write_text(str(resume_dir / "epoch_1.pth"))
+    cases = {"pretrained": [f"model.pretrained={hostile}", f"output_dir={tmp_path / 'a'}"],
+             "eval": ["mode=eval", f"checkpoint={hostile}", f"output_dir={tmp_path / 'b'}"],
+             "resume": [f"output_dir={resume_dir}"]}
+    for case, overrides in cases.items():
+        proc = subprocess.run([sys.executable, str(REPO / "train_det.py"), f"data.root={toy_coco}", *FAST, *overrides],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2, (case, proc.stderr[-3000:])
+        assert last.startswith("error: refusing to load checkpoint") and refused in last, (case, last)
+        assert not marker.exists(), case

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from cat.engine.dist import DistEnv
+from cat.runtime.dist import DistEnv
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
@@ -28,9 +28,10 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
     assert (out / "iter_6.pth").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics) >= {"mIoU", "mAcc", "aAcc"} and 0 <= metrics["mIoU"] <= 100
-    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path / 'eval'}",
+    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
               "mode=eval", f"checkpoint={out / 'iter_6.pth'}", *FAST)
-    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(metrics["mIoU"])
+    assert json.loads((out / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(metrics["mIoU"])
+    assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
 
 
 def test_eval_with_multiscale_flip(toy_ade, tmp_path):
@@ -38,7 +39,7 @@ def test_eval_with_multiscale_flip(toy_ade, tmp_path):
               "schedule.val_interval=2", *FAST)
     run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path / 'tta'}", "mode=eval", "tta=true",
               f"checkpoint={tmp_path / 'train' / 'iter_2.pth'}", *FAST)
-    assert json.loads((tmp_path / "tta" / "metrics.json").read_text())["mIoU"] is not None
+    assert json.loads((tmp_path / "tta" / "eval" / "metrics.json").read_text())["mIoU"] is not None
 
 
 def test_two_process_gloo(toy_ade, tmp_path):

@@ -1,0 +1,33 @@
+"""Errors that are the user's to fix (a bad config value, a missing or hostile file).
+
+Entry points and tools report a :class:`UserError` as one line and exit with status 2; anything
+else is a bug and keeps its traceback. The base imports nothing so every layer can raise it.
+"""
+from __future__ import annotations
+
+__all__ = ["UserError", "ConfigError", "CheckpointError", "DataError", "RunDirLockedError"]
+
+
+class UserError(Exception):
+    """Something the user can fix; its message says what and where."""
+
+
+class ConfigError(UserError, ValueError):
+    """One or more config values are invalid; the message has one line per problem."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("invalid config:\n  " + "\n  ".join(self.problems) if len(self.problems) > 1
+                         else f"invalid config: {self.problems[0]}")
+
+
+class CheckpointError(UserError):
+    """A checkpoint file is missing, unreadable or corrupt; the message names the file."""
+
+
+class DataError(UserError):
+    """A dataset file or folder is missing or unreadable; the message names it."""
+
+
+class RunDirLockedError(UserError):
+    """Another live run holds the output folder."""

@@ -1,0 +1,101 @@
+"""Preemption for mmengine jobs, as classification does it: on SIGTERM finish the step, save a
+checkpoint atomically, exit cleanly; the re-run resumes from that iteration.
+
+mmengine resumes a mid-epoch checkpoint at the right iteration count but replays its epoch from the
+first batch; :class:`ResumableEpochBasedTrainLoop` skips the batches that epoch already trained,
+through :class:`ResumableDefaultSampler` (indices only, no image is loaded for a skipped batch).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from typing import Any, Iterator
+
+import torch
+from mmengine.dataset import DefaultSampler
+from mmengine.hooks import Hook
+from mmengine.registry import DATA_SAMPLERS, HOOKS, LOOPS
+from mmengine.runner import EpochBasedTrainLoop
+
+from cat.runtime.dist import all_reduce_sum
+from cat.runtime.io import atomic_write_text
+
+__all__ = ["Preempted", "PreemptionHook", "ResumableDefaultSampler", "ResumableEpochBasedTrainLoop"]
+
+
+class Preempted(Exception):
+    """Raised out of ``runner.train()`` once the preemption checkpoint is saved."""
+
+    def __init__(self, iteration: int, checkpoint: str) -> None:
+        self.iteration, self.checkpoint = iteration, checkpoint
+        super().__init__(f"stopped at iteration {iteration}; saved {checkpoint}")
+
+
+@DATA_SAMPLERS.register_module(force=True)
+class ResumableDefaultSampler(DefaultSampler):
+    """mmengine's DefaultSampler whose next pass can start after ``skip`` of this rank's samples."""
+
+    skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+
+@LOOPS.register_module(force=True)
+class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
+    """An epoch loop that, resumed mid-epoch, trains only the rest of that epoch."""
+
+    def run_epoch(self) -> None:
+        done = self._iter - self._epoch * len(self.dataloader)
+        sampler = self.dataloader.batch_sampler.sampler if self.dataloader.batch_sampler is not None else None
+        if done <= 0 or not isinstance(sampler, ResumableDefaultSampler):
+            return super().run_epoch()
+        self.runner.logger.info(f"resuming epoch {self._epoch + 1} at iteration {done + 1} of "
+                                f"{len(self.dataloader)}: skipping the {done} batches it trained")
+        sampler.skip = done * self.dataloader.batch_sampler.batch_size
+        try:
+            self.runner.call_hook("before_train_epoch")
+            self.runner.model.train()
+            for idx, data_batch in enumerate(self.dataloader, start=done):
+                self.run_iter(idx, data_batch)
+            self.runner.call_hook("after_train_epoch")
+            self._epoch += 1
+        finally:
+            sampler.skip = 0
+
+
+@HOOKS.register_module(force=True)
+class PreemptionHook(Hook):
+    """On SIGTERM, after the running iteration: save ``iter_N.pth`` (atomically, through the
+    checkpoint hook's backend), point ``last_checkpoint`` at it and raise :class:`Preempted`.
+    Every rank takes part in the decision each iteration, so they stop together."""
+
+    priority = "LOWEST"
+
+    def __init__(self, backend_args: dict[str, Any] | None = None) -> None:
+        self.backend_args = backend_args
+        self.requested = False
+        self.previous_handler: Any = None
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def before_train(self, runner) -> None:
+        self.previous_handler = signal.signal(signal.SIGTERM, self._request)
+
+    def after_train(self, runner) -> None:
+        signal.signal(signal.SIGTERM, self.previous_handler)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        flag = all_reduce_sum(torch.tensor([float(self.requested)]))
+        if flag.item() == 0:
+            return
+        iteration = runner.iter + 1  # mmengine counts this iteration after the hooks
+        name = f"iter_{iteration}.pth"
+        runner.save_checkpoint(runner.work_dir, name, by_epoch=False, backend_args=self.backend_args)
+        path = os.path.join(runner.work_dir, name)
+        if runner.rank == 0:
+            atomic_write_text(os.path.join(runner.work_dir, "last_checkpoint"), path)
+        signal.signal(signal.SIGTERM, self.previous_handler)
+        raise Preempted(iteration, path)

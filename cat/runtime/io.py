@@ -1,0 +1,79 @@
+"""Atomic file writes: a reader (or a run killed at any moment) sees the old file or the whole new one.
+
+Each write goes to a hidden temporary file in the target's folder (``.NAME.XXXX.tmp``), is flushed
+to disk and renamed over the target; :func:`remove_stale_temporaries` clears what a killed writer
+left, and is called once a run holds its output folder.
+"""
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import tempfile
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save",
+           "remove_stale_temporaries"]
+
+_TMP_SUFFIX = ".tmp"
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=_TMP_SUFFIX)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # an ordinary file's mode (mkstemp makes it private)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str, payload: dict[str, Any]) -> None:
+    """Strict JSON (``NaN``/``Infinity`` are refused: they are not JSON), written atomically."""
+    atomic_write_text(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` atomically."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Delete the temporary files killed writers left in ``folder``; returns their paths."""
+    stale = glob.glob(os.path.join(glob.escape(folder), f".*{_TMP_SUFFIX}"))
+    for path in stale:
+        os.unlink(path)
+    return stale

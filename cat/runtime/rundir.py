@@ -1,0 +1,144 @@
+"""A run's output folder: checked writable, held exclusively, cleaned of killed writers' leftovers.
+
+Only one live run may write a folder. The holder is recorded in ``.lock`` (host, pid, process start
+time, Slurm job id); a second run fails at once naming the holder. A lock left by a run that died
+(SIGKILL, node crash) is taken over when its process is gone from this host, or when it belongs to
+an earlier incarnation of the same Slurm job (a requeued job).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from typing import Any
+
+from cat.errors import RunDirLockedError
+
+from .io import remove_stale_temporaries
+
+__all__ = ["RunDirLock", "check_writable", "LOCK_NAME"]
+
+LOCK_NAME = ".lock"
+
+
+def check_writable(folder: str, key: str = "output_dir") -> str | None:
+    """None if ``folder`` exists or can be created and a file can be written in it, else the problem.
+
+    It really writes (and removes) a probe file: permission bits say nothing for root, and nothing
+    for read-only or full filesystems.
+    """
+    probe_dir = os.path.abspath(folder)
+    while not os.path.exists(probe_dir):  # the nearest existing ancestor decides whether it can be created
+        probe_dir = os.path.dirname(probe_dir)
+    if not os.path.isdir(probe_dir):
+        return f"{key}={folder}: {probe_dir} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".cat-write-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        return f"{key}={folder}: cannot write in {probe_dir} ({error.strerror or error})"
+    return None
+
+
+def _process_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a live holder from a new process with a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunDirLock:
+    """Exclusive hold on ``folder`` for one run; ``with RunDirLock(folder):`` or acquire()/release()."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, LOCK_NAME)
+        self.held = False
+        self.notes: list[str] = []  # what acquiring did (a stale lock taken over, leftovers removed), to log
+
+    def _record(self) -> dict[str, Any]:
+        pid = os.getpid()
+        return {"host": socket.gethostname(), "pid": pid, "start_time": _process_start_time(pid),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def _stale_reason(self, holder: dict[str, Any] | None) -> str | None:
+        if holder is None:  # unreadable: a writer killed between creating and filling it
+            return "unreadable" if time.time() - os.path.getmtime(self.path) > 30 else None
+        job = os.environ.get("SLURM_JOB_ID")
+        if job and holder.get("slurm_job_id") == job and holder.get("pid") != os.getpid():
+            return f"left by an earlier run of Slurm job {job}"
+        if holder.get("host") != socket.gethostname():
+            return None  # another machine's process cannot be checked from here
+        pid = int(holder.get("pid", -1))
+        if not _pid_alive(pid):
+            return f"its process {pid} is gone"
+        if holder.get("start_time") and _process_start_time(pid) != holder["start_time"]:
+            return f"its process {pid} is gone (the pid now belongs to another process)"
+        return None
+
+    def _read_holder(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self) -> RunDirLock:
+        os.makedirs(self.folder, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read_holder()
+                reason = self._stale_reason(holder)
+                if reason is None:
+                    who = (f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
+                           + (f", Slurm job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else "")
+                           if holder else "a run that is still starting")
+                    raise RunDirLockedError(
+                        f"output_dir {self.folder} is in use by another run ({who}); wait for it, choose another "
+                        f"output_dir, or delete {self.path} if you are sure that run is dead") from None
+                self.notes.append(f"took over the stale lock {self.path} ({reason})")
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+            self.held = True
+            self.notes += [f"removed {path}, left by a writer that was killed"
+                           for path in remove_stale_temporaries(self.folder)]
+            return self
+        raise RunDirLockedError(f"could not take the lock {self.path}: other runs keep racing for it")
+
+    def release(self) -> None:
+        if self.held:
+            holder = self._read_holder()
+            if holder is None or holder.get("pid") == os.getpid():
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+            self.held = False
+
+    def __enter__(self) -> RunDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

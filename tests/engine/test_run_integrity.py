@@ -1,0 +1,160 @@
+"""Run integrity of train_cls.py: a run's record is never overwritten or misstated, bad values fail
+at once with one line, a diverged run keeps its last good checkpoint, batch logs stay plain."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import REPO
+from tests.engine.test_train_cls import env_single_thread, final_weights, run_train, train_cmd
+
+
+def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
+    run_train(tmp_path, "epochs=1", "batch_size=16")
+    record = {name: (tmp_path / name).read_bytes() for name in ("metrics.json", "config.yaml", "log.txt", "best.pth")}
+    run_train(tmp_path, "mode=eval")  # checkpoint defaults to output_dir/best.pth
+    run_train(tmp_path, "mode=throughput", "throughput.iters=2", "throughput.warmup=1")
+    for name, content in record.items():
+        assert (tmp_path / name).read_bytes() == content, name
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == str(tmp_path / "best.pth")
+    assert "throughput_img_s" in json.loads((tmp_path / "throughput" / "metrics.json").read_text())
+    assert "mode: eval" in (tmp_path / "eval" / "config.yaml").read_text()
+
+
+def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path):
+    first = subprocess.Popen(train_cmd(tmp_path, "epochs=500", "batch_size=8"), cwd=REPO, env=env_single_thread(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "epoch_0001.pth").exists():
+            assert first.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        second = subprocess.run(train_cmd(tmp_path, "epochs=500", "batch_size=8"), cwd=REPO,
+                                env=env_single_thread(), capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines()[-1].startswith(f"error: output_dir {tmp_path} is in use by "
+                                                                  f"another run (pid {first.pid}")
+    finally:
+        first.kill()
+        first.wait()
+    (tmp_path / ".last.pth.abc123.tmp").write_bytes(b"partial")  # what a writer killed mid-save leaves
+    proc = subprocess.run(train_cmd(tmp_path, "epochs=1", "batch_size=8"), cwd=REPO, env=env_single_thread(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"its process {first.pid} is gone" in proc.stdout and ".last.pth.abc123.tmp" in proc.stdout
+    assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / ".lock").exists()
+
+
+def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
+    """The documented rule: a resumed run follows the schedule of its current config from the step it
+    resumed at, as if that config had been planned from the start; config.yaml says what runs now and
+    config_changes.jsonl records when it changed."""
+    run_train(tmp_path / "a", "epochs=1", "batch_size=16")
+    extended = run_train(tmp_path / "a", "epochs=3", "batch_size=16")
+    planned = run_train(tmp_path / "b", "epochs=3", "batch_size=16")
+    state = torch.load(tmp_path / "a" / "last.pth", weights_only=True)
+    reference = torch.load(tmp_path / "b" / "last.pth", weights_only=True)
+    # Epochs 2-3 ran on the 3-epoch cosine: the final lr equals the planned run's, not the 1-epoch floor.
+    assert state["optimizer"]["param_groups"][0]["lr"] == reference["optimizer"]["param_groups"][0]["lr"]
+    assert extended["epoch"] == 3 and "epochs: 3" in (tmp_path / "a" / "config.yaml").read_text()
+    change = json.loads((tmp_path / "a" / "config_changes.jsonl").read_text().splitlines()[-1])
+    assert change["epoch"] == 2 and change["changed"]["epochs"] == [1, 3]
+    log = (tmp_path / "a" / "log.txt").read_text()
+    assert "config changed since the checkpoint, applied from here on: epochs: 1 -> 3" in log
+
+
+def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
+    run_train(tmp_path, "epochs=1", "batch_size=16")
+    config = (tmp_path / "config.yaml").read_text()
+    proc = subprocess.run(train_cmd(tmp_path, "epochs=2", "batch_size=16", "model.kwargs={embed_dim:32,depth:1,patch_size:8}"),
+                          cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "cannot resume" in proc.stderr and "model.kwargs.embed_dim: 16 -> 32" in proc.stderr
+    assert (tmp_path / "config.yaml").read_text() == config
+
+
+def test_nan_run_keeps_the_previous_good_checkpoint(tmp_path):
+    run_train(tmp_path, "epochs=1", "batch_size=8")
+    good = final_weights(tmp_path)
+    proc = subprocess.run(train_cmd(tmp_path, "epochs=3", "batch_size=8", "lr=1e6"), cwd=REPO,
+                          env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "non-finite" in last and "epoch 2" in last and "is kept" in last
+    state = torch.load(tmp_path / "last.pth", weights_only=True)
+    assert state["epoch"] == 0  # still epoch 1 (0-based 0): nothing of the diverged epoch was saved
+    for key, value in good.items():
+        assert torch.equal(state["model"][key], value)
+
+
+BAD_VALUES = [
+    ("amp.dtype=fp32", "amp.dtype='fp32': expected one of bf16, fp16"),
+    ("logger.wandb.mode=bogus", "logger.wandb.mode='bogus': expected one of"),
+    ("data.img_size=30", "does not run at 30x30"),
+    ("epochs=0", "epochs=0: expected an integer >= 1"),
+    ("epochs=abc", "epochs='abc': expected an integer >= 1"),
+    ("batch_size=0", "batch_size=0: expected an integer >= 1"),
+    ("lr=-1", "lr=-1: expected a number > 0"),
+    ("output_dir=/sys/kernel", "output_dir=/sys/kernel: cannot write in /sys/kernel"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_bad_value_fails_before_any_data_is_read(tmp_path, override, message):
+    # data=folder with a root whose images are unreadable: reading any image would fail differently.
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        (root / split / "a").mkdir(parents=True)
+        (root / split / "a" / "x.png").write_bytes(b"not a png")
+    cmd = train_cmd(tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null", override)
+    proc = subprocess.run(cmd, cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and message in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists() or override.startswith("output_dir")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits (/sys covers this case)")
+def test_unwritable_existing_output_dir(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir(mode=0o555)
+    proc = subprocess.run(train_cmd(out), cwd=REPO, env=env_single_thread(), capture_output=True, text=True)
+    assert proc.returncode == 2 and f"output_dir={out}: cannot write" in proc.stderr
+
+
+def test_corrupt_image_is_named(tmp_path):
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (40, 40), (60 * i, 0, 0)).save(root / split / cls / f"{i}.png")
+    bad = root / "train" / "b" / "2.png"
+    bad.write_bytes(bad.read_bytes()[:40])  # truncated
+    proc = subprocess.run(train_cmd(tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null",
+                                    "batch_size=4", "epochs=1"),
+                          cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot read image {bad}")
+
+
+def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
+    proc = subprocess.run(train_cmd(tmp_path, "epochs=2", "batch_size=8", "log_interval=4"), cwd=REPO,
+                          env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0
+    output = proc.stdout + proc.stderr
+    assert "\r" not in output
+    assert "epoch 1/2 step 4/8  loss" in output and "epoch 2/2 step 8/8  loss" in output
+    assert "epoch 1/2  train loss" in output and "epoch 2/2  train loss" in output
+
+
+def test_tool_user_errors_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path / "nonexistent")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: not a folder: {tmp_path / 'nonexistent'}"

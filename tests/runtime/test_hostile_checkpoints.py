@@ -1,0 +1,87 @@
+"""The malicious-file suite: every entry point that reads a checkpoint refuses each hostile file,
+names the file and the refused global, and nothing runs (the payload's marker file never appears)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cat
+from cat.engine.classification import run
+from cat.errors import CheckpointError
+from tests.conftest import REPO, compose_config
+from tests.hostile import write_hostile_files
+
+HOSTILE = ["plain_pickle", "legacy_torch", "zip_torch", "yacs_config_payload", "getattr_chain", "nested_reducers"]
+REFUSED = {"getattr_chain": "getattr"}  # the global each file's refusal names (default: os.system)
+TINY = ["data=synthetic", "data.img_size=32", "model.kwargs={embed_dim:16,depth:1,patch_size:8}", "aug=none",
+        "workers=0", "logger.wandb.mode=disabled", "epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> tuple[dict[str, Path], Path]:
+    folder = tmp_path_factory.mktemp("hostile")
+    marker = folder / "MARKER"
+    return write_hostile_files(folder / "files", marker), marker
+
+
+def assert_refused(message: str, path: Path, name: str, marker: Path) -> None:
+    assert str(path) in message, message
+    assert REFUSED.get(name, "system") in message, message
+    assert not marker.exists(), f"{name}: the payload ran"
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_create_model(hostile, name):
+    files, marker = hostile
+    with pytest.raises(CheckpointError) as err:
+        cat.create_model("ca_deit_tiny", checkpoint=files[name], embed_dim=16, depth=1, patch_size=8, img_size=32)
+    assert_refused(str(err.value), files[name], name, marker)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_train_cls_checkpoint(hostile, name, mode, tmp_path):
+    files, marker = hostile
+    cfg = compose_config("cls", *TINY, f"mode={mode}", f"checkpoint={files[name]}", f"output_dir={tmp_path}")
+    with pytest.raises(CheckpointError) as err:
+        run(cfg)
+    assert_refused(str(err.value), files[name], name, marker)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_train_cls_resume(hostile, name, tmp_path):
+    files, marker = hostile
+    (tmp_path / "last.pth").write_bytes(files[name].read_bytes())
+    (tmp_path / "epoch_0001.pth").write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        run(compose_config("cls", *TINY, f"output_dir={tmp_path}"))
+    message = str(err.value)
+    assert_refused(message.replace(str(tmp_path / "last.pth"), str(files[name])), files[name], name, marker)
+    assert "resume=false" in message and "epoch_0001.pth" in message
+
+
+@pytest.mark.parametrize("tool", ["bccb_analysis", "visualize_kernels", "export_onnx"])
+@pytest.mark.parametrize("name", ["legacy_torch", "getattr_chain", "yacs_config_payload"])
+def test_tools(hostile, tool, name, tmp_path):
+    files, marker = hostile
+    model = [] if tool == "bccb_analysis" else ["--model", "ca_deit_tiny"]  # bccb: its softmax default
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / f"{tool}.py"), *model,
+                           "--checkpoint", str(files[name]), "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert_refused(proc.stderr, files[name], name, marker)
+
+
+def test_entry_point_exit_status_and_one_line(hostile, tmp_path):
+    files, marker = hostile
+    proc = subprocess.run([sys.executable, str(REPO / "train_cls.py"), *TINY, "mode=eval",
+                           f"checkpoint={files['zip_torch']}", f"output_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: refusing to load checkpoint") and "posix.system" in last or "os.system" in last
+    assert not marker.exists()
