@@ -158,7 +158,7 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     assert set(metrics) >= {"top1", "top5", "best_top1", "epoch", "wall_time_s"}
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
-    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count("epoch 1/1") == 1
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count("epoch 1/1  train loss") == 1
     ckpt = torch.load(tmp_path / "best.pth", map_location="cpu", weights_only=True)
     assert {"model", "optimizer", "scheduler", "scaler", "ema", "epoch", "best_top1", "config", "rng"} <= set(ckpt)
     assert OmegaConf.create(ckpt["config"]).data.name == "synthetic"
