@@ -9,6 +9,7 @@
 
 Configs live in configs/cls (Hydra); see README.md for the keys.
 """
+
 from __future__ import annotations
 
 import hydra

@@ -8,6 +8,7 @@
 
 Configs live in configs/seg (Hydra); see README.md.
 """
+
 from __future__ import annotations
 
 import hydra

@@ -1,4 +1,5 @@
 """cat: Circulant Attention for vision transformers (Han et al., AAAI 2026, arXiv 2512.21542)."""
+
 from . import models, ops
 from .models import create_model, load_checkpoint
 

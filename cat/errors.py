@@ -3,6 +3,7 @@
 Entry points and tools report a :class:`UserError` as one line and exit with status 2; anything
 else is a bug and keeps its traceback. The base imports nothing so every layer can raise it.
 """
+
 from __future__ import annotations
 
 __all__ = ["UserError", "ConfigError", "CheckpointError", "DataError", "RunDirLockedError"]
@@ -17,8 +18,11 @@ class ConfigError(UserError, ValueError):
 
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("invalid config:\n  " + "\n  ".join(self.problems) if len(self.problems) > 1
-                         else f"invalid config: {self.problems[0]}")
+        super().__init__(
+            "invalid config:\n  " + "\n  ".join(self.problems)
+            if len(self.problems) > 1
+            else f"invalid config: {self.problems[0]}"
+        )
 
 
 class CheckpointError(UserError):

@@ -5,9 +5,11 @@ Matrix products, linear layers, convolutions and the attention products of softm
 circulant attention adds the paper's formula (:func:`cat.ops.circulant_attention_flops`), and
 its FFTs are not counted a second time. Element-wise ops and norms are not counted.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from cat.ops import CirculantAttention, circulant_attention_flops
 
-__all__ = ["count_macs"]
+__all__ = ["count_macs", "model_cost"]
 
 
 def _cpu_sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -46,3 +48,17 @@ def count_macs(model: nn.Module, inputs: Tensor, forward: Callable[[Tensor], Any
         for h in hooks:
             h.remove()
     return counter.get_total_flops() // 2 + circulant_macs
+
+
+def model_cost(name: str, img_size: tuple[int, int], **kwargs: Any) -> tuple[int, int]:
+    """(parameters, MACs of one forward at ``img_size``) of the timm model ``name``, built on the meta
+    device: no memory, no weights, no compute."""
+    import cat
+
+    with torch.device("meta"):
+        try:
+            model = cat.create_model(name, img_size=img_size, **kwargs)
+        except TypeError:  # models without an img_size argument (e.g. convnets) take any size
+            model = cat.create_model(name, **kwargs)
+        model.eval()
+        return sum(p.numel() for p in model.parameters()), count_macs(model, torch.empty(1, 3, *img_size))

@@ -1,7 +1,8 @@
 """The paper's reported numbers (``cat/paper_tables.yaml``), for tools and tests."""
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -10,7 +11,7 @@ import yaml
 __all__ = ["paper_table", "available_tables"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tables() -> dict[str, Any]:
     return yaml.safe_load(resources.files("cat").joinpath("paper_tables.yaml").read_text())
 
@@ -26,4 +27,4 @@ def paper_table(number: int) -> dict[str, Any]:
 
 def available_tables() -> list[int]:
     """Numbers of the tables held in ``cat/paper_tables.yaml``."""
-    return sorted(int(k[len("table"):]) for k in _tables() if k.startswith("table"))
+    return sorted(int(k[len("table") :]) for k in _tables() if k.startswith("table"))

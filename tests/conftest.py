@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,3 +50,23 @@ def run_tool(capsys):
         return capsys.readouterr().out
 
     return run
+
+
+def _toy_dataset(tmp_path_factory, tool: str) -> Path:
+    root = tmp_path_factory.mktemp(tool)
+    subprocess.run(
+        [sys.executable, str(REPO / "tools" / f"make_{tool}.py"), str(root), "--train", "8", "--val", "4"],
+        check=True,
+        capture_output=True,
+    )
+    return root
+
+
+@pytest.fixture(scope="session")
+def toy_coco(tmp_path_factory) -> Path:
+    return _toy_dataset(tmp_path_factory, "toy_coco")
+
+
+@pytest.fixture(scope="session")
+def toy_ade(tmp_path_factory) -> Path:
+    return _toy_dataset(tmp_path_factory, "toy_ade")

@@ -4,6 +4,7 @@ Used by the malicious-file suite against every entry point that reads a checkpoi
 ``touch MARKER`` through ``os.system`` (or ``eval``), so a test proves nothing ran by the marker's
 absence as well as by the refusal message.
 """
+
 from __future__ import annotations
 
 import io
@@ -48,10 +49,21 @@ def _getattr_chain_pickle(command: str) -> bytes:
     def unicode(text: bytes) -> bytes:
         return b"X" + len(text).to_bytes(4, "little") + text
 
-    return (b"\x80\x02" + b"c__builtin__\ngetattr\nq\x00"
-            + b"h\x00h\x00" + unicode(b"__self__") + b"\x86R" + b"q\x01"
-            + b"h\x00h\x01" + unicode(b"eval") + b"\x86R" + b"q\x02"
-            + b"ctorch._tensor\n_rebuild_from_type_v2\n(h\x02ctorch\nTensor\n" + unicode(code) + b"\x85}tR.")
+    return (
+        b"\x80\x02"
+        + b"c__builtin__\ngetattr\nq\x00"
+        + b"h\x00h\x00"
+        + unicode(b"__self__")
+        + b"\x86R"
+        + b"q\x01"
+        + b"h\x00h\x01"
+        + unicode(b"eval")
+        + b"\x86R"
+        + b"q\x02"
+        + b"ctorch._tensor\n_rebuild_from_type_v2\n(h\x02ctorch\nTensor\n"
+        + unicode(code)
+        + b"\x85}tR."
+    )
 
 
 def _zip_with_pickle(data_pkl: bytes) -> bytes:
@@ -80,8 +92,10 @@ def write_hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
         pickle.dump({"model": _RunsCommand(command)}, f)
     torch.save(_state(_RunsCommand(command)), path("legacy_torch"), _use_new_zipfile_serialization=False)
     torch.save(_state(_RunsCommand(command)), path("zip_torch"))
-    torch.save({"model": {"w": torch.zeros(2)}, "epoch": 1, "config": _fake_yacs_cfgnode(_RunsCommand(command))},
-               path("yacs_config_payload"))
+    torch.save(
+        {"model": {"w": torch.zeros(2)}, "epoch": 1, "config": _fake_yacs_cfgnode(_RunsCommand(command))},
+        path("yacs_config_payload"),
+    )
     path("getattr_chain").write_bytes(_zip_with_pickle(_getattr_chain_pickle(command)))
     # A reducer nested deep inside allowed containers (dict, list, tuple, OrderedDict).
     nested = torch.nn.Module().state_dict()

@@ -9,15 +9,16 @@ its tokens randomly permuted (same values, spatial structure destroyed). A centr
 by ||A - mean(A)|| instead, since a near-uniform map (as in an untrained model) is trivially BCCB.
 
     python tools/bccb_analysis.py --out runs/bccb                       # DeiT-T, skimage's sample images
-    python tools/bccb_analysis.py --model deit_small_patch16_224 --checkpoint deit_s.pth --images photos/ --out runs/bccb
+    python tools/bccb_analysis.py --model deit_small_patch16_224 --checkpoint deit_s.pth \
+        --images photos/ --out runs/bccb
 
 Writes ``bccb.json`` (every number), ``fig2_attention_maps.png/.pdf`` (a layer's maps with the
 H x H block grid, beside their BCCB projections) and ``fig3_neighbour_queries.png/.pdf`` (the
 attention of neighbouring queries, which a BCCB map makes shifted copies of one another).
 """
+
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,39 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timm.data import create_transform, resolve_data_config
 from timm.layers import Attention
 from torch import Tensor
 
-import cat
-from cat.models import parse_model_args
 from cat.ops import bccb_project
 from cat.runtime import report_user_errors
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-
-def load_images(folder: str | None, limit: int) -> list[np.ndarray]:
-    """RGB uint8 images from ``folder``, or scikit-image's bundled colour samples."""
-    from PIL import Image
-
-    if folder is None:
-        from skimage import data
-
-        samples = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket(), data.immunohistochemistry()]
-        return samples[:limit]
-    paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if not paths:
-        raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
-    return [np.asarray(Image.open(p).convert("RGB")) for p in paths[:limit]]
-
-
-def preprocess(images: list[np.ndarray], model: torch.nn.Module, img_size: int) -> Tensor:
-    from PIL import Image
-
-    config = resolve_data_config({"input_size": (3, img_size, img_size), "crop_pct": 1.0}, model=model)
-    transform = create_transform(**config)
-    return torch.stack([transform(Image.fromarray(im)) for im in images])
+from cat.toolkit import load_images, model_from_args, model_tool_parser, save_figure, to_model_input
 
 
 def capture_attention(model: torch.nn.Module, x: Tensor) -> list[Tensor]:
@@ -109,13 +83,18 @@ def analyse(maps: list[Tensor], hw: tuple[int, int], prefix: int, seed: int = 0)
         heads = []
         for h in range(a.shape[1]):
             rand = random_stochastic(tuple(a[:, h].shape), g)
-            heads.append({"head": h} | {
-                f"{name}{suffix}": relative_distance(m, hw, centred).mean().item()
-                for name, m in (("distance", a[:, h]), ("permuted", permuted[:, h]), ("random_stochastic", rand))
-                for suffix, centred in (("", False), ("_centred", True))
-            })
-        results.append({"layer": index, "heads": heads} | {
-            f"mean_{key}": float(np.mean([h[key] for h in heads])) for key in heads[0] if key != "head"})
+            heads.append(
+                {"head": h}
+                | {
+                    f"{name}{suffix}": relative_distance(m, hw, centred).mean().item()
+                    for name, m in (("distance", a[:, h]), ("permuted", permuted[:, h]), ("random_stochastic", rand))
+                    for suffix, centred in (("", False), ("_centred", True))
+                }
+            )
+        results.append(
+            {"layer": index, "heads": heads}
+            | {f"mean_{key}": float(np.mean([h[key] for h in heads])) for key in heads[0] if key != "head"}
+        )
     return results
 
 
@@ -134,10 +113,7 @@ def plot_maps(maps: list[Tensor], layer: int, hw: tuple[int, int], prefix: int, 
                 ax.axvline(k * hw[1] - 0.5, color="w", lw=0.3)
             ax.set_title(f"layer {layer} head {h}: {title}", fontsize=8)
             ax.set_xticks([]), ax.set_yticks([])
-    fig.tight_layout()
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / f"fig2_attention_maps.{suffix}", dpi=150)
-    plt.close(fig)
+    save_figure(fig, out, "fig2_attention_maps")
 
 
 def plot_neighbour_queries(maps: list[Tensor], layer: int, hw: tuple[int, int], prefix: int, out: Path) -> None:
@@ -148,37 +124,30 @@ def plot_neighbour_queries(maps: list[Tensor], layer: int, hw: tuple[int, int], 
     cy, cx = H // 2, W // 2
     queries = [(cy, cx), (cy, cx + 1), (cy + 1, cx), (cy + 1, cx + 1)]
     fig, axes = plt.subplots(1, len(queries), figsize=(3 * len(queries), 3.2))
-    for ax, (y, x) in zip(axes, queries):
+    for ax, (y, x) in zip(axes, queries, strict=True):
         ax.imshow(a[y * W + x].reshape(H, W).numpy(), cmap="magma")
         ax.plot(x, y, "c+", ms=10)
         ax.set_title(f"query ({y}, {x})", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     fig.suptitle(f"layer {layer}, head 0: attention of neighbouring queries", fontsize=10)
-    fig.tight_layout()
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / f"fig3_neighbour_queries.{suffix}", dpi=150)
-    plt.close(fig)
+    save_figure(fig, out, "fig3_neighbour_queries")
 
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for bccb.json and the figures")
-    parser.add_argument("--model", default="deit_tiny_patch16_224", help="timm ViT-style model with softmax attention")
-    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable")
-    parser.add_argument("--checkpoint", default=None, help="weights to load (release format or state dict)")
+    parser = model_tool_parser(
+        __doc__,
+        "folder for bccb.json and the figures",
+        "deit_tiny_patch16_224",
+        "timm ViT-style model with softmax attention",
+    )
     parser.add_argument("--images", default=None, help="folder of images (default: scikit-image's samples)")
     parser.add_argument("--num-images", type=int, default=4)
-    parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--figure-layer", type=int, default=None, help="layer shown in the figures (default: middle)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    torch.manual_seed(args.seed)
-    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size,
-                             **parse_model_args(args.model_arg)).eval()
-    x = preprocess(load_images(args.images, args.num_images), model, args.img_size)
+    model = model_from_args(args)
+    x = to_model_input(load_images(args.images, args.num_images), model, args.img_size)
     grid = tuple(model.patch_embed.dynamic_feat_size(x.shape[-2:]))
     prefix = getattr(model, "num_prefix_tokens", 0)
     maps = capture_attention(model, x)
@@ -189,17 +158,31 @@ def main(argv: list[str] | None = None) -> int:
     figure_layer = len(maps) // 2 if args.figure_layer is None else args.figure_layer
     plot_maps(maps, figure_layer, grid, prefix, out)
     plot_neighbour_queries(maps, figure_layer, grid, prefix, out)
-    summary = {"model": args.model, "checkpoint": args.checkpoint, "images": len(x), "grid": list(grid),
-               "prefix_tokens": prefix, "layers": layers}
+    summary = {
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "images": len(x),
+        "grid": list(grid),
+        "prefix_tokens": prefix,
+        "layers": layers,
+    }
     (out / "bccb.json").write_text(json.dumps(summary, indent=2))
 
-    print(f"{args.model} ({'random weights' if args.checkpoint is None else args.checkpoint}), {len(x)} images, "
-          f"grid {grid[0]}x{grid[1]}: relative distance to the BCCB subspace")
+    print(
+        f"{args.model} ({'random weights' if args.checkpoint is None else args.checkpoint}), {len(x)} images, "
+        f"grid {grid[0]}x{grid[1]}: relative distance to the BCCB subspace"
+    )
     print(f"{'':>5} {'plain':^32} {'centred':^32}")
     print(f"{'layer':>5} " + f"{'attention':>10} {'permuted':>10} {'random':>10} " * 2)
     for r in layers:
-        print(f"{r['layer']:>5} " + " ".join(f"{r[f'mean_{k}{c}']:>10.3f}" for c in ("", "_centred")
-                                             for k in ("distance", "permuted", "random_stochastic")))
+        print(
+            f"{r['layer']:>5} "
+            + " ".join(
+                f"{r[f'mean_{k}{c}']:>10.3f}"
+                for c in ("", "_centred")
+                for k in ("distance", "permuted", "random_stochastic")
+            )
+        )
     print(f"wrote {out / 'bccb.json'} and figures in {out}{os.sep}")
     return 0
 

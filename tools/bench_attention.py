@@ -14,40 +14,26 @@ images/s, batch 1) at the --models-res resolutions.
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
 """
+
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from typing import Callable
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
-from torch.utils import benchmark
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention
 from cat.ops.reference import released_circulant_attention
-from cat.runtime import report_user_errors
-
-
-def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
-    """Median seconds per call of each function, with ``torch.utils.benchmark``: every round times
-    one block of each function in turn, so slow drifts of the machine hit all of them alike."""
-    timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}) for name, fn in fns.items()}
-    reps = {}
-    for name, timer in timers.items():  # warm-up, and size each block to about min_block_s
-        once = timer.timeit(1).mean
-        reps[name] = max(1, int(min_block_s / max(once, 1e-6)))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(reps[name]).mean)
-    return {name: float(np.median(s)) for name, s in samples.items()}
+from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
+from cat.toolkit import interleaved_medians
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -58,27 +44,35 @@ def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: b
     hw = (side, side)
 
     def gemm_floor() -> torch.Tensor:
-        return (ours.gate(x).sum() + F.linear(spectral_rows, ours.qkv.weight).sum()
-                + ours.proj(x).sum())
+        return ours.gate(x).sum() + F.linear(spectral_rows, ours.qkv.weight).sum() + ours.proj(x).sum()
 
-    fns = {"ours": lambda: ours(x, hw), "released": lambda: released_circulant_attention(ours, x, hw),
-           "sdpa": lambda: softmax(x), "gemm": gemm_floor}
+    fns = {
+        "ours": lambda: ours(x, hw),
+        "released": lambda: released_circulant_attention(ours, x, hw),
+        "sdpa": lambda: softmax(x),
+        "gemm": gemm_floor,
+    }
     if matmul:
         ours_mm = CirculantAttention(dim, fft_backend="matmul")
         ours_mm.load_state_dict(ours.state_dict())
         fns["ours_matmul"] = lambda: ours_mm(x, hw)
     if not backward:
+
         def no_grad(fn):
             def run():
                 with torch.inference_mode():
                     return fn()
+
             return run
+
         return {name: no_grad(fn) for name, fn in fns.items()}
 
     def with_backward(fn):
         def run():
             fn().sum().backward()
+
         return run
+
     return {name: with_backward(fn) for name, fn in fns.items()}
 
 
@@ -101,20 +95,30 @@ def whole_models(resolutions: list[int], rounds: int, min_block_s: float) -> lis
         deit = timm.create_model("deit_tiny_patch16_224", img_size=res).eval()
         x = torch.randn(1, 3, res, res)
 
-        def run(model):
+        def run(model, x=x):
             def call():
                 with torch.inference_mode():
                     return model(x)
+
             return call
+
         t = interleaved_medians({"ca_deit_tiny": run(ca), "deit_tiny": run(deit)}, rounds, min_block_s)
-        rows.append({"resolution": res, "ca_deit_tiny_img_s": 1 / t["ca_deit_tiny"], "deit_tiny_img_s": 1 / t["deit_tiny"],
-                     "speedup": t["deit_tiny"] / t["ca_deit_tiny"]})
+        rows.append(
+            {
+                "resolution": res,
+                "ca_deit_tiny_img_s": 1 / t["ca_deit_tiny"],
+                "deit_tiny_img_s": 1 / t["deit_tiny"],
+                "speedup": t["deit_tiny"] / t["ca_deit_tiny"],
+            }
+        )
     return rows
 
 
 def measure(args: argparse.Namespace) -> dict[str, object]:
     """Every timing the arguments ask for, in the current device and autocast context."""
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    device = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    )
     result: dict[str, object] = {"torch": torch.__version__, "device": device, "amp": args.amp, "dim": args.dim}
     for mode in (("forward", "forward_backward") if args.backward else ("forward",)) if args.grids else ():
         rows = []
@@ -133,27 +137,38 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 def report(args: argparse.Namespace, result: dict) -> None:
     device = result["device"]
-    print(f"torch {result['torch']}, {device}, amp {args.amp}, C={args.dim}; medians of {args.rounds} "
-          f"interleaved rounds")
+    print(
+        f"torch {result['torch']}, {device}, amp {args.amp}, C={args.dim}; medians of {args.rounds} interleaved rounds"
+    )
     for mode in ("forward", "forward_backward"):
         if mode not in result:
             continue
         rows = result[mode]
         names = [k[:-3] for k in rows[0] if k.endswith("_ms")]
-        print(f"\n{mode.replace('_', '+')} (ms)   " + " ".join(f"{n:>11}" for n in names)
-              + "  speed vs released  time / GEMM floor  speed vs SDPA")
+        print(
+            f"\n{mode.replace('_', '+')} (ms)   "
+            + " ".join(f"{n:>11}" for n in names)
+            + "  speed vs released  time / GEMM floor  speed vs SDPA"
+        )
         for r in rows:
             ms = [r[f"{n}_ms"] for n in names]
-            print(f"{r['tokens']:>7} B={r['batch']:<2} " + " ".join(f"{v:>11.3f}" for v in ms)
-                  + f"  {r['released_ms'] / r['ours_ms']:>16.2f}x {r['ours_ms'] / r['gemm_ms']:>17.2f}x"
-                  f" {r['sdpa_ms'] / r['ours_ms']:>13.2f}x")
+            print(
+                f"{r['tokens']:>7} B={r['batch']:<2} "
+                + " ".join(f"{v:>11.3f}" for v in ms)
+                + f"  {r['released_ms'] / r['ours_ms']:>16.2f}x {r['ours_ms'] / r['gemm_ms']:>17.2f}x"
+                f" {r['sdpa_ms'] / r['ours_ms']:>13.2f}x"
+            )
     if "growth_exponent" in result:
         g = result["growth_exponent"]
-        print(f"\ncost growth over {args.growth[0]}^2..{args.growth[-1]}^2 tokens: time ~ N^{g['ours']:.2f} (ours), "
-              f"N^{g['sdpa']:.2f} (softmax SDPA)")
+        print(
+            f"\ncost growth over {args.growth[0]}^2..{args.growth[-1]}^2 tokens: time ~ N^{g['ours']:.2f} (ours), "
+            f"N^{g['sdpa']:.2f} (softmax SDPA)"
+        )
     for r in result.get("models", []):
-        print(f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch 1: {r['ca_deit_tiny_img_s']:.2f} vs "
-              f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x")
+        print(
+            f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch 1: {r['ca_deit_tiny_img_s']:.2f} vs "
+            f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,9 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
-    parser.add_argument("--amp", choices=["bf16", "fp16"], default=None, help="time under autocast (GEMMs in low "
-                        "precision; the FFTs stay fp32)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--amp",
+        choices=sorted(AMP_DTYPES),
+        default=None,
+        help="time under autocast (GEMMs in low precision; the FFTs stay fp32)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    parser.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
     return parser
 
 
@@ -178,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_default_device(args.device)
-    amp = (torch.autocast(args.device.split(":")[0], dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.amp])
-           if args.amp else contextlib.nullcontext())
-    with amp:
+    with autocast_for(args.device, args.amp is not None, args.amp):
         result = measure(args)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

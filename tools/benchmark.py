@@ -11,51 +11,43 @@ and the peak memory (CUDA: allocated; CPU: the worker's peak resident set). FLOP
     python tools/benchmark.py --models deit_tiny_patch16_224 ca_deit_tiny --res 224 512 1024 1536 --out docs/bench
     python tools/benchmark.py --device cuda --amp bf16 --channels-last --batch 64 --out runs/bench_gpu
 """
+
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import cat
-from cat.flops import count_macs
-from cat.runtime import report_user_errors
-
-_AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _build(name: str, res: int, device: str | torch.device) -> torch.nn.Module:
-    with torch.device(device):
-        return cat.create_model(name, img_size=res)
+from cat.flops import model_cost
+from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
+from cat.toolkit import peak_memory_mib, reset_peak_memory, save_figure, time_calls
 
 
 def measure_one(cfg: dict) -> dict:
     """Time one (model, resolution) configuration in this process."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
-    model = _build(cfg["model"], cfg["res"], device)
+    with device:
+        model = cat.create_model(cfg["model"], img_size=cfg["res"])
     x = torch.randn(cfg["batch"], 3, cfg["res"], cfg["res"], device=device)
     if cfg["channels_last"]:
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     if cfg["compile"]:
         model = torch.compile(model)
-    amp = torch.autocast(device.type, dtype=_AMP[cfg["amp"]]) if cfg["amp"] else torch.autocast(device.type, enabled=False)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def forward() -> None:
-        with torch.inference_mode(), amp:
+        with torch.inference_mode(), autocast_for(device, cfg["amp"] is not None, cfg["amp"]):
             model(x)
 
     def train_step() -> None:
-        with amp:
+        with autocast_for(device, cfg["amp"] is not None, cfg["amp"]):
             loss = model(x).float().logsumexp(-1).mean()
         loss.backward()
         model.zero_grad(set_to_none=True)
@@ -64,30 +56,15 @@ def measure_one(cfg: dict) -> dict:
     modes = (("fwd", forward),) if cfg["forward_only"] else (("fwd", forward), ("fwd_bwd", train_step))
     for mode, step in modes:
         model.train(mode == "fwd_bwd")
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        for _ in range(cfg["warmup"]):
-            step()
-        times = []
-        for _ in range(cfg["iters"]):
-            sync()
-            start = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - start)
-        ips = cfg["batch"] / np.array(times)
+        reset_peak_memory(device)
+        ips = cfg["batch"] / np.array(time_calls(step, cfg["iters"], cfg["warmup"], device, per_call=True))
         result[f"{mode}_img_s"] = float(np.median(ips))
         result[f"{mode}_img_s_p25"], result[f"{mode}_img_s_p75"] = (float(v) for v in np.percentile(ips, [25, 75]))
         if device.type == "cuda":
-            result[f"{mode}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+            result[f"{mode}_peak_mib"] = peak_memory_mib(device)
     if device.type != "cuda":  # the worker's lifetime peak: both modes together
-        result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["peak_rss_mib"] = peak_memory_mib(device)
     return result
-
-
-def flops_at(name: str, res: int) -> int:
-    with torch.device("meta"):
-        return count_macs(_build(name, res, "meta").eval(), torch.empty(1, 3, res, res))
 
 
 def run_isolated(cfg: dict) -> dict:
@@ -111,14 +88,13 @@ def plot(rows: list[dict], out: Path) -> None:
         ax_fps.plot(res, [r["fwd_img_s"] for r in mine], "o-", label=name)
         ax_fps.fill_between(res, [r["fwd_img_s_p25"] for r in mine], [r["fwd_img_s_p75"] for r in mine], alpha=0.2)
     ax_flops.set(xlabel="resolution", ylabel="GFLOPs", yscale="log", title="FLOPs")
-    ax_fps.set(xlabel="resolution", ylabel="images / s (forward)", yscale="log", title=f"throughput ({rows[0]['device']})")
+    ax_fps.set(
+        xlabel="resolution", ylabel="images / s (forward)", yscale="log", title=f"throughput ({rows[0]['device']})"
+    )
     for ax in (ax_flops, ax_fps):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / f"fig4_efficiency.{suffix}", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out, "fig4_efficiency", dpi=120)
 
 
 @report_user_errors
@@ -131,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--amp", choices=sorted(_AMP), default=None, help="autocast dtype")
+    parser.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="autocast dtype")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model")
     parser.add_argument("--forward-only", action="store_true", help="skip the forward+backward measurement")
@@ -148,14 +124,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for res in args.res:
         for name in args.models:
-            cfg = {"model": name, "res": res, "batch": args.batch, "warmup": args.warmup, "iters": args.iters,
-                   "device": args.device, "amp": args.amp, "channels_last": args.channels_last, "compile": args.compile,
-                   "forward_only": args.forward_only}
-            row = {**cfg, "gflops": flops_at(name, res) / 1e9, **run_isolated(cfg)}
+            cfg = {
+                "model": name,
+                "res": res,
+                "batch": args.batch,
+                "warmup": args.warmup,
+                "iters": args.iters,
+                "device": args.device,
+                "amp": args.amp,
+                "channels_last": args.channels_last,
+                "compile": args.compile,
+                "forward_only": args.forward_only,
+            }
+            row = {**cfg, "gflops": model_cost(name, (res, res))[1] / 1e9, **run_isolated(cfg)}
             rows.append(row)
             train = "" if args.forward_only else f"  fwd+bwd {row['fwd_bwd_img_s']:>9.2f} img/s"
-            print(f"{name:>24} {res:>5}²  {row['gflops']:>8.2f} GFLOPs  fwd {row['fwd_img_s']:>9.2f} img/s{train}",
-                  flush=True)
+            print(
+                f"{name:>24} {res:>5}²  {row['gflops']:>8.2f} GFLOPs  fwd {row['fwd_img_s']:>9.2f} img/s{train}",
+                flush=True,
+            )
     with open(out / "benchmark.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -8,6 +8,7 @@ matrix products, identical in value to torch.fft (to float rounding).
     python tools/export_onnx.py --out ca_deit_tiny.onnx
     python tools/export_onnx.py --model ca_deit_small --checkpoint ca_deit_s.pth --img-size 224 --out ca_deit_s.onnx
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,16 @@ def export(model: torch.nn.Module, img_size: int, path: str, batch: int = 1) -> 
     # graph is traced at img_size: its grid-size arithmetic becomes constants, which is intended.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(model, (x,), path, dynamo=False, input_names=["images"], output_names=["logits"],
-                          opset_version=17, dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        torch.onnx.export(
+            model,
+            (x,),
+            path,
+            dynamo=False,
+            input_names=["images"],
+            output_names=["logits"],
+            opset_version=17,
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+        )
 
 
 def check(model: torch.nn.Module, path: str, img_size: int, batch: int = 2) -> float:

@@ -1,37 +1,28 @@
 #!/usr/bin/env python
 """Parameters and FLOPs (multiply-accumulates, as the paper counts them) of any timm model.
 
-    python tools/flops.py ca_deit_tiny deit_tiny_patch16_224                   # 224x224
-    python tools/flops.py ca_deit_tiny --img-size 224 --img-size 1024 --img-size 800 1280
-    python tools/flops.py ca_deit_small --img-size 512 768 --json            # H=512, W=768
-    python tools/flops.py --table 2            # the paper's Table 2, ours beside the paper's numbers
-    python tools/flops.py --det mask_rcnn_ca_pvt_t_1x mask_rcnn_pvt_t_1x    # whole detectors at 800x1280
-    python tools/flops.py --seg fpn_ca_pvt_t_40k --img-size 512 2048        # whole segmentors
+python tools/flops.py ca_deit_tiny deit_tiny_patch16_224                   # 224x224
+python tools/flops.py ca_deit_tiny --img-size 224 --img-size 1024 --img-size 800 1280
+python tools/flops.py ca_deit_small --img-size 512 768 --json            # H=512, W=768
+python tools/flops.py --table 2            # the paper's Table 2, ours beside the paper's numbers
+python tools/flops.py --det mask_rcnn_ca_pvt_t_1x mask_rcnn_pvt_t_1x    # whole detectors at 800x1280
+python tools/flops.py --seg fpn_ca_pvt_t_40k --img-size 512 2048        # whole segmentors
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-import torch
-
 import cat  # noqa: F401  (registers cat's models with timm)
-from cat.flops import count_macs
+from cat.flops import model_cost
 from cat.paper import paper_table
 from cat.runtime import report_user_errors
 
 
 def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
-    """Build ``name`` on the meta device (no memory, no weights) and count one forward at ``img_size``."""
-    with torch.device("meta"):
-        try:
-            model = cat.create_model(name, img_size=img_size)
-        except TypeError:  # models without an img_size argument (e.g. convnets) take any size
-            model = cat.create_model(name)
-        model.eval()
-        params = sum(p.numel() for p in model.parameters())
-        macs = count_macs(model, torch.empty(1, 3, *img_size))
+    params, macs = model_cost(name, img_size)
     return {"model": name, "img_size": list(img_size), "params": params, "flops": macs}
 
 
@@ -65,10 +56,20 @@ def compare_table(number: int) -> list[dict[str, object]]:
             ours = measure(row["model"], (row["img_size"], row["img_size"]))
         params_m, gflops = ours["params"] / 1e6, ours["flops"] / 1e9
         tolerance = row.get("tolerance", table["tolerance"])
-        errors = [e for e in (_relative_error(params_m, row["params_m"]), _relative_error(gflops, row["gflops"]))
-                  if e is not None]
-        rows.append({**row, "ours_params_m": params_m, "ours_gflops": gflops, "tolerance": tolerance,
-                     "within_tolerance": all(abs(e) <= tolerance for e in errors)})
+        errors = [
+            e
+            for e in (_relative_error(params_m, row["params_m"]), _relative_error(gflops, row["gflops"]))
+            if e is not None
+        ]
+        rows.append(
+            {
+                **row,
+                "ours_params_m": params_m,
+                "ours_gflops": gflops,
+                "tolerance": tolerance,
+                "within_tolerance": all(abs(e) <= tolerance for e in errors),
+            }
+        )
     return rows
 
 
@@ -79,22 +80,38 @@ def _print_table(number: int, rows: list[dict[str, object]]) -> None:
     for r in rows:
         paper_note = " (target)" if r.get("target") else ""
         size = "x".join(map(str, r["img_size"])) if isinstance(r["img_size"], list) else f"{r['img_size']}²"
-        print(f"| {r['label']} | `{r.get('model') or r['experiment']}` | {size} | {r['ours_params_m']:.1f} | {fmt(r['params_m'])} "
-              f"| {r['ours_gflops']:.2f} | {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |")
+        print(
+            f"| {r['label']} | `{r.get('model') or r['experiment']}` | {size} "
+            f"| {r['ours_params_m']:.1f} | {fmt(r['params_m'])} | {r['ours_gflops']:.2f} "
+            f"| {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |"
+        )
 
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", help="timm model names (cat's models are registered)")
-    parser.add_argument("--table", type=int, help="reproduce table N of the paper (exit status 1 if a row is "
-                                                  "outside its tolerance)")
-    parser.add_argument("--img-size", nargs="+", type=int, action="append", metavar=("H", "W"),
-                        help="input resolution: H (square) or H W; repeat the flag for several (default 224)")
-    parser.add_argument("--det", nargs="+", metavar="EXPERIMENT", help="train_det.py presets: whole detectors "
-                        "(backbone, FPN, RPN, RoI heads on 1000 proposals; default input 800x1280)")
-    parser.add_argument("--seg", nargs="+", metavar="EXPERIMENT", help="train_seg.py presets: whole segmentors "
-                        "(default input 512x2048)")
+    parser.add_argument(
+        "--table", type=int, help="reproduce table N of the paper (exit status 1 if a row is outside its tolerance)"
+    )
+    parser.add_argument(
+        "--img-size",
+        nargs="+",
+        type=int,
+        action="append",
+        metavar=("H", "W"),
+        help="input resolution: H (square) or H W; repeat the flag for several (default 224)",
+    )
+    parser.add_argument(
+        "--det",
+        nargs="+",
+        metavar="EXPERIMENT",
+        help="train_det.py presets: whole detectors "
+        "(backbone, FPN, RPN, RoI heads on 1000 proposals; default input 800x1280)",
+    )
+    parser.add_argument(
+        "--seg", nargs="+", metavar="EXPERIMENT", help="train_seg.py presets: whole segmentors (default input 512x2048)"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of raw counts")
     args = parser.parse_args(argv)
     if args.table is not None:

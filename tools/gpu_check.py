@@ -13,10 +13,12 @@ square, non-square and non-power-of-two grids; a whole CA-DeiT-T; then ``tools/b
 on the GPU in fp32 and bf16 (the released pipeline, SDPA and GEMM-floor ratios, growth exponent,
 CA-DeiT-T vs DeiT-T at 224^2 and 1536^2).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,12 +27,7 @@ import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, circulant_attention
-from cat.runtime import report_user_errors
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_attention  # noqa: E402  (the benchmark script beside this one)
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from cat.runtime import AMP_DTYPES, report_user_errors
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -48,22 +45,43 @@ def correctness(device: str) -> list[dict[str, object]]:
         attn = CirculantAttention(64).to(device)
         x = torch.randn(2, hw[0] * hw[1], 64, device=device)
         module_ref = attn(x, hw)
-        for name, dtype in DTYPES.items():
+        for name, dtype in AMP_DTYPES.items():
             with torch.autocast(kind, dtype=dtype):
                 out = circulant_attention(q.to(dtype), k.to(dtype), v.to(dtype))
                 module_out = attn(x, hw)
-            rows.append({"what": "circulant_attention", "hw": list(hw), "dtype": name, "out_dtype": str(out.dtype),
-                         "rel_err": relative_error(out, ref)})
-            rows.append({"what": "CirculantAttention", "hw": list(hw), "dtype": name,
-                         "out_dtype": str(module_out.dtype), "rel_err": relative_error(module_out, module_ref)})
+            rows.append(
+                {
+                    "what": "circulant_attention",
+                    "hw": list(hw),
+                    "dtype": name,
+                    "out_dtype": str(out.dtype),
+                    "rel_err": relative_error(out, ref),
+                }
+            )
+            rows.append(
+                {
+                    "what": "CirculantAttention",
+                    "hw": list(hw),
+                    "dtype": name,
+                    "out_dtype": str(module_out.dtype),
+                    "rel_err": relative_error(module_out, module_ref),
+                }
+            )
     model = timm.create_model("ca_deit_tiny").to(device).eval()
     images = torch.randn(4, 3, 224, 224, device=device)
     with torch.no_grad():
         logits = model(images)
-        for name, dtype in DTYPES.items():
+        for name, dtype in AMP_DTYPES.items():
             with torch.autocast(kind, dtype=dtype):
-                rows.append({"what": "ca_deit_tiny logits", "hw": [224, 224], "dtype": name,
-                             "out_dtype": str(dtype), "rel_err": relative_error(model(images), logits)})
+                rows.append(
+                    {
+                        "what": "ca_deit_tiny logits",
+                        "hw": [224, 224],
+                        "dtype": name,
+                        "out_dtype": str(dtype),
+                        "rel_err": relative_error(model(images), logits),
+                    }
+                )
     return rows
 
 
@@ -78,21 +96,49 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                 "correctness": correctness("cuda")}
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "correctness": correctness("cuda"),
+    }
     for row in result["correctness"]:
-        print(f"{row['what']:>22} {str(row['hw']):>10} {row['dtype']}: rel err {row['rel_err']:.2e} ({row['out_dtype']})")
+        print(
+            f"{row['what']:>22} {str(row['hw']):>10} {row['dtype']}: rel err {row['rel_err']:.2e} ({row['out_dtype']})"
+        )
     if not args.skip_bench:
-        common = ["--device", "cuda", "--backward", "--matmul", "--growth", "28", "48", "64", "96", "128",
-                  "--models-res", "224", "1536", "--rounds", "9", "--min-block", "0.1"]
+        common = [
+            "--device",
+            "cuda",
+            "--backward",
+            "--matmul",
+            "--growth",
+            "28",
+            "48",
+            "64",
+            "96",
+            "128",
+            "--models-res",
+            "224",
+            "1536",
+            "--rounds",
+            "9",
+            "--min-block",
+            "0.1",
+        ]
         for amp in (None, "bf16"):
-            argv_amp = common + (["--amp", amp] if amp else [])
-            bench_args = bench_attention.build_parser().parse_args(argv_amp)
-            torch.set_default_device("cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp is not None):
-                result[f"bench_{amp or 'fp32'}"] = bench = bench_attention.measure(bench_args)
-            torch.set_default_device("cpu")
-            bench_attention.report(bench_args, bench)
+            bench_json = out / f"bench_{amp or 'fp32'}.json"
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("bench_attention.py")),
+                    *common,
+                    *(["--amp", amp] if amp else []),
+                    "--json-out",
+                    str(bench_json),
+                ],
+                check=True,
+            )
+            result[f"bench_{amp or 'fp32'}"] = json.loads(bench_json.read_text())
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     bad = [r for r in result["correctness"] if r["rel_err"] >= 1e-2]
     print(f"wrote {out / 'gpu_check.json'}; {len(bad)} autocast results off by >= 1e-2")

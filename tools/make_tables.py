@@ -9,6 +9,7 @@ a run are marked "not run"; for several runs of one row the best is shown.
     python tools/make_tables.py outputs/                    # every table
     python tools/make_tables.py outputs/cls --table 2 --out docs/results.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,14 +20,17 @@ from typing import Any
 
 import yaml
 
-from cat.paper import available_tables, paper_table
 from cat.errors import DataError
+from cat.paper import available_tables, paper_table
 from cat.runtime import report_user_errors
 
 # Per table: the metric's label, the metrics.json key (and a preferred key), and the factor to the
 # paper's percent scale (mmdet's COCO metric is a fraction).
-TABLE_METRICS = {2: ("top-1 (%)", "top1", "best_top1", 1.0), 3: ("box AP", "bbox_mAP", None, 100.0),
-                 4: ("mIoU (%)", "mIoU", None, 1.0)}
+TABLE_METRICS = {
+    2: ("top-1 (%)", "top1", "best_top1", 1.0),
+    3: ("box AP", "bbox_mAP", None, 100.0),
+    4: ("mIoU (%)", "mIoU", None, 1.0),
+}
 
 
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
@@ -43,11 +47,17 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
             except ValueError as error:
                 raise DataError(f"{metrics_path} is not valid JSON ({error})") from None
             model = config.get("model", {})
-            runs.append({"dir": str(metrics_path.parent), "mode": config.get("mode", "train"), "metrics": metrics,
-                         "name": config.get("name"),
-                         "model": model.get("name"),
-                         "img_size": config.get("data", {}).get("img_size"),
-                         "dataset": config.get("data", {}).get("name")})
+            runs.append(
+                {
+                    "dir": str(metrics_path.parent),
+                    "mode": config.get("mode", "train"),
+                    "metrics": metrics,
+                    "name": config.get("name"),
+                    "model": model.get("name"),
+                    "img_size": config.get("data", {}).get("img_size"),
+                    "dataset": config.get("data", {}).get("name"),
+                }
+            )
     return runs
 
 
@@ -65,24 +75,40 @@ def fill_table(number: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "experiment" in row:  # detection/segmentation presets are matched by run name
             matching = [r for r in runs if r["name"] == row["experiment"] and _value(r, key, fallback) is not None]
         else:
-            matching = [r for r in runs if r["model"] == row["model"] and r["dataset"] == table["dataset"]
-                        and r["img_size"] in (None, row["img_size"]) and _value(r, key, fallback) is not None]
+            matching = [
+                r
+                for r in runs
+                if r["model"] == row["model"]
+                and r["dataset"] == table["dataset"]
+                and r["img_size"] in (None, row["img_size"])
+                and _value(r, key, fallback) is not None
+            ]
         best = max(matching, key=lambda r: _value(r, key, fallback), default=None)
-        rows.append({**row, "ours": None if best is None else _value(best, key, fallback, scale),
-                     "run": None if best is None else best["dir"]})
+        rows.append(
+            {
+                **row,
+                "ours": None if best is None else _value(best, key, fallback, scale),
+                "run": None if best is None else best["dir"],
+            }
+        )
     return rows
 
 
 def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
     metric = TABLE_METRICS[number][0]
     fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
-    lines = [f"### Table {number}: {paper_table(number)['title']}", "",
-             f"| model | params (M), paper | GFLOPs, paper | {metric}, ours | {metric}, paper | run |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"### Table {number}: {paper_table(number)['title']}",
+        "",
+        f"| model | params (M), paper | GFLOPs, paper | {metric}, ours | {metric}, paper | run |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         run = "not run" if r["run"] is None else f"`{r['run']}`"
-        lines.append(f"| {r['label']} | {fmt(r.get('params_m'))} | {fmt(r.get('gflops'))} | {fmt(r['ours'], 2)} "
-                     f"| {fmt(r.get('paper_metric'), 1)} | {run} |")
+        lines.append(
+            f"| {r['label']} | {fmt(r.get('params_m'))} | {fmt(r.get('gflops'))} | {fmt(r['ours'], 2)} "
+            f"| {fmt(r.get('paper_metric'), 1)} | {run} |"
+        )
     return "\n".join(lines)
 
 

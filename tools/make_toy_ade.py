@@ -10,6 +10,7 @@ Images of coloured shapes on noisy backgrounds and their PNG label maps, ADE20K-
 
     python tools/make_toy_ade.py data/toy_ade                        # 64 train / 16 val images, 128x128
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     make_split(out, "training", args.train, args.size, rng)
     make_split(out, "validation", args.val, args.size, rng)
-    print(f"wrote {args.train} training and {args.val} validation images ({args.size}x{args.size}) in ADE20K "
-          f"layout to {out}; classes after reduce_zero_label: {', '.join(CLASSES)}")
+    print(
+        f"wrote {args.train} training and {args.val} validation images ({args.size}x{args.size}) in ADE20K "
+        f"layout to {out}; classes after reduce_zero_label: {', '.join(CLASSES)}"
+    )
     return 0
 
 

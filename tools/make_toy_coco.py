@@ -10,6 +10,7 @@ instance with a polygon segmentation, its box and area:
     python tools/make_toy_coco.py data/toy_coco                      # 64 train / 16 val images, 128x128
     python tools/make_toy_coco.py data/toy_coco --train 200 --size 256
 """
+
 from __future__ import annotations
 
 import json
@@ -35,17 +36,29 @@ def make_split(out: Path, split: str, count: int, size: int, rng: np.random.Gene
             xs, ys = [p[0] for p in points], [p[1] for p in points]
             x0, y0 = max(min(xs), 0.0), max(min(ys), 0.0)
             x1, y1 = min(max(xs), size - 1.0), min(max(ys), size - 1.0)
-            annotations.append({"id": ann_id, "image_id": image_id, "category_id": category, "iscrowd": 0,
-                                "segmentation": [[round(c, 2) for p in points for c in p]],
-                                "area": round(polygon_area(points), 2),
-                                "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)]})
+            annotations.append(
+                {
+                    "id": ann_id,
+                    "image_id": image_id,
+                    "category_id": category,
+                    "iscrowd": 0,
+                    "segmentation": [[round(c, 2) for p in points for c in p]],
+                    "area": round(polygon_area(points), 2),
+                    "bbox": [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                }
+            )
             ann_id += 1
         name = f"{image_id:012d}.jpg"
         canvas.save(folder / name, quality=95)
         images.append({"id": image_id, "file_name": name, "width": size, "height": size})
     (out / "annotations").mkdir(exist_ok=True)
-    coco = {"info": {"description": f"cat toy COCO ({split})"}, "licenses": [], "images": images,
-            "annotations": annotations, "categories": CATEGORIES}
+    coco = {
+        "info": {"description": f"cat toy COCO ({split})"},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": CATEGORIES,
+    }
     (out / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(coco))
     return ann_id
 

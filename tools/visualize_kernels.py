@@ -7,37 +7,25 @@ This tool runs one image through a CA model, takes each layer's weights, centres
 ``fftshift`` (offset 0 in the middle) and saves them as a grid: rows are layers, columns channels.
 
     python tools/visualize_kernels.py --out runs/kernels                                 # random CA-DeiT-T
-    python tools/visualize_kernels.py --model ca_deit_small --checkpoint ca_deit_s.pth --image dog.jpg --out runs/kernels
+    python tools/visualize_kernels.py --model ca_deit_small --checkpoint ca_deit_s.pth \
+        --image dog.jpg --out runs/kernels
 
 Writes ``kernels.png/.pdf`` and ``kernels.json`` (per layer: how much weight lies within the 3x3
 and 7x7 neighbourhoods of offset 0, a locality measure).
 """
+
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-from timm.data import create_transform, resolve_data_config
 from torch import Tensor
 
-import cat
-from cat.models import parse_model_args
 from cat.ops import CirculantAttention
 from cat.runtime import report_user_errors
-
-
-def load_image(path: str | None) -> np.ndarray:
-    from PIL import Image
-
-    if path is None:
-        from skimage import data
-
-        return data.chelsea()
-    return np.asarray(Image.open(path).convert("RGB"))
+from cat.toolkit import load_images, model_from_args, model_tool_parser, sample_images, save_figure, to_model_input
 
 
 def capture_kernels(model: torch.nn.Module, x: Tensor) -> list[Tensor]:
@@ -61,7 +49,7 @@ def neighbourhood_mass(kernel: Tensor, radius: int) -> float:
     """Mean over heads of the weight within +-radius of offset 0 (the centre after fftshift)."""
     H, W = kernel.shape[-2:]
     cy, cx = H // 2, W // 2
-    window = kernel[:, max(cy - radius, 0):cy + radius + 1, max(cx - radius, 0):cx + radius + 1]
+    window = kernel[:, max(cy - radius, 0) : cy + radius + 1, max(cx - radius, 0) : cx + radius + 1]
     return window.sum(dim=(-2, -1)).mean().item()
 
 
@@ -80,45 +68,47 @@ def plot_kernels(kernels: list[Tensor], channels: int, out: Path) -> None:
             if row == 0:
                 ax.set_title(f"ch {col}", fontsize=7)
     fig.suptitle("equivalent global kernels (softmax weights over offsets, centred)", fontsize=9)
-    fig.tight_layout()
-    for suffix in ("png", "pdf"):
-        fig.savefig(out / f"kernels.{suffix}", dpi=150)
-    plt.close(fig)
+    save_figure(fig, out, "kernels")
 
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for kernels.png/.pdf and kernels.json")
-    parser.add_argument("--model", default="ca_deit_tiny", help="a model with circulant attention")
-    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable")
-    parser.add_argument("--checkpoint", default=None)
+    parser = model_tool_parser(
+        __doc__, "folder for kernels.png/.pdf and kernels.json", "ca_deit_tiny", "a model with circulant attention"
+    )
     parser.add_argument("--image", default=None, help="image file (default: scikit-image's cat photo)")
-    parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--channels", type=int, default=12, help="channels (heads) shown per layer")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from PIL import Image
-
-    torch.manual_seed(args.seed)
-    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size,
-                             **parse_model_args(args.model_arg)).eval()
-    config = resolve_data_config({"input_size": (3, args.img_size, args.img_size), "crop_pct": 1.0}, model=model)
-    x = create_transform(**config)(Image.fromarray(load_image(args.image)))[None]
+    model = model_from_args(args)
+    image = load_images(args.image, 1) if args.image else sample_images(("chelsea",))
+    x = to_model_input(image, model, args.img_size)
     kernels = capture_kernels(model, x)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plot_kernels(kernels, args.channels, out)
-    summary = {"model": args.model, "checkpoint": args.checkpoint, "image": args.image or "skimage.data.chelsea",
-               "layers": [{"layer": i, "grid": list(k.shape[-2:]), "mass_3x3": neighbourhood_mass(k, 1),
-                           "mass_7x7": neighbourhood_mass(k, 3), "uniform_3x3": 9 / k[0].numel()}
-                          for i, k in enumerate(kernels)]}
+    summary = {
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "image": args.image or "skimage.data.chelsea",
+        "layers": [
+            {
+                "layer": i,
+                "grid": list(k.shape[-2:]),
+                "mass_3x3": neighbourhood_mass(k, 1),
+                "mass_7x7": neighbourhood_mass(k, 3),
+                "uniform_3x3": 9 / k[0].numel(),
+            }
+            for i, k in enumerate(kernels)
+        ],
+    }
     (out / "kernels.json").write_text(json.dumps(summary, indent=2))
-    print(f"{len(kernels)} layers of {kernels[0].shape[0]} kernels on a {kernels[0].shape[1]}x{kernels[0].shape[2]} grid; "
-          f"wrote {out / 'kernels.png'} and {out / 'kernels.json'}")
+    print(
+        f"{len(kernels)} layers of {kernels[0].shape[0]} kernels on a "
+        f"{kernels[0].shape[1]}x{kernels[0].shape[2]} grid; "
+        f"wrote {out / 'kernels.png'} and {out / 'kernels.json'}"
+    )
     return 0
 
 

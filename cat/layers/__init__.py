@@ -1,4 +1,5 @@
 """Building blocks shared by the CA model families."""
+
 from .block import CirculantBlock, CirculantBlockNHWC, LayerNorm6, init_vit_weights
 from .pattern import parse_attn_pattern
 

@@ -1,8 +1,9 @@
 """The circulant-attention transformer block shared by every CA model."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor, nn
@@ -31,10 +32,17 @@ class CirculantBlock(nn.Module):
     CA-DeiT (``cpe``, ``norm1``, ``attn``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``).
     """
 
-    def __init__(self, dim: int, mlp_ratio: float = 4.0, head_dim: int = 1, reweight: Reweight = "post",
-                 proj_drop: float = 0.0, drop_path: float = 0.0,
-                 norm_layer: Callable[[int], nn.Module] = LayerNorm6,
-                 act_layer: type[nn.Module] = nn.GELU) -> None:
+    def __init__(
+        self,
+        dim: int,
+        mlp_ratio: float = 4.0,
+        head_dim: int = 1,
+        reweight: Reweight = "post",
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_layer: Callable[[int], nn.Module] = LayerNorm6,
+        act_layer: type[nn.Module] = nn.GELU,
+    ) -> None:
         super().__init__()
         self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
         self.norm1 = norm_layer(dim)

@@ -1,8 +1,9 @@
 """Per-stage attention patterns of the hierarchical models: which blocks use circulant attention."""
+
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["parse_attn_pattern"]
 
@@ -18,13 +19,16 @@ def parse_attn_pattern(pattern: str, depths: Sequence[int]) -> list[int]:
     """
     tokens = list(_TOKEN.finditer(pattern))
     if "".join(t.group(0) for t in tokens) != pattern or len(tokens) != len(depths):
-        raise ValueError(f"attn_pattern {pattern!r} must be {len(depths)} tokens of C, S or M<k> (one per stage), "
-                         "e.g. 'CCSS' or 'CM2SS'")
+        raise ValueError(
+            f"attn_pattern {pattern!r} must be {len(depths)} tokens of C, S or M<k> (one per stage), "
+            "e.g. 'CCSS' or 'CM2SS'"
+        )
     counts = []
-    for token, depth in zip(tokens, depths):
+    for token, depth in zip(tokens, depths, strict=True):
         k = depth if token.group(0) == "C" else 0 if token.group(0) == "S" else int(token.group(1))
         if k > depth:
-            raise ValueError(f"attn_pattern {pattern!r}: {token.group(0)} asks for {k} circulant blocks in a stage "
-                             f"of depth {depth}")
+            raise ValueError(
+                f"attn_pattern {pattern!r}: {token.group(0)} asks for {k} circulant blocks in a stage of depth {depth}"
+            )
         counts.append(k)
     return counts

@@ -1,13 +1,15 @@
 """cat's hierarchical models as OpenMMLab backbones (mmdet and mmseg), without a second copy.
 
-``CATBackbone`` wraps any timm-registered model with ``forward_intermediates`` (CA-PVT, PVT,
+``TimmBackbone`` wraps any timm-registered model with ``forward_intermediates`` (CA-PVT, PVT,
 CA-Swin, Swin, CAT): it builds the classification model itself, so ImageNet checkpoints from
 ``train_cls.py`` or the release format load key for key, and returns the stage outputs as NCHW
 maps at strides 4/8/16/32 with an optional LayerNorm per output (as Swin/PVT detection backbones do).
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from mmengine.model import BaseModule
@@ -16,10 +18,10 @@ from torch import Tensor, nn
 import cat
 from cat.models import load_backbone_checkpoint
 
-__all__ = ["CATBackbone", "register_backbones", "backbone_channels"]
+__all__ = ["TimmBackbone", "register_backbones", "backbone_channels"]
 
 
-class CATBackbone(BaseModule):
+class TimmBackbone(BaseModule):
     """A cat/timm hierarchical model as a multi-scale backbone.
 
     Args:
@@ -31,9 +33,15 @@ class CATBackbone(BaseModule):
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
     """
 
-    def __init__(self, model_name: str, out_indices: Sequence[int] = (0, 1, 2, 3), out_norm: bool = True,
-                 pretrained: str | None = None, model_kwargs: dict[str, Any] | None = None,
-                 init_cfg: dict | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        out_norm: bool = True,
+        pretrained: str | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        init_cfg: dict | None = None,
+    ) -> None:
         super().__init__(init_cfg=init_cfg)
         self.model = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
         self.out_indices = tuple(out_indices)
@@ -51,7 +59,10 @@ class CATBackbone(BaseModule):
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         feats = self.model.forward_intermediates(x, indices=list(self.out_indices), intermediates_only=True)
         if self.norms is not None:
-            feats = [norm(f.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous() for norm, f in zip(self.norms, feats)]
+            feats = [
+                norm(f.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).contiguous()
+                for norm, f in zip(self.norms, feats, strict=True)
+            ]
         return tuple(feats)
 
 
@@ -63,17 +74,19 @@ def backbone_channels(model_name: str, out_indices: Sequence[int] = (0, 1, 2, 3)
 
 
 def register_backbones() -> None:
-    """Register ``CATBackbone`` in the mmdet and mmseg registries that are installed (idempotent)."""
+    """Register ``TimmBackbone`` in the mmdet and mmseg registries that are installed (idempotent)."""
     registries = []
     try:
         from mmdet.registry import MODELS as det_models
+
         registries.append(det_models)
     except ImportError:
         pass
     try:
         from mmseg.registry import MODELS as seg_models
+
         registries.append(seg_models)
     except ImportError:
         pass
     for registry in registries:
-        registry.register_module(name="CATBackbone", module=CATBackbone, force=True)
+        registry.register_module(name="TimmBackbone", module=TimmBackbone, force=True)

@@ -5,6 +5,7 @@ The model, dataset and schedule come from the packaged OpenMMLab base configs (`
 what every cat job shares: output folder, seed, optimizer, auto-resume, W&B, and the fixes that let
 the stack run on CPU and under torchrun without a GPU.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,14 +17,23 @@ from mmengine.config import Config, ConfigDict
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import DataError
+from cat.runtime.amp import amp_dtype
 from cat.runtime.dist import DistEnv, broadcast_object
 from cat.runtime.logger import persistent_run_id, resolve_wandb_mode
 
 from .backbone import backbone_channels
 from .safe_load import ATOMIC_BACKEND
 
-__all__ = ["load_base_config", "base_with_backbone", "apply_common", "backbone_cfg", "replace_sync_bn", "to_plain",
-           "configure_loader", "require_data_root"]
+__all__ = [
+    "load_base_config",
+    "base_with_backbone",
+    "apply_common",
+    "backbone_cfg",
+    "replace_sync_bn",
+    "to_plain",
+    "configure_loader",
+    "require_data_root",
+]
 
 
 def require_data_root(root: str | None, layout: str) -> str:
@@ -31,6 +41,13 @@ def require_data_root(root: str | None, layout: str) -> str:
     if root is None or not os.path.isdir(root):
         raise DataError(f"data.root={root!r} is not a folder with the {layout}")
     return root
+
+
+def task_base(cfg: DictConfig, layout: str) -> tuple[Config, tuple[str, ...] | None]:
+    """After checking that ``data.root`` is a folder (with the ``layout`` the message names): the
+    packaged base config with cat's backbone, and the class names of a subset (None: all classes)."""
+    require_data_root(cfg.data.root, layout)
+    return base_with_backbone(cfg.model), None if cfg.data.classes is None else tuple(cfg.data.classes)
 
 
 def load_base_config(spec: str) -> Config:
@@ -50,12 +67,18 @@ def to_plain(node: Any) -> Any:
 
 
 def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
-    """The ``CATBackbone`` config for ``model.backbone`` and its output channels."""
+    """The ``TimmBackbone`` config for ``model.backbone`` and its output channels."""
     kwargs = {"drop_path_rate": model.backbone.drop_path_rate, **to_plain(model.backbone.kwargs)}
     out_indices = list(model.backbone.out_indices)
     channels = backbone_channels(model.backbone.name, out_indices, **kwargs)
-    cfg = {"type": "CATBackbone", "model_name": model.backbone.name, "out_indices": out_indices,
-           "out_norm": model.backbone.out_norm, "pretrained": model.pretrained, "model_kwargs": kwargs}
+    cfg = {
+        "type": "TimmBackbone",
+        "model_name": model.backbone.name,
+        "out_indices": out_indices,
+        "out_norm": model.backbone.out_norm,
+        "pretrained": model.pretrained,
+        "model_kwargs": kwargs,
+    }
     return cfg, channels
 
 
@@ -117,13 +140,19 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     mm.work_dir = output_dir
     mm.randomness = {"seed": cfg.seed, "deterministic": False}
     mm.launcher = "pytorch" if env.distributed else "none"
-    mm.env_cfg = {"cudnn_benchmark": False, "mp_cfg": {"mp_start_method": "fork", "opencv_num_threads": 0},
-                  "dist_cfg": {"backend": "nccl" if env.device.type == "cuda" else "gloo"}}
+    mm.env_cfg = {
+        "cudnn_benchmark": False,
+        "mp_cfg": {"mp_start_method": "fork", "opencv_num_threads": 0},
+        "dist_cfg": {"backend": "nccl" if env.device.type == "cuda" else "gloo"},
+    }
     if env.distributed:
         # mmengine's default DDP wrapper passes device_ids=[local_rank], which DDP rejects on CPU.
-        mm.model_wrapper_cfg = {"type": "MMDistributedDataParallel", "broadcast_buffers": False,
-                                "device_ids": [env.local_rank] if env.device.type == "cuda" else None,
-                                "find_unused_parameters": cfg.find_unused_parameters}
+        mm.model_wrapper_cfg = {
+            "type": "MMDistributedDataParallel",
+            "broadcast_buffers": False,
+            "device_ids": [env.local_rank] if env.device.type == "cuda" else None,
+            "find_unused_parameters": cfg.find_unused_parameters,
+        }
     mm.resume = bool(cfg.resume) and cfg.mode == "train"
     mm.load_from = cfg.checkpoint
     opt = cfg.schedule.optim
@@ -134,11 +163,17 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
         "clip_grad": None if opt.clip_grad is None else {"max_norm": opt.clip_grad, "norm_type": 2},
     }
     if cfg.amp.enabled and env.device.type == "cuda":
-        mm.optim_wrapper["dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[cfg.amp.dtype]
+        mm.optim_wrapper["dtype"] = str(amp_dtype(cfg.amp.dtype)).removeprefix("torch.")
     by_epoch = mm.train_cfg.get("type") == "EpochBasedTrainLoop"
     atomic = {"backend": ATOMIC_BACKEND}
-    mm.default_hooks.checkpoint = {"type": "CheckpointHook", "interval": cfg.checkpoint_interval, "by_epoch": by_epoch,
-                                   "max_keep_ckpts": cfg.keep_last, "save_last": True, "backend_args": atomic}
+    mm.default_hooks.checkpoint = {
+        "type": "CheckpointHook",
+        "interval": cfg.save.interval,
+        "by_epoch": by_epoch,
+        "max_keep_ckpts": cfg.save.keep_last,
+        "save_last": True,
+        "backend_args": atomic,
+    }
     mm.custom_hooks = [*mm.get("custom_hooks", []), {"type": "PreemptionHook", "backend_args": atomic}]
     if by_epoch:  # a mid-epoch resume trains only the rest of its epoch
         mm.train_cfg["type"] = "ResumableEpochBasedTrainLoop"
@@ -149,10 +184,21 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     mode = resolve_wandb_mode(wandb.mode)
     backends: list[dict[str, Any]] = [{"type": "LocalVisBackend"}]
     if mode != "disabled":
-        backends.append({"type": "WandbVisBackend", "init_kwargs": {
-            "project": wandb.project, "entity": wandb.entity, "name": wandb.name, "tags": list(wandb.tags),
-            "mode": mode, "dir": output_dir, "resume": "allow",
-            "id": broadcast_object(persistent_run_id(output_dir) if env.is_main else None)}})
+        backends.append(
+            {
+                "type": "WandbVisBackend",
+                "init_kwargs": {
+                    "project": wandb.project,
+                    "entity": wandb.entity,
+                    "name": wandb.name,
+                    "tags": list(wandb.tags),
+                    "mode": mode,
+                    "dir": output_dir,
+                    "resume": "allow",
+                    "id": broadcast_object(persistent_run_id(output_dir) if env.is_main else None),
+                },
+            }
+        )
     mm.visualizer = {"type": mm.visualizer.get("type", "Visualizer"), "name": "visualizer", "vis_backends": backends}
     mm.default_hooks.visualization = {**mm.default_hooks.get("visualization", {}), "draw": False}
     if env.device.type != "cuda":
@@ -161,4 +207,3 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     for key, value in to_plain(cfg.mm).items():  # free-form overrides, mmengine's cfg-options style
         mm.merge_from_dict({key: value})
     return mm
-

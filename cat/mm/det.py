@@ -1,4 +1,5 @@
 """Detection jobs: the mmdet config of a Hydra ``configs/det`` composition."""
+
 from __future__ import annotations
 
 import os
@@ -9,13 +10,14 @@ from omegaconf import DictConfig
 from cat.errors import DataError
 from cat.runtime.dist import DistEnv
 
-from .config import apply_common, base_with_backbone, configure_loader, require_data_root
+from .config import apply_common, configure_loader, task_base
 
 __all__ = ["build_det_config", "DET_METRICS"]
 
 # metrics.json keys <- mmdet's CocoMetric keys
-DET_METRICS = {f"{kind}_mAP{suffix}": f"coco/{kind}_mAP{suffix}" for kind in ("bbox", "segm")
-               for suffix in ("", "_50", "_75")}
+DET_METRICS = {
+    f"{kind}_mAP{suffix}": f"coco/{kind}_mAP{suffix}" for kind in ("bbox", "segm") for suffix in ("", "_50", "_75")
+}
 
 
 def _pipelines(mm: Config, data: DictConfig) -> None:
@@ -32,11 +34,10 @@ def _pipelines(mm: Config, data: DictConfig) -> None:
 
 
 def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
-    mm = base_with_backbone(cfg.model)
     data = cfg.data
-    require_data_root(data.root, "COCO layout (train2017/, val2017/, annotations/instances_*.json); "
-                      "tools/make_toy_coco.py writes one")
-    classes = None if data.classes is None else tuple(data.classes)
+    mm, classes = task_base(
+        cfg, "COCO layout (train2017/, val2017/, annotations/instances_*.json); tools/make_toy_coco.py writes one"
+    )
     if classes is not None:
         mm.model.roi_head.bbox_head.num_classes = len(classes)
         mm.model.roi_head.mask_head.num_classes = len(classes)
@@ -45,8 +46,12 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
         ann = os.path.join(data.root, "annotations", f"instances_{split}2017.json")
         if not os.path.isfile(ann):
             raise DataError(f"COCO annotations not found: {ann}")
-        dataset = {"data_root": data.root, "ann_file": ann, "data_prefix": {"img": f"{split}2017/"},
-                   "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline}
+        dataset = {
+            "data_root": data.root,
+            "ann_file": ann,
+            "data_prefix": {"img": f"{split}2017/"},
+            "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline,
+        }
         if classes is not None:
             dataset["metainfo"] = {"classes": classes}
         configure_loader(mm[loader], cfg.batch_size if split == "train" else 1, cfg.workers, dataset)
@@ -55,10 +60,21 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     sched = cfg.schedule
     mm.train_cfg = {"type": "EpochBasedTrainLoop", "max_epochs": sched.epochs, "val_interval": sched.val_interval}
     mm.param_scheduler = [
-        {"type": "LinearLR", "start_factor": sched.warmup_ratio, "by_epoch": False, "begin": 0,
-         "end": sched.warmup_iters},
-        {"type": "MultiStepLR", "by_epoch": True, "begin": 0, "end": sched.epochs, "milestones": list(sched.steps),
-         "gamma": 0.1},
+        {
+            "type": "LinearLR",
+            "start_factor": sched.warmup_ratio,
+            "by_epoch": False,
+            "begin": 0,
+            "end": sched.warmup_iters,
+        },
+        {
+            "type": "MultiStepLR",
+            "by_epoch": True,
+            "begin": 0,
+            "end": sched.epochs,
+            "milestones": list(sched.steps),
+            "gamma": 0.1,
+        },
     ]
     mm.auto_scale_lr = {"enable": False, "base_batch_size": sched.total_batch}
     return apply_common(mm, cfg, env, output_dir)

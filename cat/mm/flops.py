@@ -1,4 +1,5 @@
 """FLOPs of whole detectors and segmentors, counted like ``cat.flops.count_macs`` counts models."""
+
 from __future__ import annotations
 
 from typing import Any

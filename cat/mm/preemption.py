@@ -5,12 +5,14 @@ mmengine resumes a mid-epoch checkpoint at the right iteration count but replays
 first batch; :class:`ResumableEpochBasedTrainLoop` skips the batches that epoch already trained,
 through :class:`ResumableDefaultSampler` (indices only, no image is loaded for a skipped batch).
 """
+
 from __future__ import annotations
 
 import itertools
 import os
 import signal
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from mmengine.dataset import DefaultSampler
@@ -51,8 +53,10 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
         sampler = self.dataloader.batch_sampler.sampler if self.dataloader.batch_sampler is not None else None
         if done <= 0 or not isinstance(sampler, ResumableDefaultSampler):
             return super().run_epoch()
-        self.runner.logger.info(f"resuming epoch {self._epoch + 1} at iteration {done + 1} of "
-                                f"{len(self.dataloader)}: skipping the {done} batches it trained")
+        self.runner.logger.info(
+            f"resuming epoch {self._epoch + 1} at iteration {done + 1} of "
+            f"{len(self.dataloader)}: skipping the {done} batches it trained"
+        )
         sampler.skip = done * self.dataloader.batch_sampler.batch_size
         try:
             self.runner.call_hook("before_train_epoch")

@@ -1,15 +1,15 @@
-"""Run a detection or segmentation job on mmengine's Runner and write ``metrics.json``."""
+"""A detection or segmentation job: mmengine's Runner as the body of cat's job lifecycle."""
+
 from __future__ import annotations
 
 import logging
 import os
 from typing import Any
 
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import ConfigError
-from cat.runtime import Rule, atomic_write_json, init_distributed, open_run_folder, run_dir_for, validate_config
+from cat.runtime import DistEnv, Rule, RunFolder, run_job, validate_config
 
 from .backbone import register_backbones
 from .safe_load import install_safe_checkpoint_io
@@ -17,12 +17,18 @@ from .safe_load import install_safe_checkpoint_io
 __all__ = ["run_mm", "MM_RULES", "check_mm_config"]
 
 MM_RULES = (
-    Rule("mode", "str", choices=("train", "eval")), Rule("batch_size", "int", min=1), Rule("workers", "int", min=0),
-    Rule("seed", "int", min=0), Rule("device", "str", choices=("auto", "cpu", "cuda")),
-    Rule("checkpoint", "str", nullable=True), Rule("model.pretrained", "str", nullable=True),
+    Rule("mode", "str", choices=("train", "eval")),
+    Rule("batch_size", "int", min=1),
+    Rule("workers", "int", min=0),
+    Rule("seed", "int", min=0),
+    Rule("device", "str", choices=("auto", "cpu", "cuda")),
+    Rule("checkpoint", "str", nullable=True),
+    Rule("model.pretrained", "str", nullable=True),
     *(Rule(key, "bool") for key in ("resume", "debug", "amp.enabled", "find_unused_parameters")),
-    Rule("amp.dtype", "str", choices=("bf16", "fp16")), Rule("checkpoint_interval", "int", min=1),
-    Rule("keep_last", "int", min=-1), Rule("log_interval", "int", min=1),
+    Rule("amp.dtype", "str", choices=("bf16", "fp16")),
+    Rule("save.interval", "int", min=1),
+    Rule("save.keep_last", "int", min=1),
+    Rule("log_interval", "int", min=1),
     Rule("logger.wandb.mode", "str", choices=("auto", "online", "offline", "disabled")),
     Rule("schedule.optim.lr", "float", min=0, exclusive_min=True),
     Rule("schedule.optim.weight_decay", "float", min=0),
@@ -39,8 +45,10 @@ def check_mm_config(cfg: DictConfig) -> None:
         if isinstance(path, str) and not os.path.isfile(path):
             problems.append(f"{key}={path}: no such file")
     if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
-        problems.append(f"data.root={cfg.data.root}: not a folder with the dataset "
-                        "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)")
+        problems.append(
+            f"data.root={cfg.data.root}: not a folder with the dataset "
+            "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)"
+        )
     validate_config(cfg, MM_RULES, problems)
 
 
@@ -49,11 +57,13 @@ def _task(task: str):
         from mmdet.utils import register_all_modules
 
         from .det import DET_METRICS, build_det_config
+
         return register_all_modules, build_det_config, DET_METRICS
     if task == "seg":
         from mmseg.utils import register_all_modules
 
         from .seg import SEG_METRICS, build_seg_config
+
         return register_all_modules, build_seg_config, SEG_METRICS
     raise ConfigError(f"task must be 'det' or 'seg', got {task!r}")
 
@@ -66,10 +76,9 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
     """
     check_mm_config(cfg)
     register_all_modules, build_config, metric_keys = _task(task)
-    # Our own process group first: mmengine's init would call torch.cuda.set_device on CPU machines.
-    env = init_distributed(cfg.device)
-    folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
-    try:
+
+    def body(env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+        # cat's process group comes first (run_job): mmengine's own init would call torch.cuda.set_device on CPU.
         install_safe_checkpoint_io()
         register_all_modules(init_default_scope=True)
         register_backbones()
@@ -91,18 +100,18 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
                 runner.train()
             results = runner.test()
         except Preempted as stop:
-            metrics = {"mode": cfg.mode, "preempted": True, "iteration": stop.iteration, "checkpoint": stop.checkpoint}
-            folder.log.info("stop requested (SIGTERM): saved iteration %d to %s; rerun the same command to resume",
-                            stop.iteration, stop.checkpoint)
-        else:
-            metrics = {key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy -> JSON
-                       for key, mm_key in metric_keys.items()}
-            metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
-            folder.log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
-        if env.is_main:
-            atomic_write_json(folder.file("metrics.json"), metrics)
+            folder.log.info(
+                "stop requested (SIGTERM): saved iteration %d to %s; rerun the same command to resume",
+                stop.iteration,
+                stop.checkpoint,
+            )
+            return {"mode": cfg.mode, "preempted": True, "iteration": stop.iteration, "checkpoint": stop.checkpoint}
+        metrics = {
+            key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy -> JSON
+            for key, mm_key in metric_keys.items()
+        }
+        metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
+        folder.log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
         return metrics
-    finally:
-        folder.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+    return run_job(cfg, body)

@@ -10,6 +10,7 @@ inside, and its statistics methods pickled as ``getattr(HistoryBuffer, 'mean')``
   else (a real ``getattr`` reaches ``builtins.eval`` through ``getattr.__self__``);
 - checkpoints and the ``last_checkpoint`` pointer are written through an atomic file backend.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def _history_buffer_method(owner: Any, name: str) -> Any:
     allowed = {*_HISTORY_BUFFER_STATISTICS, *HistoryBuffer._statistics_methods}
     if owner is HistoryBuffer and isinstance(name, str) and name in allowed:
         return getattr(HistoryBuffer, name)
-    raise pickle.UnpicklingError(f"refused global 'builtins.getattr' on {owner!r}.{name}: only HistoryBuffer's "
-                                 "statistics methods are allowed")
+    raise pickle.UnpicklingError(
+        f"refused global 'builtins.getattr' on {owner!r}.{name}: only HistoryBuffer's statistics methods are allowed"
+    )
 
 
 def mmengine_safe_globals() -> list[Any]:
@@ -44,15 +46,22 @@ def mmengine_safe_globals() -> list[Any]:
     from mmengine.logging.history_buffer import HistoryBuffer
 
     core = np._core if hasattr(np, "_core") else np.core
-    return [HistoryBuffer, core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,
-            *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
-            (_history_buffer_method, "builtins.getattr")]
+    return [
+        HistoryBuffer,
+        core.multiarray._reconstruct,
+        core.multiarray.scalar,
+        np.ndarray,
+        np.dtype,
+        *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
+        (_history_buffer_method, "builtins.getattr"),
+    ]
 
 
 def load_mm_checkpoint(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals."""
-    return load_checkpoint_file(os.path.expanduser(filename), map_location or "cpu",
-                                safe_globals=mmengine_safe_globals())
+    return load_checkpoint_file(
+        os.path.expanduser(filename), map_location or "cpu", safe_globals=mmengine_safe_globals()
+    )
 
 
 def install_safe_checkpoint_io() -> None:

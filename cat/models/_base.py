@@ -1,23 +1,76 @@
-"""The parts of timm's model API that every cat family implements the same way."""
+"""What every cat model family shares: timm's model API, the pretrained config, the builder, and
+gradient checkpointing of blocks that take the token grid."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, checkpoint_seq
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
 from cat.layers import init_vit_weights
 
-__all__ = ["ClassifierMixin"]
+__all__ = ["TimmApiMixin", "family_cfg", "build_family_model", "run_blocks"]
 
 
-class ClassifierMixin:
-    """The classifier end of timm's API for models whose ``forward_features`` returns normalised
-    tokens (B, N, C) and whose head is ``head_drop`` then a linear ``head`` on ``num_features``:
-    ``forward_head`` (average over tokens), ``forward``, ``get_classifier``, ``reset_classifier``;
-    and ``prune_intermediate_layers`` for the hierarchical ones (their ``feature_info`` lists stages)."""
+def family_cfg(first_conv: str, classifier: str = "head", **kwargs: Any) -> dict[str, Any]:
+    """A pretrained config with ImageNet-1K defaults. No download URLs: weights come from local
+    files through ``cat.create_model(checkpoint=...)``."""
+    return {
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 0.875,
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": first_conv,
+        "classifier": classifier,
+        "license": "apache-2.0",
+        **kwargs,
+    }
 
+
+def build_family_model(
+    cls: type[nn.Module], variant: str, pretrained: bool, hierarchical: bool = True, **kwargs: Any
+) -> nn.Module:
+    """``timm.build_model_with_cfg`` for a cat family; hierarchical families give timm's
+    ``features_only`` maps through their ``forward_intermediates``."""
+    if not hierarchical:
+        if kwargs.get("features_only"):
+            raise ValueError(f"{variant} is isotropic and has no multi-scale features; use forward_features")
+        return build_model_with_cfg(cls, variant, pretrained, **kwargs)
+    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    return build_model_with_cfg(
+        cls, variant, pretrained, feature_cfg={"feature_cls": "getter", "out_indices": out_indices}, **kwargs
+    )
+
+
+def run_blocks(blocks: Sequence[Callable[..., Tensor]], x: Tensor, hw: tuple[int, int], checkpointing: bool) -> Tensor:
+    """Run blocks that take ``(tokens, hw)`` in order; with ``checkpointing``, through timm's
+    ``checkpoint_seq`` (activations recomputed in the backward pass)."""
+    if checkpointing and not torch.jit.is_scripting():
+        return checkpoint_seq([partial(block, hw=hw) for block in blocks], x, use_reentrant=False)
+    for block in blocks:
+        x = block(x, hw)
+    return x
+
+
+class TimmApiMixin:
+    """timm's model API for cat families whose ``forward_features`` returns normalised tokens
+    (B, N, C) and whose head is ``head_drop`` then a linear ``head`` on ``num_features``.
+
+    A family sets ``layer_groups`` (parameter-name regexes of its ``stem`` and numbered ``blocks``
+    for timm's layer grouping) and calls :meth:`init_head` last in ``__init__``.
+    """
+
+    layer_groups: dict[str, str]
     feature_info: list[dict]
     num_classes: int
     num_features: int
@@ -25,9 +78,48 @@ class ClassifierMixin:
     global_pool: str
     head: nn.Module
     head_drop: nn.Module
+    grad_checkpointing: bool
+
+    def init_head(self, num_classes: int, drop_rate: float, global_pool: str, init: bool = True) -> None:
+        """``head_drop`` and ``head``; ``init=False`` for families that initialise every module last."""
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = self._new_head(num_classes, init)
+
+    def _new_head(self, num_classes: int, init: bool = True) -> nn.Module:
+        head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        if init:
+            init_vit_weights(head)
+        return head
 
     def forward_features(self, x: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def _stage_maps(self, x: Tensor, take: list[int], last: int, norm: bool) -> tuple[Tensor, list[Tensor]]:
+        """Hierarchical families: run stages 0..``last``; return the final normalised tokens and the
+        NCHW maps of the stages in ``take`` (the last stage's normalised when ``norm``)."""
+        raise NotImplementedError
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """Stage outputs as NCHW maps at strides 4/8/16/32 (timm's feature API)."""
+        if not hasattr(self, "feature_info"):
+            raise NotImplementedError(
+                f"{type(self).__name__} is isotropic, no multi-scale features; use forward_features"
+            )
+        if output_fmt != "NCHW":
+            raise ValueError(f"{type(self).__name__} intermediates are NCHW")
+        take, max_index = feature_take_indices(len(self.feature_info), indices)
+        final, intermediates = self._stage_maps(x, take, max_index if stop_early else len(self.feature_info) - 1, norm)
+        return intermediates if intermediates_only else (final, intermediates)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         if self.global_pool == "avg":
@@ -39,6 +131,24 @@ class ClassifierMixin:
         return self.forward_head(self.forward_features(x))
 
     @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        # Norms and biases are exempt through the optimizer factory; families add their embeddings.
+        return set()
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for module in self.modules():  # the model itself, or its stages
+            if hasattr(module, "grad_checkpointing"):
+                module.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return {
+            "stem": self.layer_groups["stem"],
+            "blocks": [(self.layer_groups["blocks"], None), (r"^norm", (99999,))],
+        }
+
+    @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.head
 
@@ -46,11 +156,11 @@ class ClassifierMixin:
         self.num_classes = num_classes
         if global_pool is not None:
             self.global_pool = global_pool
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        init_vit_weights(self.head)
+        self.head = self._new_head(num_classes)
 
-    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
         """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final
         norm. DistributedDataParallel rejects parameters without gradients, so backbones prune them."""
         take, _ = feature_take_indices(len(self.feature_info), indices)

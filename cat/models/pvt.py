@@ -6,20 +6,22 @@ its checkpoints load into the ``SSSS`` model. ``attn_pattern`` picks, per stage,
 (``C``), PVT's spatial-reduction attention blocks (``S``) or a mix (``M<k>``); CA-PVT is ``CCSS``,
 keeping PVT's per-stage absolute position embeddings.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
+from timm.models import generate_default_cfgs, register_model
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights, parse_attn_pattern
-from cat.models._base import ClassifierMixin
+
+from ._base import TimmApiMixin, build_family_model, family_cfg, run_blocks
 
 __all__ = ["PyramidVisionTransformer", "resize_pos_embed"]
 
@@ -44,8 +46,15 @@ class PatchEmbed(nn.Module):
 class SpatialReductionAttention(nn.Module):
     """PVT's attention: keys and values from a strided-conv-reduced token map."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, sr_ratio: int = 1, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        sr_ratio: int = 1,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim {dim} must be divisible by num_heads {num_heads}")
@@ -73,8 +82,17 @@ class SpatialReductionAttention(nn.Module):
 
 
 class PVTBlock(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, sr_ratio: int,
-                 proj_drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        qkv_bias: bool,
+        sr_ratio: int,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+    ) -> None:
         super().__init__()
         self.norm1 = LayerNorm6(dim)
         self.attn = SpatialReductionAttention(dim, num_heads, qkv_bias, sr_ratio, attn_drop, proj_drop)
@@ -87,7 +105,9 @@ class PVTBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-def resize_pos_embed(pos_embed: Tensor, old_hw: tuple[int, int], new_hw: tuple[int, int], num_prefix: int = 0) -> Tensor:
+def resize_pos_embed(
+    pos_embed: Tensor, old_hw: tuple[int, int], new_hw: tuple[int, int], num_prefix: int = 0
+) -> Tensor:
     """Bilinearly resample a (1, prefix + H*W, C) position embedding to another grid."""
     if tuple(old_hw) == tuple(new_hw):
         return pos_embed
@@ -97,17 +117,38 @@ def resize_pos_embed(pos_embed: Tensor, old_hw: tuple[int, int], new_hw: tuple[i
     return torch.cat([prefix, grid.flatten(2).transpose(1, 2)], dim=1)
 
 
-class PyramidVisionTransformer(ClassifierMixin, nn.Module):
+def _bypass_class_token(block: CirculantBlock, x: Tensor, hw: tuple[int, int]) -> Tensor:
+    # Circulant attention runs on the token grid; the class token passes by it.
+    return torch.cat([x[:, :1], block(x[:, 1:], hw)], dim=1)
+
+
+class PyramidVisionTransformer(TimmApiMixin, nn.Module):
     """PVT v1 with per-stage choice of circulant or spatial-reduction attention."""
 
-    def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
-                 embed_dims: Sequence[int] = (64, 128, 320, 512), num_heads: Sequence[int] = (1, 2, 5, 8),
-                 mlp_ratios: Sequence[float] = (8, 8, 4, 4), qkv_bias: bool = True, depths: Sequence[int] = (2, 2, 2, 2),
-                 sr_ratios: Sequence[int] = (8, 4, 2, 1), attn_pattern: str = "SSSS", drop_rate: float = 0.0,
-                 proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.1,
-                 global_pool: str = "token") -> None:
+    layer_groups = {
+        "stem": r"^cls_token|^pos_embed1|^patch_embed1",
+        "blocks": r"^(?:block|patch_embed|pos_embed)(\d+)",
+    }  # timm's group_matcher
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dims: Sequence[int] = (64, 128, 320, 512),
+        num_heads: Sequence[int] = (1, 2, 5, 8),
+        mlp_ratios: Sequence[float] = (8, 8, 4, 4),
+        qkv_bias: bool = True,
+        depths: Sequence[int] = (2, 2, 2, 2),
+        sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        attn_pattern: str = "SSSS",
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        global_pool: str = "token",
+    ) -> None:
         super().__init__()
-        self.num_classes = num_classes
         self.depths = tuple(depths)
         self.embed_dims = tuple(embed_dims)
         self.num_features = self.head_hidden_size = embed_dims[-1]
@@ -115,7 +156,6 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
         self.circulant_blocks = parse_attn_pattern(attn_pattern, depths)
         # The class token lives in the last stage; a fully circulant last stage has no place for it.
         self.has_cls_token = self.circulant_blocks[-1] < depths[-1]
-        self.global_pool = global_pool if self.has_cls_token else "avg"
         self.grad_checkpointing = False
         img_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         patch_sizes = (4, 2, 2, 2)
@@ -133,11 +173,24 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
             blocks = []
             for j in range(depths[s]):
                 if j < self.circulant_blocks[s]:
-                    blocks.append(CirculantBlock(embed_dims[s], mlp_ratio=mlp_ratios[s], proj_drop=proj_drop_rate,
-                                                 drop_path=dpr[cursor + j]))
+                    blocks.append(
+                        CirculantBlock(
+                            embed_dims[s], mlp_ratio=mlp_ratios[s], proj_drop=proj_drop_rate, drop_path=dpr[cursor + j]
+                        )
+                    )
                 else:
-                    blocks.append(PVTBlock(embed_dims[s], num_heads[s], mlp_ratios[s], qkv_bias, sr_ratios[s],
-                                           proj_drop_rate, attn_drop_rate, dpr[cursor + j]))
+                    blocks.append(
+                        PVTBlock(
+                            embed_dims[s],
+                            num_heads[s],
+                            mlp_ratios[s],
+                            qkv_bias,
+                            sr_ratios[s],
+                            proj_drop_rate,
+                            attn_drop_rate,
+                            dpr[cursor + j],
+                        )
+                    )
             setattr(self, f"block{s + 1}", nn.ModuleList(blocks))
             cursor += depths[s]
             in_ch = embed_dims[s]
@@ -146,8 +199,7 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
         if self.has_cls_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims[3]))
         self.norm = LayerNorm6(embed_dims[3])
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dims[3], num_classes) if num_classes > 0 else nn.Identity()
+        self.init_head(num_classes, drop_rate, global_pool if self.has_cls_token else "avg", init=False)  # see below
         for s in range(4):
             trunc_normal_(getattr(self, f"pos_embed{s + 1}"), std=0.02)
         if self.has_cls_token:
@@ -158,15 +210,6 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {f"pos_embed{s + 1}" for s in range(4)} | ({"cls_token"} if self.has_cls_token else set())
 
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return {"stem": r"^cls_token|^pos_embed1|^patch_embed1",
-                "blocks": [(r"^(?:block|patch_embed|pos_embed)(\d+)", None), (r"^norm", (99999,))]}
-
     def _stage(self, s: int, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Stage s (0-based) on an NCHW map; returns tokens (B, [cls +] N, C) and the grid."""
         x, hw = getattr(self, f"patch_embed{s + 1}")(x)
@@ -175,33 +218,19 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         pos = resize_pos_embed(getattr(self, f"pos_embed{s + 1}"), self.grid_sizes[s], hw, prefix)
         x = self.pos_drop(x + pos)
-        for blk in getattr(self, f"block{s + 1}"):
-            if isinstance(blk, CirculantBlock) and prefix:
-                # Circulant attention runs on the token grid; the class token passes by it.
-                x = torch.cat([x[:, :prefix], self._run(blk, x[:, prefix:], hw)], dim=1)
-            else:
-                x = self._run(blk, x, hw)
-        return x, hw
-
-    def _run(self, blk: nn.Module, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
+        blocks = [
+            partial(_bypass_class_token, blk) if prefix and isinstance(blk, CirculantBlock) else blk
+            for blk in getattr(self, f"block{s + 1}")
+        ]
+        return run_blocks(blocks, x, hw, self.grad_checkpointing and self.training), hw
 
     def _grid_map(self, s: int, x: Tensor, hw: tuple[int, int]) -> Tensor:
         if s == 3 and self.has_cls_token:
             x = x[:, 1:]
         return x.transpose(1, 2).reshape(x.shape[0], -1, *hw)
 
-    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,
-                              stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
-        """Stage outputs as NCHW maps at strides 4/8/16/32 (timm's feature API)."""
-        if output_fmt != "NCHW":
-            raise ValueError("PVT intermediates are NCHW")
-        take, max_index = feature_take_indices(4, indices)
+    def _stage_maps(self, x: Tensor, take: list[int], last: int, norm: bool) -> tuple[Tensor, list[Tensor]]:
         intermediates = []
-        last = max_index if stop_early else 3
         for s in range(last + 1):
             tokens, hw = self._stage(s, x)
             if s in take:
@@ -209,8 +238,6 @@ class PyramidVisionTransformer(ClassifierMixin, nn.Module):
                 intermediates.append(self._grid_map(s, out, hw))
             if s < 3:
                 x = self._grid_map(s, tokens, hw)
-        if intermediates_only:
-            return intermediates
         return self.norm(tokens), intermediates
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -232,7 +259,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTran
     out = {}
     for k, v in state_dict.items():
         if k.startswith("pos_embed") and k in model.state_dict() and v.shape != model.state_dict()[k].shape:
-            s = int(k[len("pos_embed"):]) - 1
+            s = int(k[len("pos_embed") :]) - 1
             prefix = 1 if (s == 3 and model.has_cls_token) else 0
             side = int(round((v.shape[1] - prefix) ** 0.5))
             v = resize_pos_embed(v, (side, side), model.grid_sizes[s], prefix)
@@ -240,41 +267,64 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTran
     return out
 
 
-def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {"num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "fixed_input_size": False, "mean": (0.485, 0.456, 0.406),
-            "std": (0.229, 0.224, 0.225), "first_conv": "patch_embed1.proj", "classifier": "head",
-            "license": "apache-2.0", **kwargs}
-
-
-_SIZES = {  # depths, drop path of the published recipes
-    "tiny": ((2, 2, 2, 2), 0.1),
-    "small": ((3, 4, 6, 3), 0.1),
-    "medium": ((3, 4, 18, 3), 0.3),
-    "large": ((3, 8, 27, 3), 0.3),
-}
-
-default_cfgs = generate_default_cfgs({f"{prefix}pvt_{size}": _cfg() for size in _SIZES for prefix in ("", "ca_")})
+default_cfgs = generate_default_cfgs(
+    {
+        f"{prefix}pvt_{size}": family_cfg("patch_embed1.proj")
+        for size in ("tiny", "small", "medium", "large")
+        for prefix in ("", "ca_")
+    }
+)
 
 
 def _create(variant: str, pretrained: bool, **kwargs: Any) -> PyramidVisionTransformer:
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(PyramidVisionTransformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                feature_cfg={"feature_cls": "getter", "out_indices": out_indices}, **kwargs)
+    return build_family_model(
+        PyramidVisionTransformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs
+    )
 
 
-def _factory(size: str, pattern: str):
-    depths, drop_path = _SIZES[size]
-    name = f"{'ca_' if pattern == 'CCSS' else ''}pvt_{size}"
-
-    def create(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
-        args = {"depths": depths, "drop_path_rate": drop_path, "attn_pattern": pattern, **kwargs}
-        return _create(name, pretrained, **args)
-
-    create.__name__ = name
-    create.__doc__ = f"{'CA-' if pattern == 'CCSS' else ''}PVT-{size[0].upper()} (attn_pattern {pattern!r})."
-    return register_model(create)
+# Depths and drop path of the published PVT v1 recipes; CA-PVT is the same model with attn_pattern CCSS.
+_TINY = {"depths": (2, 2, 2, 2), "drop_path_rate": 0.1}
+_SMALL = {"depths": (3, 4, 6, 3), "drop_path_rate": 0.1}
+_MEDIUM = {"depths": (3, 4, 18, 3), "drop_path_rate": 0.3}
+_LARGE = {"depths": (3, 8, 27, 3), "drop_path_rate": 0.3}
 
 
-pvt_tiny, pvt_small, pvt_medium, pvt_large = (_factory(s, "SSSS") for s in _SIZES)
-ca_pvt_tiny, ca_pvt_small, ca_pvt_medium, ca_pvt_large = (_factory(s, "CCSS") for s in _SIZES)
+@register_model
+def pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("pvt_tiny", pretrained, **{**_TINY, "attn_pattern": "SSSS", **kwargs})
+
+
+@register_model
+def pvt_small(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("pvt_small", pretrained, **{**_SMALL, "attn_pattern": "SSSS", **kwargs})
+
+
+@register_model
+def pvt_medium(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("pvt_medium", pretrained, **{**_MEDIUM, "attn_pattern": "SSSS", **kwargs})
+
+
+@register_model
+def pvt_large(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("pvt_large", pretrained, **{**_LARGE, "attn_pattern": "SSSS", **kwargs})
+
+
+@register_model
+def ca_pvt_tiny(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    """CA-PVT-T: circulant attention in stages 1-2 (``attn_pattern='SSSS'`` is PVT-T)."""
+    return _create("ca_pvt_tiny", pretrained, **{**_TINY, "attn_pattern": "CCSS", **kwargs})
+
+
+@register_model
+def ca_pvt_small(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("ca_pvt_small", pretrained, **{**_SMALL, "attn_pattern": "CCSS", **kwargs})
+
+
+@register_model
+def ca_pvt_medium(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("ca_pvt_medium", pretrained, **{**_MEDIUM, "attn_pattern": "CCSS", **kwargs})
+
+
+@register_model
+def ca_pvt_large(pretrained: bool = False, **kwargs: Any) -> PyramidVisionTransformer:
+    return _create("ca_pvt_large", pretrained, **{**_LARGE, "attn_pattern": "CCSS", **kwargs})

@@ -6,17 +6,20 @@ blocks are replaced by global circulant-attention blocks over the stage's whole 
 timm's patch merging). Any input size works: the patch embedding pads to a multiple of 4, window
 attention pads internally, and circulant attention needs no padding at all.
 """
+
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
 
 from timm.layers import PatchEmbed
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer import checkpoint_filter_fn as timm_swin_filter
 
 from cat.layers import CirculantBlockNHWC, parse_attn_pattern
+
+from ._base import build_family_model, family_cfg
 
 __all__ = ["CirculantSwinTransformer"]
 
@@ -30,31 +33,36 @@ class CirculantSwinTransformer(SwinTransformer):
         self.attn_pattern = attn_pattern
         depths = [len(stage.blocks) for stage in self.layers]
         mlp_ratio = kwargs.get("mlp_ratio", 4.0)
-        for stage, num_circulant in zip(self.layers, parse_attn_pattern(attn_pattern, depths)):
+        for stage, num_circulant in zip(self.layers, parse_attn_pattern(attn_pattern, depths), strict=True):
             for j in range(num_circulant):
                 old = stage.blocks[j]
                 stage.blocks[j] = CirculantBlockNHWC(
-                    old.norm1.normalized_shape[0], mlp_ratio=mlp_ratio,
-                    drop_path=getattr(old.drop_path1, "drop_prob", 0.0), proj_drop=kwargs.get("proj_drop_rate", 0.0))
+                    old.norm1.normalized_shape[0],
+                    mlp_ratio=mlp_ratio,
+                    drop_path=getattr(old.drop_path1, "drop_prob", 0.0),
+                    proj_drop=kwargs.get("proj_drop_rate", 0.0),
+                )
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {"num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.9,
-            "interpolation": "bicubic", "fixed_input_size": False, "mean": (0.485, 0.456, 0.406),
-            "std": (0.229, 0.224, 0.225), "first_conv": "patch_embed.proj", "classifier": "head.fc",
-            "license": "mit", **kwargs}
+    swin = {"classifier": "head.fc", "pool_size": (7, 7), "crop_pct": 0.9, "license": "mit"}
+    return family_cfg("patch_embed.proj", **{**swin, **kwargs})
 
 
-default_cfgs = generate_default_cfgs({
-    "ca_swin_tiny": _cfg(), "ca_swin_small": _cfg(), "ca_swin_base": _cfg(),
-    "ca_swin_base_384": _cfg(input_size=(3, 384, 384), pool_size=(12, 12), crop_pct=1.0),
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "ca_swin_tiny": _cfg(),
+        "ca_swin_small": _cfg(),
+        "ca_swin_base": _cfg(),
+        "ca_swin_base_384": _cfg(input_size=(3, 384, 384), pool_size=(12, 12), crop_pct=1.0),
+    }
+)
 
 
 def _create(variant: str, pretrained: bool, **kwargs: Any) -> CirculantSwinTransformer:
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(CirculantSwinTransformer, variant, pretrained, pretrained_filter_fn=timm_swin_filter,
-                                feature_cfg={"feature_cls": "getter", "out_indices": out_indices}, **kwargs)
+    return build_family_model(
+        CirculantSwinTransformer, variant, pretrained, pretrained_filter_fn=timm_swin_filter, **kwargs
+    )
 
 
 _TINY = {"embed_dim": 96, "depths": (2, 2, 6, 2), "num_heads": (3, 6, 12, 24), "drop_path_rate": 0.2}

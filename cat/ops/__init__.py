@@ -1,4 +1,5 @@
 """The circulant-attention operator. Pure torch: imports nothing else from ``cat``."""
+
 from .circulant import (
     CirculantAttention,
     attend_spectra,
@@ -8,5 +9,11 @@ from .circulant import (
     set_fft_backend,
 )
 
-__all__ = ["circulant_attention", "attend_spectra", "CirculantAttention", "bccb_project", "circulant_attention_flops",
-           "set_fft_backend"]
+__all__ = [
+    "circulant_attention",
+    "attend_spectra",
+    "CirculantAttention",
+    "bccb_project",
+    "circulant_attention_flops",
+    "set_fft_backend",
+]

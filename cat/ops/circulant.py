@@ -11,6 +11,7 @@ either complex or as real (re, im) pairs (B, C, H, W//2+1, 2) for the matmul bac
 always run in float32 (float64 for float64 inputs) with autocast disabled: cuFFT rejects half
 precision for non-power-of-two grids, and the softmax logits need the range.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,15 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dft import irfft2_matmul, rfft2_matmul
-
-__all__ = [
-    "circulant_attention",
-    "attend_spectra",
-    "CirculantAttention",
-    "bccb_project",
-    "circulant_attention_flops",
-    "set_fft_backend",
-]
 
 Reweight = Literal["post", "pre", "none"]
 FFTBackend = Literal["fft", "matmul", "auto"]
@@ -47,8 +39,15 @@ def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float,
-                   return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def attend_spectra(
+    q_f: Tensor,
+    k_f: Tensor,
+    v_f: Tensor,
+    hw: tuple[int, int],
+    head_dim: int,
+    scale: float,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Circulant attention given the rfft2 spectra of q, k and v, channels first.
 
     ``q_f``, ``k_f``, ``v_f``: (B, C, H, W//2+1) complex, the unnormalised ``rfft2`` over the last two
@@ -76,8 +75,9 @@ def attend_spectra(q_f: Tensor, k_f: Tensor, v_f: Tensor, hw: tuple[int, int], h
     return (out, weights) if return_weights else out
 
 
-def _attend_pairs(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int,
-                  scale: float) -> tuple[Tensor, Tensor]:
+def _attend_pairs(
+    q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float
+) -> tuple[Tensor, Tensor]:
     """:func:`attend_spectra` in real arithmetic on (B, C, H, W//2+1, 2) (re, im) spectra, with
     matrix-product DFTs: no complex dtype anywhere, so it exports to ONNX."""
     B, C, Hf, Wf, _ = q.shape
@@ -117,8 +117,9 @@ def spectrum(x: Tensor, backend: str) -> Tensor:
     return torch.view_as_real(torch.fft.rfft2(x))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float,
-           backend: str) -> tuple[Tensor, Tensor]:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: str
+) -> tuple[Tensor, Tensor]:
     """Output (B, C, H, W) and weights (B, heads, H, W) from (re, im) spectra made by :func:`spectrum`."""
     if backend == "matmul":
         return _attend_pairs(q, k, v, hw, head_dim, scale)
@@ -131,8 +132,9 @@ def _check_head_dim(channels: int, head_dim: int) -> None:
         raise ValueError(f"head_dim={head_dim} must be a positive divisor of the channel count {channels}")
 
 
-def circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1, scale: float | None = None,
-                        fft_backend: FFTBackend = "fft") -> Tensor:
+def circulant_attention(
+    q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1, scale: float | None = None, fft_backend: FFTBackend = "fft"
+) -> Tensor:
     """Circulant (BCCB) attention over a 2-D token grid, in O(N log N).
 
     Args:
@@ -190,8 +192,15 @@ class CirculantAttention(nn.Module):
     T = SiLU(Linear(x)).
     """
 
-    def __init__(self, dim: int, head_dim: int = 1, reweight: Reweight = "post", proj_drop: float = 0.0,
-                 scale: float | None = None, fft_backend: FFTBackend = "fft") -> None:
+    def __init__(
+        self,
+        dim: int,
+        head_dim: int = 1,
+        reweight: Reweight = "post",
+        proj_drop: float = 0.0,
+        scale: float | None = None,
+        fft_backend: FFTBackend = "fft",
+    ) -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
         if reweight not in ("post", "pre", "none"):
@@ -215,7 +224,9 @@ class CirculantAttention(nn.Module):
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"CirculantAttention(dim={self.dim}) expects x shaped (B, N, {self.dim}); got {tuple(x.shape)}")
+            raise ValueError(
+                f"CirculantAttention(dim={self.dim}) expects x shaped (B, N, {self.dim}); got {tuple(x.shape)}"
+            )
         B, N, C = x.shape
         H, W = hw
         if H * W != N:
@@ -232,7 +243,7 @@ class CirculantAttention(nn.Module):
         flat = x_f.view(B, C, H * Wf * 2)
         if self.reweight == "pre":
             q_f, k_f = torch.matmul(self.qkv.weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
-            v = F.linear(x, self.qkv.weight[2 * C:]) * gate
+            v = F.linear(x, self.qkv.weight[2 * C :]) * gate
             with _no_autocast(x.device):
                 v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
         else:

@@ -9,6 +9,7 @@ Spectra use ``torch.view_as_real(torch.fft.rfft2(x))``'s layout, flattened: (...
 with (re, im) pairs innermost. ``rfft2_matmul`` is unnormalised like ``torch.fft.rfft2``;
 ``irfft2_matmul`` is the inverse of Hermitian spectra (1 / (H W)), like ``torch.fft.irfft2``.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,11 +25,14 @@ def _phases(hw: tuple[int, int]) -> Tensor:
     """2 pi (k1 n1 / H + k2 n2 / W) for every output (k1, k2 < W//2+1) and input (n1, n2): (N, H*Wf)."""
     H, W = hw
     n1, n2 = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64), indexing="ij")
-    k1, k2 = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W // 2 + 1, dtype=torch.float64),
-                            indexing="ij")
+    k1, k2 = torch.meshgrid(
+        torch.arange(H, dtype=torch.float64), torch.arange(W // 2 + 1, dtype=torch.float64), indexing="ij"
+    )
     # Reduce modulo the period before scaling so the phases are exact in float64.
-    turns = torch.remainder(n1.reshape(-1, 1) * k1.reshape(1, -1), H) / H \
+    turns = (
+        torch.remainder(n1.reshape(-1, 1) * k1.reshape(1, -1), H) / H
         + torch.remainder(n2.reshape(-1, 1) * k2.reshape(1, -1), W) / W
+    )
     return 2 * math.pi * turns
 
 
@@ -53,8 +57,11 @@ def _synthesis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) ->
     if W % 2 == 0:
         weight[-1] = 1.0  # the Nyquist column has no mirror image
     weight = weight.repeat(H)[:, None] / (H * W)
-    return torch.stack((weight * torch.cos(theta), -weight * torch.sin(theta)), dim=1).flatten(0, 1).to(
-        dtype=dtype, device=device)
+    return (
+        torch.stack((weight * torch.cos(theta), -weight * torch.sin(theta)), dim=1)
+        .flatten(0, 1)
+        .to(dtype=dtype, device=device)
+    )
 
 
 def rfft2_matmul(x: Tensor) -> Tensor:

@@ -1,5 +1,6 @@
 """The released CA-DeiT attention pipeline, written literally: the numerics contract and the
 baseline the fast module is benchmarked against. Not used by the models."""
+
 from __future__ import annotations
 
 import torch

@@ -1,12 +1,38 @@
-"""What every cat job shares: distributed setup, the run folder and its lock, atomic I/O, config
-checks, console progress and how user errors end a run. Imports ``cat.models`` and below only."""
+"""What every cat job shares: one job lifecycle, distributed setup, the run folder and its lock,
+atomic I/O, config checks, seeding and RNG state, mixed precision, console progress and how user
+errors end a run. Imports ``cat.models`` and below only."""
+
+from .amp import AMP_DTYPES, amp_dtype, autocast_for
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
 from .io import atomic_save, atomic_write_json, atomic_write_text, remove_stale_temporaries
-from .job import RunFolder, open_run_folder, report_user_errors, run_dir_for
+from .job import RunFolder, open_run_folder, report_user_errors, run_dir_for, run_job
+from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .rundir import RunDirLock, check_writable
 from .validate import Rule, validate_config
 
-__all__ = ["DistEnv", "all_reduce_sum", "barrier", "broadcast_object", "init_distributed", "atomic_save",
-           "atomic_write_json", "atomic_write_text", "remove_stale_temporaries", "RunFolder", "open_run_folder",
-           "report_user_errors", "run_dir_for", "RunDirLock", "check_writable", "Rule",
-           "validate_config"]
+__all__ = [
+    "AMP_DTYPES",
+    "amp_dtype",
+    "autocast_for",
+    "DistEnv",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_object",
+    "init_distributed",
+    "atomic_save",
+    "atomic_write_json",
+    "atomic_write_text",
+    "remove_stale_temporaries",
+    "RunFolder",
+    "open_run_folder",
+    "report_user_errors",
+    "run_dir_for",
+    "run_job",
+    "capture_rng_state",
+    "restore_rng_state",
+    "seed_everything",
+    "RunDirLock",
+    "check_writable",
+    "Rule",
+    "validate_config",
+]

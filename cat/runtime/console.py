@@ -1,9 +1,11 @@
 """Progress on a terminal and in batch logs (Slurm): a live bar, or plain lines without ``\\r``."""
+
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from tqdm import tqdm
 
@@ -29,12 +31,16 @@ class StepProgress:
     """An epoch's progress: on a terminal a bar with the latest loss; otherwise, every ``interval``
     steps, one log line ``<desc> step i/N  key value ...`` (``desc`` numbered as the epoch summary)."""
 
-    def __init__(self, desc: str, total: int, first_step: int, interval: int, enabled: bool,
-                 log: logging.Logger) -> None:
+    def __init__(
+        self, desc: str, total: int, first_step: int, interval: int, enabled: bool, log: logging.Logger
+    ) -> None:
         self.desc, self.total, self.interval, self.log = desc, total, max(1, interval), log
         self.step = first_step
-        self.bar = tqdm(total=total, initial=first_step, desc=desc, leave=False, dynamic_ncols=True) \
-            if enabled and interactive() else None
+        self.bar = (
+            tqdm(total=total, initial=first_step, desc=desc, leave=False, dynamic_ncols=True)
+            if enabled and interactive()
+            else None
+        )
         self.enabled = enabled
 
     def update(self, fields: Callable[[], dict[str, str]]) -> None:
@@ -45,8 +51,13 @@ class StepProgress:
             if self.step % self.interval == 0:
                 self.bar.set_postfix(fields(), refresh=False)
         elif self.enabled and self.step % self.interval == 0:
-            self.log.info("%s step %d/%d  %s", self.desc, self.step, self.total,
-                          "  ".join(f"{k} {v}" for k, v in fields().items()))
+            self.log.info(
+                "%s step %d/%d  %s",
+                self.desc,
+                self.step,
+                self.total,
+                "  ".join(f"{k} {v}" for k, v in fields().items()),
+            )
 
     def close(self) -> None:
         if self.bar is not None:

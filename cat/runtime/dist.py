@@ -1,4 +1,5 @@
 """Process-group setup for torchrun (NCCL on CUDA, gloo on CPU) and small collective helpers."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,11 @@ def init_distributed(device: str = "auto", timeout_min: int = 30) -> DistEnv:
     else:
         dev = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timedelta(minutes=timeout_min),
-                                **({"device_id": dev} if use_cuda else {}))
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            timeout=timedelta(minutes=timeout_min),
+            **({"device_id": dev} if use_cuda else {}),
+        )
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 

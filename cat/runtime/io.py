@@ -4,6 +4,7 @@ Each write goes to a hidden temporary file in the target's folder (``.NAME.XXXX.
 to disk and renamed over the target; :func:`remove_stale_temporaries` clears what a killed writer
 left, and is called once a run holds its output folder.
 """
+
 from __future__ import annotations
 
 import glob
@@ -11,12 +12,19 @@ import io
 import json
 import os
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_save",
-           "remove_stale_temporaries"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_save",
+    "remove_stale_temporaries",
+]
 
 _TMP_SUFFIX = ".tmp"
 

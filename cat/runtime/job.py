@@ -1,24 +1,29 @@
-"""What every job shares around its body: the run folder, the log, and how user errors end a run."""
+"""What every job shares around its body: one lifecycle (distributed start, run folder, seed, body,
+``metrics.json``, tear-down), the run folder and its log, and how user errors end a run."""
+
 from __future__ import annotations
 
 import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
+import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import UserError
 
-from .dist import DistEnv, barrier, broadcast_object
-from .io import atomic_write_text
+from .dist import DistEnv, barrier, broadcast_object, init_distributed
+from .io import atomic_write_json, atomic_write_text
 from .logger import setup_logging
+from .rng import seed_everything
 from .rundir import RunDirLock
 
-__all__ = ["RunFolder", "open_run_folder", "report_user_errors", "run_dir_for"]
+__all__ = ["RunFolder", "open_run_folder", "report_user_errors", "run_dir_for", "run_job", "JobBody"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,8 +81,9 @@ class RunFolder:
             return
         atomic_write_text(self.file("config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
         if HydraConfig.initialized():
-            atomic_write_text(self.file("overrides.yaml"),
-                              OmegaConf.to_yaml(OmegaConf.create(list(HydraConfig.get().overrides.task))))
+            atomic_write_text(
+                self.file("overrides.yaml"), OmegaConf.to_yaml(OmegaConf.create(list(HydraConfig.get().overrides.task)))
+            )
 
     def close(self) -> None:
         if self.lock is not None:
@@ -105,3 +111,28 @@ def open_run_folder(output_dir: str, env: DistEnv) -> RunFolder:
     for note in lock.notes if lock is not None else ():
         log.warning(note)
     return RunFolder(path, log, env.is_main, lock)
+
+
+JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
+
+
+def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
+    """The lifecycle of every cat job: start distributed (``cfg.device``), open and lock the run
+    folder of ``cfg.mode`` under ``cfg.output_dir``, seed each rank from ``cfg.seed``, run
+    ``body(env, folder)``, write what it returns to ``metrics.json`` (rank 0), and tear down,
+    whatever happened. The config must already be checked."""
+    env = init_distributed(cfg.device)
+    folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
+    try:
+        seed_everything(cfg.seed + env.rank)
+        folder.log.info(
+            "%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size, folder.path
+        )
+        metrics = body(env, folder)
+        if env.is_main:
+            atomic_write_json(folder.file("metrics.json"), metrics)
+        return metrics
+    finally:
+        folder.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,4 +1,5 @@
 """Console logging and Weights & Biases, on rank 0 only."""
+
 from __future__ import annotations
 
 import logging
@@ -70,8 +71,17 @@ class WandbLogger:
             return
         import wandb
 
-        self.run = wandb.init(mode=mode, project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
-                              config=config, dir=output_dir, id=persistent_run_id(output_dir), resume="allow")
+        self.run = wandb.init(
+            mode=mode,
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.name,
+            tags=list(cfg.tags),
+            config=config,
+            dir=output_dir,
+            id=persistent_run_id(output_dir),
+            resume="allow",
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run is not None:

@@ -5,8 +5,10 @@ time, Slurm job id); a second run fails at once naming the holder. A lock left b
 (SIGKILL, node crash) is taken over when its process is gone from this host, or when it belongs to
 an earlier incarnation of the same Slurm job (a requeued job).
 """
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -73,8 +75,13 @@ class RunDirLock:
 
     def _record(self) -> dict[str, Any]:
         pid = os.getpid()
-        return {"host": socket.gethostname(), "pid": pid, "start_time": _process_start_time(pid),
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        return {
+            "host": socket.gethostname(),
+            "pid": pid,
+            "start_time": _process_start_time(pid),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
 
     def _stale_reason(self, holder: dict[str, Any] | None) -> str | None:
         if holder is None:  # unreadable: a writer killed between creating and filling it
@@ -107,23 +114,26 @@ class RunDirLock:
                 holder = self._read_holder()
                 reason = self._stale_reason(holder)
                 if reason is None:
-                    who = (f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
-                           + (f", Slurm job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else "")
-                           if holder else "a run that is still starting")
+                    who = (
+                        f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
+                        + (f", Slurm job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else "")
+                        if holder
+                        else "a run that is still starting"
+                    )
                     raise RunDirLockedError(
                         f"output_dir {self.folder} is in use by another run ({who}); wait for it, choose another "
-                        f"output_dir, or delete {self.path} if you are sure that run is dead") from None
+                        f"output_dir, or delete {self.path} if you are sure that run is dead"
+                    ) from None
                 self.notes.append(f"took over the stale lock {self.path} ({reason})")
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(self._record(), f)
             self.held = True
-            self.notes += [f"removed {path}, left by a writer that was killed"
-                           for path in remove_stale_temporaries(self.folder)]
+            self.notes += [
+                f"removed {path}, left by a writer that was killed" for path in remove_stale_temporaries(self.folder)
+            ]
             return self
         raise RunDirLockedError(f"could not take the lock {self.path}: other runs keep racing for it")
 
@@ -131,10 +141,8 @@ class RunDirLock:
         if self.held:
             holder = self._read_holder()
             if holder is None or holder.get("pid") == os.getpid():
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
             self.held = False
 
     def __enter__(self) -> RunDirLock:

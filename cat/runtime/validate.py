@@ -1,9 +1,11 @@
 """Check a whole config before any data or model is built: one line per problem, all at once."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -64,7 +66,9 @@ def _is_kind(value: Any, kind: str) -> bool:
     return isinstance(value, str)
 
 
-def config_problems(cfg: DictConfig, rules: Iterable[Rule], writable_dirs: Iterable[str] = ("output_dir",)) -> list[str]:
+def config_problems(
+    cfg: DictConfig, rules: Iterable[Rule], writable_dirs: Iterable[str] = ("output_dir",)
+) -> list[str]:
     """Every problem with ``cfg``: rule violations and output folders that cannot be written."""
     problems = []
     for rule in rules:

@@ -1,4 +1,5 @@
 """The training loop's guards, checkpoint atomicity and RNG capture, at function level."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,12 @@ import torch
 from timm.scheduler import create_scheduler_v2
 from torch import nn
 
-from cat.engine.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from cat.runtime.io import atomic_save
-from cat.runtime.dist import DistEnv
+from cat.engine.saving import CheckpointManager
+from cat.engine.state import TrainState
 from cat.engine.train import NonFiniteLossError, TrainOptions, train_one_epoch
+from cat.runtime import capture_rng_state, restore_rng_state
+from cat.runtime.dist import DistEnv
+from cat.runtime.io import atomic_save
 
 
 class NaNOnStep(nn.Module):
@@ -35,12 +38,14 @@ def test_non_finite_loss_stops_naming_the_step():
     sched, _ = create_scheduler_v2(opt, num_epochs=1, step_on_epochs=False, updates_per_epoch=5)
     data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(5)]
     before = [p.detach().clone() for p in model.parameters()]
-    # 0-based epoch 7 is the log's epoch 8; the third step (1-based, as logged) of global step 13.
-    with pytest.raises(NonFiniteLossError, match=r"epoch 8, step 3 \(global step 13\)"):
-        train_one_epoch(model, data, NaNOnStep(3), opt, sched, torch.amp.GradScaler("cpu", enabled=False), DistEnv(),
-                        epoch=7, first_update=10, opts=TrainOptions())
-    # Two good steps were taken, the bad one was not applied.
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    state = TrainState(model, opt, sched, torch.amp.GradScaler("cpu", enabled=False), epoch=7, step_in_epoch=1)
+    # A resumed epoch: 0-based epoch 7 is the log's epoch 8, which had done 1 of its 6 steps; the third
+    # step of this call is the epoch's 4th (1-based, as logged) and global step 7 * 6 + 4 = 46.
+    with pytest.raises(NonFiniteLossError, match=r"epoch 8, step 4 \(global step 46\)"):
+        train_one_epoch(state, data, DistEnv(), TrainOptions(criterion=NaNOnStep(3), steps_per_epoch=6))
+    # Two good steps were taken and counted, the bad one was not applied.
+    assert state.step_in_epoch == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

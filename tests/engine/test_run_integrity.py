@@ -1,5 +1,6 @@
 """Run integrity of train_cls.py: a run's record is never overwritten or misstated, bad values fail
 at once with one line, a diverged run keeps its last good checkpoint, batch logs stay plain."""
+
 from __future__ import annotations
 
 import json
@@ -29,24 +30,44 @@ def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
 
 
 def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path):
-    first = subprocess.Popen(train_cmd(tmp_path, "epochs=500", "batch_size=8"), cwd=REPO, env=env_single_thread(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        train_cmd(tmp_path, "epochs=500", "batch_size=8"),
+        cwd=REPO,
+        env=env_single_thread(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 120
         while not (tmp_path / "epoch_0001.pth").exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.05)
-        second = subprocess.run(train_cmd(tmp_path, "epochs=500", "batch_size=8"), cwd=REPO,
-                                env=env_single_thread(), capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            train_cmd(tmp_path, "epochs=500", "batch_size=8"),
+            cwd=REPO,
+            env=env_single_thread(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert second.returncode == 2
-        assert second.stderr.strip().splitlines()[-1].startswith(f"error: output_dir {tmp_path} is in use by "
-                                                                  f"another run (pid {first.pid}")
+        assert (
+            second.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"error: output_dir {tmp_path} is in use by another run (pid {first.pid}")
+        )
     finally:
         first.kill()
         first.wait()
     (tmp_path / ".last.pth.abc123.tmp").write_bytes(b"partial")  # what a writer killed mid-save leaves
-    proc = subprocess.run(train_cmd(tmp_path, "epochs=1", "batch_size=8"), cwd=REPO, env=env_single_thread(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd(tmp_path, "epochs=1", "batch_size=8"),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"its process {first.pid} is gone" in proc.stdout and ".last.pth.abc123.tmp" in proc.stdout
     assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / ".lock").exists()
@@ -58,7 +79,7 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     config_changes.jsonl records when it changed."""
     run_train(tmp_path / "a", "epochs=1", "batch_size=16")
     extended = run_train(tmp_path / "a", "epochs=3", "batch_size=16")
-    planned = run_train(tmp_path / "b", "epochs=3", "batch_size=16")
+    run_train(tmp_path / "b", "epochs=3", "batch_size=16")
     state = torch.load(tmp_path / "a" / "last.pth", weights_only=True)
     reference = torch.load(tmp_path / "b" / "last.pth", weights_only=True)
     # Epochs 2-3 ran on the 3-epoch cosine: the final lr equals the planned run's, not the 1-epoch floor.
@@ -73,8 +94,14 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
 def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
     run_train(tmp_path, "epochs=1", "batch_size=16")
     config = (tmp_path / "config.yaml").read_text()
-    proc = subprocess.run(train_cmd(tmp_path, "epochs=2", "batch_size=16", "model.kwargs={embed_dim:32,depth:1,patch_size:8}"),
-                          cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd(tmp_path, "epochs=2", "batch_size=16", "model.kwargs={embed_dim:32,depth:1,patch_size:8}"),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert "cannot resume" in proc.stderr and "model.kwargs.embed_dim: 16 -> 32" in proc.stderr
     assert (tmp_path / "config.yaml").read_text() == config
@@ -83,8 +110,14 @@ def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
 def test_nan_run_keeps_the_previous_good_checkpoint(tmp_path):
     run_train(tmp_path, "epochs=1", "batch_size=8")
     good = final_weights(tmp_path)
-    proc = subprocess.run(train_cmd(tmp_path, "epochs=3", "batch_size=8", "lr=1e6"), cwd=REPO,
-                          env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd(tmp_path, "epochs=3", "batch_size=8", "lr=1e6"),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "non-finite" in last and "epoch 2" in last and "is kept" in last
@@ -137,16 +170,29 @@ def test_corrupt_image_is_named(tmp_path):
                 Image.new("RGB", (40, 40), (60 * i, 0, 0)).save(root / split / cls / f"{i}.png")
     bad = root / "train" / "b" / "2.png"
     bad.write_bytes(bad.read_bytes()[:40])  # truncated
-    proc = subprocess.run(train_cmd(tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null",
-                                    "batch_size=4", "epochs=1"),
-                          cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd(
+            tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null", "batch_size=4", "epochs=1"
+        ),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot read image {bad}")
 
 
 def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
-    proc = subprocess.run(train_cmd(tmp_path, "epochs=2", "batch_size=8", "log_interval=4"), cwd=REPO,
-                          env=env_single_thread(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        train_cmd(tmp_path, "epochs=2", "batch_size=8", "log_interval=4"),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0
     output = proc.stdout + proc.stderr
     assert "\r" not in output
@@ -155,6 +201,9 @@ def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
 
 
 def test_tool_user_errors_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path / "nonexistent")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path / "nonexistent")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == f"error: not a folder: {tmp_path / 'nonexistent'}"

@@ -1,4 +1,5 @@
 """train_cls.py end to end on CPU: presets, eval of the released fixture, DDP parity, kill/resume."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ from tests.conftest import REPO, compose_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 # A tiny CA-DeiT on learnable synthetic data: seconds per run on one CPU thread.
-TINY = ["data=synthetic", "data.img_size=32", "model.kwargs={embed_dim:16,depth:1,patch_size:8}", "aug=none",
-        "workers=0", "logger.wandb.mode=disabled", "log_interval=1"]
+TINY = [
+    "data=synthetic",
+    "data.img_size=32",
+    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
+    "aug=none",
+    "workers=0",
+    "logger.wandb.mode=disabled",
+    "log_interval=1",
+]
 
 
 def train_cmd(output_dir: Path, *overrides: str, nproc: int = 1) -> list[str]:
@@ -38,8 +46,14 @@ def env_single_thread() -> dict[str, str]:
 
 
 def run_train(output_dir: Path, *overrides: str, nproc: int = 1) -> dict:
-    proc = subprocess.run(train_cmd(output_dir, *overrides, nproc=nproc), cwd=REPO, env=env_single_thread(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        train_cmd(output_dir, *overrides, nproc=nproc),
+        cwd=REPO,
+        env=env_single_thread(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((output_dir / "metrics.json").read_text())
 
@@ -53,35 +67,67 @@ def test_every_experiment_composes_and_builds(experiment):
     cfg = compose_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
     with torch.device("meta"):
-        from cat.engine.classification import build_model
+        from cat.engine.builders import build_model
+
         model = build_model(cfg, cfg.data.num_classes)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_paper_recipe_values():
     cfg = compose_config("cls", "experiment=ca_deit_s")
-    assert (cfg.epochs, cfg.lr, cfg.optim.lr_base_batch, cfg.optim.weight_decay, cfg.optim.clip_grad) == \
-        (300, 1e-3, 1024, 0.05, 5.0)
+    assert (cfg.epochs, cfg.lr, cfg.optim.lr_base_batch, cfg.optim.weight_decay, cfg.optim.clip_grad) == (
+        300,
+        1e-3,
+        1024,
+        0.05,
+        5.0,
+    )
     assert (cfg.schedule.sched, cfg.schedule.warmup_epochs) == ("cosine", 20)
-    assert (cfg.aug.auto_augment, cfg.aug.mixup, cfg.aug.cutmix, cfg.aug.smoothing, cfg.aug.reprob) == \
-        ("rand-m9-mstd0.5-inc1", 0.8, 1.0, 0.1, 0.25)
-    assert (cfg.data.name, cfg.data.img_size, cfg.data.crop_pct, cfg.data.interpolation) == \
-        ("imagenet", 224, 0.875, "bicubic")
-    drop_path = {e: compose_config("cls", f"experiment={e}").model.drop_path_rate
-                 for e in ("ca_deit_t", "ca_deit_s", "ca_deit_b")}
-    assert drop_path == {"ca_deit_t": 0.0, "ca_deit_s": 0.1, "ca_deit_b": 0.4}
+    assert (cfg.aug.auto_augment, cfg.aug.mixup, cfg.aug.cutmix, cfg.aug.smoothing, cfg.aug.reprob) == (
+        "rand-m9-mstd0.5-inc1",
+        0.8,
+        1.0,
+        0.1,
+        0.25,
+    )
+    assert (cfg.data.name, cfg.data.img_size, cfg.data.crop_pct, cfg.data.interpolation) == (
+        "imagenet",
+        224,
+        0.875,
+        "bicubic",
+    )
+    # Drop path comes from the model factories (the YAML only overrides): the deepest block's rate.
+    from cat.engine.builders import build_model
+
+    drop_path = {}
+    for experiment in ("ca_deit_t", "ca_deit_s", "ca_deit_b", "deit_s"):
+        cfg = compose_config("cls", f"experiment={experiment}")
+        with torch.device("meta"):
+            last_block = build_model(cfg, 1000).blocks[-1]
+        drop_path[experiment] = getattr(last_block.drop_path1, "drop_prob", 0.0)
+    assert drop_path == pytest.approx({"ca_deit_t": 0.0, "ca_deit_s": 0.1, "ca_deit_b": 0.4, "deit_s": 0.1})
 
 
 def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
     ckpt = official_ca_deit / "small_p8_64.pth"
-    cfg = compose_config("cls", "mode=eval", f"checkpoint={ckpt}", "data=synthetic", "data.num_classes=10", "data.img_size=64",
-                      "model.kwargs={embed_dim:64,depth:2,patch_size:8}", f"output_dir={tmp_path}", "workers=0",
-                      "logger.wandb.mode=disabled")
+    cfg = compose_config(
+        "cls",
+        "mode=eval",
+        f"checkpoint={ckpt}",
+        "data=synthetic",
+        "data.num_classes=10",
+        "data.img_size=64",
+        "model.kwargs={embed_dim:64,depth:2,patch_size:8}",
+        f"output_dir={tmp_path}",
+        "workers=0",
+        "logger.wandb.mode=disabled",
+    )
     metrics = run(cfg)
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["top1"] == metrics["top1"]
     # The same numbers computed directly from the released weights.
-    model = cat.create_model("ca_deit_tiny", checkpoint=ckpt, embed_dim=64, depth=2, patch_size=8, img_size=64,
-                             num_classes=10).eval()
+    model = cat.create_model(
+        "ca_deit_tiny", checkpoint=ckpt, embed_dim=64, depth=2, patch_size=8, img_size=64, num_classes=10
+    ).eval()
     images, labels = synthetic_dataset("val", num_classes=10, img_size=64, samples_per_class=16).tensors
     with torch.no_grad():
         logits = model(images)
@@ -103,8 +149,14 @@ def test_two_process_gloo_matches_single_process(tmp_path):
 
 def _start_and_signal(output_dir: Path, sig: int, *overrides: str) -> subprocess.Popen:
     """Start a run and send ``sig`` once its second epoch has been checkpointed."""
-    proc = subprocess.Popen(train_cmd(output_dir, *overrides), cwd=REPO, env=env_single_thread(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        train_cmd(output_dir, *overrides),
+        cwd=REPO,
+        env=env_single_thread(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 300
     while not (output_dir / "epoch_0001.pth").exists():
         assert proc.poll() is None, proc.stdout.read()
@@ -115,8 +167,13 @@ def _start_and_signal(output_dir: Path, sig: int, *overrides: str) -> subprocess
     return proc
 
 
-RESUME_RUN = ["epochs=12", "batch_size=8", "save.keep_last=100", "data.samples_per_class=64",
-              "model.drop_path_rate=0.1"]
+RESUME_RUN = [
+    "epochs=12",
+    "batch_size=8",
+    "save.keep_last=100",
+    "data.samples_per_class=64",
+    "model.drop_path_rate=0.1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -158,22 +215,38 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     assert set(metrics) >= {"top1", "top5", "best_top1", "epoch", "wall_time_s"}
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
-    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count("epoch 1/1  train loss") == 1
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count(
+        "epoch 1/1  train loss"
+    ) == 1
     ckpt = torch.load(tmp_path / "best.pth", map_location="cpu", weights_only=True)
     assert {"model", "optimizer", "scheduler", "scaler", "ema", "epoch", "best_top1", "config", "rng"} <= set(ckpt)
     assert OmegaConf.create(ckpt["config"]).data.name == "synthetic"
     # The checkpoint is in the release format, so cat.create_model loads it.
-    cat.create_model("ca_deit_tiny", checkpoint=tmp_path / "best.pth", embed_dim=16, depth=1, patch_size=8,
-                     img_size=32, num_classes=4)
+    cat.create_model(
+        "ca_deit_tiny",
+        checkpoint=tmp_path / "best.pth",
+        embed_dim=16,
+        depth=1,
+        patch_size=8,
+        img_size=32,
+        num_classes=4,
+    )
 
 
-@pytest.mark.parametrize("overrides, error, match", [
-    (["data=folder", "data.root=/nonexistent/imagenet"], ConfigError, "data.root=/nonexistent/imagenet: not a folder"),
-    (["model.name=ca_deit_tinyy"], ConfigError, "unknown model 'ca_deit_tinyy'"),
-    (["aug=deit", "batch_size=7"], ConfigError, "must be even"),
-    (["batch_size=1000"], ConfigError, "fewer than one global batch"),
-    (["mode=fit"], ConfigError, "mode='fit': expected one of train, eval, throughput"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (
+            ["data=folder", "data.root=/nonexistent/imagenet"],
+            ConfigError,
+            "data.root=/nonexistent/imagenet: not a folder",
+        ),
+        (["model.name=ca_deit_tinyy"], ConfigError, "unknown model 'ca_deit_tinyy'"),
+        (["aug=deit", "batch_size=7"], ConfigError, "must be even"),
+        (["batch_size=1000"], ConfigError, "fewer than one global batch"),
+        (["mode=fit"], ConfigError, "mode='fit': expected one of train, eval, throughput"),
+    ],
+)
 def test_clear_errors(tmp_path, overrides, error, match):
     cfg = compose_config("cls", *TINY, f"output_dir={tmp_path}", *overrides)
     with pytest.raises(error, match=match):
@@ -187,6 +260,8 @@ def test_empty_class_folder_is_named(tmp_path):
         (tmp_path / "data" / split / "cat").mkdir(parents=True)
         (tmp_path / "data" / split / "dog").mkdir(parents=True)
         Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / "cat" / "a.png")
-    cfg = compose_config("cls", *TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}")
+    cfg = compose_config(
+        "cls", *TINY, "data=folder", f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'out'}"
+    )
     with pytest.raises(DataError, match=r"train/dog holds no images"):
         run(cfg)

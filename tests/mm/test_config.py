@@ -1,4 +1,5 @@
 """The Hydra -> mmengine bridge refuses bad input with errors that name the problem."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ params are not available, but they follow from Table 2: a CA detector or segment
 baseline's neck and heads, so its params must differ from the baseline's by what the backbones
 differ by in the paper's Table 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def _check_table(rows: list[dict], min_flops_rows: int) -> None:
             continue
         base_params, ca_backbone, base_backbone = known
         paper_params = base_params + ca_backbone - base_backbone
-        assert abs(r["ours_params_m"] - paper_params) / paper_params <= r["tolerance"], (label, r["ours_params_m"],
-                                                                                           paper_params)
+        assert abs(r["ours_params_m"] - paper_params) / paper_params <= r["tolerance"], (
+            label,
+            r["ours_params_m"],
+            paper_params,
+        )
         implied += 1
     assert implied >= 3
 

@@ -1,4 +1,5 @@
 """Detection on the OpenMMLab stack: toy COCO training, Runner resume, COCO evaluation, presets."""
+
 from __future__ import annotations
 
 import json
@@ -24,16 +25,31 @@ FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2"]
 @pytest.mark.parametrize("experiment", ["toy_mask_rcnn_ca_pvt", "toy_mask_rcnn_ca_swin"])
 def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, run_tool):
     out = tmp_path / experiment
-    run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={out}",
-              "schedule.epochs=1", *FAST)
+    run_entry(
+        "train_det.py",
+        f"experiment={experiment}",
+        f"data.root={toy_coco}",
+        f"output_dir={out}",
+        "schedule.epochs=1",
+        *FAST,
+    )
     assert (out / "epoch_1.pth").is_file()
     # The checkpoint holds mmengine's HistoryBuffer: torch's weights-only loader refuses it without
     # cat's scoped allow-list (checked in a fresh interpreter).
-    probe = subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(out / 'epoch_1.pth')!r})"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.load({str(out / 'epoch_1.pth')!r})"],
+        capture_output=True,
+        text=True,
+    )
     assert probe.returncode != 0 and "HistoryBuffer" in probe.stderr
-    proc = run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={out}",
-                     "schedule.epochs=2", *FAST)
+    proc = run_entry(
+        "train_det.py",
+        f"experiment={experiment}",
+        f"data.root={toy_coco}",
+        f"output_dir={out}",
+        "schedule.epochs=2",
+        *FAST,
+    )
     assert "Auto resumed from the latest checkpoint" in proc.stdout + proc.stderr
     assert (out / "epoch_2.pth").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
@@ -41,8 +57,16 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
         assert 0.0 <= metrics[key] <= 1.0
     # An evaluation run named like a Table 3 preset fills that row of tools/make_tables.py's Table 3.
     row_name = "mask_rcnn_ca_pvt_t_1x" if "pvt" in experiment else "mask_rcnn_ca_swin_t_1x"
-    run_entry("train_det.py", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path / 'eval'}",
-              "mode=eval", f"checkpoint={out / 'epoch_2.pth'}", f"name={row_name}", *FAST)
+    run_entry(
+        "train_det.py",
+        f"experiment={experiment}",
+        f"data.root={toy_coco}",
+        f"output_dir={tmp_path / 'eval'}",
+        "mode=eval",
+        f"checkpoint={out / 'epoch_2.pth'}",
+        f"name={row_name}",
+        *FAST,
+    )
     evaluated = json.loads((tmp_path / "eval" / "eval" / "metrics.json").read_text())
     assert evaluated["bbox_mAP"] == pytest.approx(metrics["bbox_mAP"])
     table = run_tool("make_tables", str(tmp_path / "eval"), "--table", "3")
@@ -66,8 +90,13 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
 
     register_all_modules()
     register_backbones()
-    cfg = compose_config("det", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}",
-                      "logger.wandb.mode=disabled")
+    cfg = compose_config(
+        "det",
+        f"experiment={experiment}",
+        f"data.root={toy_coco}",
+        f"output_dir={tmp_path}",
+        "logger.wandb.mode=disabled",
+    )
     mm = build_det_config(cfg, DistEnv(), str(tmp_path))
     with torch.device("meta"):
         detector = MODELS.build(mm.model)
@@ -91,8 +120,14 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
     register_backbones()
     cfg = compose_config("det", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}")
     detector = MODELS.build(build_det_config(cfg, DistEnv(), str(tmp_path)).model).eval()
-    sample = DetDataSample(metainfo={"img_shape": (800, 1333), "ori_shape": (800, 1333), "scale_factor": (1.0, 1.0),
-                                     "batch_input_shape": (800, 1344)})
+    sample = DetDataSample(
+        metainfo={
+            "img_shape": (800, 1333),
+            "ori_shape": (800, 1333),
+            "scale_factor": (1.0, 1.0),
+            "batch_input_shape": (800, 1344),
+        }
+    )
     image = torch.randint(0, 255, (3, 800, 1333), dtype=torch.uint8)
     with torch.no_grad():
         (result,) = detector.test_step({"inputs": [image], "data_samples": [sample]})
@@ -102,14 +137,25 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
 
 def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factory, tmp_path):
     root = tmp_path_factory.mktemp("coco40")
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "40", "--val", "4"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "40", "--val", "4"],
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "run"
-    args = [sys.executable, str(REPO / "train_det.py"), f"data.root={root}", f"output_dir={out}", "schedule.epochs=1",
-            *FAST]
+    args = [
+        sys.executable,
+        str(REPO / "train_det.py"),
+        f"data.root={root}",
+        f"output_dir={out}",
+        "schedule.epochs=1",
+        *FAST,
+    ]
     first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
-    while not re.search(r"Epoch\(train\) +\[1\]\[ *5/20\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""):
+    while not re.search(
+        r"Epoch\(train\) +\[1\]\[ *5/20\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    ):
         assert first.poll() is None and time.time() < deadline
         time.sleep(0.1)
     first.send_signal(signal.SIGTERM)
@@ -139,12 +185,19 @@ def test_hostile_checkpoints_are_refused_everywhere(name, toy_coco, tmp_path):
     resume_dir.mkdir()
     (resume_dir / "epoch_1.pth").write_bytes(hostile.read_bytes())
     (resume_dir / "last_checkpoint").write_text(str(resume_dir / "epoch_1.pth"))
-    cases = {"pretrained": [f"model.pretrained={hostile}", f"output_dir={tmp_path / 'a'}"],
-             "eval": ["mode=eval", f"checkpoint={hostile}", f"output_dir={tmp_path / 'b'}"],
-             "resume": [f"output_dir={resume_dir}"]}
+    cases = {
+        "pretrained": [f"model.pretrained={hostile}", f"output_dir={tmp_path / 'a'}"],
+        "eval": ["mode=eval", f"checkpoint={hostile}", f"output_dir={tmp_path / 'b'}"],
+        "resume": [f"output_dir={resume_dir}"],
+    }
     for case, overrides in cases.items():
-        proc = subprocess.run([sys.executable, str(REPO / "train_det.py"), f"data.root={toy_coco}", *FAST, *overrides],
-                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "train_det.py"), f"data.root={toy_coco}", *FAST, *overrides],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2, (case, proc.stderr[-3000:])
         assert last.startswith("error: refusing to load checkpoint") and refused in last, (case, last)

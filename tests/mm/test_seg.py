@@ -1,4 +1,5 @@
 """Segmentation on the OpenMMLab stack: toy ADE20K training, Runner resume, mIoU, presets."""
+
 from __future__ import annotations
 
 import json
@@ -13,38 +14,79 @@ from tests.mm.conftest import run_entry
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
 
 SEG_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "seg" / "experiment").glob("*.yaml"))
-FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "checkpoint_interval=3"]
+FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "save.interval=3"]
 
 
 @pytest.mark.parametrize("experiment", ["toy_fpn_ca_pvt", "toy_upernet_ca_swin"])
 def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
     out = tmp_path / experiment
-    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
-              "schedule.iters=3", "schedule.val_interval=3", *FAST)
+    run_entry(
+        "train_seg.py",
+        f"experiment={experiment}",
+        f"data.root={toy_ade}",
+        f"output_dir={out}",
+        "schedule.iters=3",
+        "schedule.val_interval=3",
+        *FAST,
+    )
     assert (out / "iter_3.pth").is_file()
-    proc = run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
-                     "schedule.iters=6", "schedule.val_interval=3", *FAST)
+    proc = run_entry(
+        "train_seg.py",
+        f"experiment={experiment}",
+        f"data.root={toy_ade}",
+        f"output_dir={out}",
+        "schedule.iters=6",
+        "schedule.val_interval=3",
+        *FAST,
+    )
     assert "Auto resumed from the latest checkpoint" in proc.stdout + proc.stderr
     assert (out / "iter_6.pth").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics) >= {"mIoU", "mAcc", "aAcc"} and 0 <= metrics["mIoU"] <= 100
-    run_entry("train_seg.py", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={out}",
-              "mode=eval", f"checkpoint={out / 'iter_6.pth'}", *FAST)
+    run_entry(
+        "train_seg.py",
+        f"experiment={experiment}",
+        f"data.root={toy_ade}",
+        f"output_dir={out}",
+        "mode=eval",
+        f"checkpoint={out / 'iter_6.pth'}",
+        *FAST,
+    )
     assert json.loads((out / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(metrics["mIoU"])
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
 
 
 def test_eval_with_multiscale_flip(toy_ade, tmp_path):
-    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path / 'train'}", "schedule.iters=2",
-              "schedule.val_interval=2", *FAST)
-    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path / 'tta'}", "mode=eval", "tta=true",
-              f"checkpoint={tmp_path / 'train' / 'iter_2.pth'}", *FAST)
+    run_entry(
+        "train_seg.py",
+        f"data.root={toy_ade}",
+        f"output_dir={tmp_path / 'train'}",
+        "schedule.iters=2",
+        "schedule.val_interval=2",
+        *FAST,
+    )
+    run_entry(
+        "train_seg.py",
+        f"data.root={toy_ade}",
+        f"output_dir={tmp_path / 'tta'}",
+        "mode=eval",
+        "tta=true",
+        f"checkpoint={tmp_path / 'train' / 'iter_2.pth'}",
+        *FAST,
+    )
     assert json.loads((tmp_path / "tta" / "eval" / "metrics.json").read_text())["mIoU"] is not None
 
 
 def test_two_process_gloo(toy_ade, tmp_path):
-    run_entry("train_seg.py", f"data.root={toy_ade}", f"output_dir={tmp_path}", "schedule.iters=2",
-              "schedule.val_interval=2", *FAST, nproc=2)
+    run_entry(
+        "train_seg.py",
+        f"data.root={toy_ade}",
+        f"output_dir={tmp_path}",
+        "schedule.iters=2",
+        "schedule.val_interval=2",
+        *FAST,
+        nproc=2,
+    )
     assert json.loads((tmp_path / "metrics.json").read_text())["mIoU"] is not None
 
 
@@ -57,8 +99,13 @@ def _build(experiment: str, toy_ade, tmp_path):
 
     register_all_modules()
     register_backbones()
-    cfg = compose_config("seg", f"experiment={experiment}", f"data.root={toy_ade}", f"output_dir={tmp_path}",
-                      "logger.wandb.mode=disabled")
+    cfg = compose_config(
+        "seg",
+        f"experiment={experiment}",
+        f"data.root={toy_ade}",
+        f"output_dir={tmp_path}",
+        "logger.wandb.mode=disabled",
+    )
     return cfg, build_seg_config(cfg, DistEnv(), str(tmp_path)), MODELS
 
 

@@ -1,4 +1,5 @@
 """Checkpoint loading: formats, strictness, and refusal to run pickled code."""
+
 from __future__ import annotations
 
 import pickle
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import cat
-from cat.models import CheckpointMismatchError, UnsafeCheckpointError, load_checkpoint_file
+from cat.models import CheckpointMismatchError, load_checkpoint_file
 
 KWARGS = dict(embed_dim=32, depth=1, num_classes=5, img_size=32)
 
@@ -16,11 +17,14 @@ def build():
     return cat.create_model("ca_deit_tiny", **KWARGS)
 
 
-@pytest.mark.parametrize("wrap", [
-    lambda sd: {"model": sd, "optimizer": {}, "epoch": 3},          # release / cat format
-    lambda sd: sd,                                                  # bare state dict
-    lambda sd: {"state_dict": {"module." + k: v for k, v in sd.items()}},  # mmengine + DDP prefix
-])
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda sd: {"model": sd, "optimizer": {}, "epoch": 3},  # release / cat format
+        lambda sd: sd,  # bare state dict
+        lambda sd: {"state_dict": {"module." + k: v for k, v in sd.items()}},  # mmengine + DDP prefix
+    ],
+)
 def test_formats_round_trip(tmp_path, wrap):
     src = build()
     path = tmp_path / "ckpt.pth"

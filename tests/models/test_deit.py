@@ -1,4 +1,5 @@
 """CA-DeiT: released parameter counts, any resolution, the timm model API."""
+
 from __future__ import annotations
 
 import pytest
@@ -70,8 +71,15 @@ def test_unknown_model_names_close_matches():
 
 
 def test_official_checkpoint_logits(official_ca_deit):
-    model = cat.create_model("ca_deit_tiny", checkpoint=official_ca_deit / "small_p8_64.pth", embed_dim=64,
-                             depth=2, patch_size=8, img_size=64, num_classes=10).eval()
+    model = cat.create_model(
+        "ca_deit_tiny",
+        checkpoint=official_ca_deit / "small_p8_64.pth",
+        embed_dim=64,
+        depth=2,
+        patch_size=8,
+        img_size=64,
+        num_classes=10,
+    ).eval()
     io = torch.load(official_ca_deit / "small_p8_64.io.pth", weights_only=True)
     with torch.no_grad():
         logits = model(io["input"])

@@ -1,4 +1,5 @@
 """The hierarchical zoo: every model trains, dense features at any size, PVT/Swin checkpoint parity."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,18 @@ HIERARCHICAL = [n for n in OURS if not n.startswith("ca_deit")]
 
 def test_registry_holds_the_zoo():
     expected = {f"{p}pvt_{s}" for p in ("", "ca_") for s in ("tiny", "small", "medium", "large")}
-    expected |= {"ca_swin_tiny", "ca_swin_small", "ca_swin_base", "ca_swin_base_384", "cat_tiny", "cat_small",
-                 "cat_base", "ca_deit_tiny", "ca_deit_small", "ca_deit_base"}
+    expected |= {
+        "ca_swin_tiny",
+        "ca_swin_small",
+        "ca_swin_base",
+        "ca_swin_base_384",
+        "cat_tiny",
+        "cat_small",
+        "cat_base",
+        "ca_deit_tiny",
+        "ca_deit_small",
+        "ca_deit_base",
+    }
     assert set(OURS) == expected
 
 
@@ -31,8 +42,9 @@ def test_forward_backward_small_resolution(name):
     assert not missing, missing[:5]
 
 
-DENSE_CASES = [("cat_tiny", None)] + [(name, pattern) for name in ("pvt_tiny", "ca_pvt_tiny", "ca_swin_tiny")
-                                      for pattern in (None, "SSSS", "CM1SS")]
+DENSE_CASES = [("cat_tiny", None)] + [
+    (name, pattern) for name in ("pvt_tiny", "ca_pvt_tiny", "ca_swin_tiny") for pattern in (None, "SSSS", "CM1SS")
+]
 
 
 @pytest.mark.parametrize("name, pattern", DENSE_CASES)
@@ -42,7 +54,7 @@ def test_dense_features_any_size(name, pattern):
     with torch.no_grad():
         feats = model(torch.randn(1, 3, 200, 328))
     assert model.feature_info.reduction() == [4, 8, 16, 32]
-    for f, stride, ch in zip(feats, [4, 8, 16, 32], model.feature_info.channels()):
+    for f, stride, ch in zip(feats, [4, 8, 16, 32], model.feature_info.channels(), strict=True):
         assert f.shape == (1, ch, -(-200 // stride), -(-328 // stride))
 
 
@@ -71,8 +83,10 @@ def test_swin_ssss_is_timm_swin():
 def test_pvt_ssss_uses_release_names():
     keys = set(timm.create_model("pvt_tiny").state_dict())
     expected = {"cls_token", "norm.weight", "norm.bias", "head.weight", "head.bias"}
-    for s, sr in zip(range(1, 5), (8, 4, 2, 1)):
-        expected |= {f"pos_embed{s}"} | {f"patch_embed{s}.{m}.{p}" for m in ("proj", "norm") for p in ("weight", "bias")}
+    for s, sr in zip(range(1, 5), (8, 4, 2, 1), strict=True):
+        expected |= {f"pos_embed{s}"} | {
+            f"patch_embed{s}.{m}.{p}" for m in ("proj", "norm") for p in ("weight", "bias")
+        }
         for j in range(2):
             layers = ["norm1", "attn.q", "attn.kv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"]
             layers += ["attn.sr", "attn.norm"] if sr > 1 else []

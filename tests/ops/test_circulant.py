@@ -1,4 +1,5 @@
 """The fast FFT operator equals dense BCCB attention, in values and gradients, at any grid shape."""
+
 from __future__ import annotations
 
 import math
@@ -59,17 +60,23 @@ SHAPES = [  # (B, H, W, C, head_dim)
 def test_fast_equals_dense_bccb(shape):
     B, H, W, C, d = shape
     q, k, v = torch.randn(3, B, H, W, C, dtype=torch.float64).unbind(0)
-    torch.testing.assert_close(circulant_attention(q, k, v, head_dim=d), dense_bccb_attention(q, k, v, d),
-                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        circulant_attention(q, k, v, head_dim=d), dense_bccb_attention(q, k, v, d), rtol=1e-10, atol=1e-12
+    )
 
 
 def test_scale_is_respected():
     q, k, v = torch.randn(3, 2, 4, 6, 4, dtype=torch.float64).unbind(0)
     paper_scale = 1.0 / (24 * math.sqrt(2))  # 1 / (N sqrt(d))
-    torch.testing.assert_close(circulant_attention(q, k, v, head_dim=2, scale=paper_scale),
-                               dense_bccb_attention(q, k, v, 2, scale=paper_scale), rtol=1e-10, atol=1e-12)
-    assert not torch.allclose(circulant_attention(q, k, v, head_dim=2, scale=paper_scale),
-                              circulant_attention(q, k, v, head_dim=2))
+    torch.testing.assert_close(
+        circulant_attention(q, k, v, head_dim=2, scale=paper_scale),
+        dense_bccb_attention(q, k, v, 2, scale=paper_scale),
+        rtol=1e-10,
+        atol=1e-12,
+    )
+    assert not torch.allclose(
+        circulant_attention(q, k, v, head_dim=2, scale=paper_scale), circulant_attention(q, k, v, head_dim=2)
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 4, 2, 1), (2, 2, 3, 4, 2)])
@@ -80,7 +87,7 @@ def test_gradients_match_reference(shape):
     g = torch.randn(B, H, W, C, dtype=torch.float64)
     fast = torch.autograd.grad((circulant_attention(q, k, v, head_dim=d) * g).sum(), (q, k, v))
     ref = torch.autograd.grad((dense_bccb_attention(q, k, v, d) * g).sum(), (q, k, v))
-    for a, b in zip(fast, ref):
+    for a, b in zip(fast, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
@@ -112,10 +119,13 @@ def test_autocast_cuda_low_precision(dtype):
     assert (out.float() - ref).norm() / ref.norm() < 1e-2
 
 
-@pytest.mark.parametrize("bad, match", [
-    ((torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4)), "shaped"),
-    ((torch.randn(1, 3, 4, 2), torch.randn(1, 3, 5, 2), torch.randn(1, 3, 4, 2)), "same shape"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ((torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4)), "shaped"),
+        ((torch.randn(1, 3, 4, 2), torch.randn(1, 3, 5, 2), torch.randn(1, 3, 4, 2)), "same shape"),
+    ],
+)
 def test_bad_shapes_raise(bad, match):
     with pytest.raises(ValueError, match=match):
         circulant_attention(*bad)
@@ -128,6 +138,7 @@ def test_bad_head_dim_raises():
 
 
 # --- the module: released CA-DeiT numerics -----------------------------------------------------
+
 
 @pytest.mark.parametrize("hw", [(4, 4), (3, 5), (6, 7)])
 def test_module_matches_released_pipeline(hw):
@@ -190,6 +201,7 @@ def test_module_rejects_wrong_grid():
 
 # --- the BCCB projection -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("hw", [(2, 3), (3, 3), (4, 2)])
 def test_bccb_project_matches_definition(hw):
     a = torch.randn(hw[0] * hw[1], hw[0] * hw[1], dtype=torch.float64)
@@ -224,6 +236,7 @@ def test_bccb_stochastic_matrix_is_closer_than_random():
 
 # --- the matmul DFT backend ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matmul_backend_equals_fft_backend(shape):
     B, H, W, C, d = shape
@@ -232,7 +245,9 @@ def test_matmul_backend_equals_fft_backend(shape):
     mm = circulant_attention(q, k, v, head_dim=d, fft_backend="matmul")
     torch.testing.assert_close(mm, fft, rtol=1e-10, atol=1e-12)
     g = torch.randn_like(fft)
-    for a, b in zip(torch.autograd.grad((fft * g).sum(), (q, k, v)), torch.autograd.grad((mm * g).sum(), (q, k, v))):
+    for a, b in zip(
+        torch.autograd.grad((fft * g).sum(), (q, k, v)), torch.autograd.grad((mm * g).sum(), (q, k, v)), strict=True
+    ):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 

@@ -1,5 +1,6 @@
 """The malicious-file suite: every entry point that reads a checkpoint refuses each hostile file,
 names the file and the refused global, and nothing runs (the payload's marker file never appears)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,15 @@ from tests.hostile import write_hostile_files
 
 HOSTILE = ["plain_pickle", "legacy_torch", "zip_torch", "yacs_config_payload", "getattr_chain", "nested_reducers"]
 REFUSED = {"getattr_chain": "getattr"}  # the global each file's refusal names (default: os.system)
-TINY = ["data=synthetic", "data.img_size=32", "model.kwargs={embed_dim:16,depth:1,patch_size:8}", "aug=none",
-        "workers=0", "logger.wandb.mode=disabled", "epochs=1"]
+TINY = [
+    "data=synthetic",
+    "data.img_size=32",
+    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
+    "aug=none",
+    "workers=0",
+    "logger.wandb.mode=disabled",
+    "epochs=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +76,21 @@ def test_train_cls_resume(hostile, name, tmp_path):
 def test_tools(hostile, tool, name, tmp_path):
     files, marker = hostile
     model = [] if tool == "bccb_analysis" else ["--model", "ca_deit_tiny"]  # bccb: its softmax default
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / f"{tool}.py"), *model,
-                           "--checkpoint", str(files[name]), "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / f"{tool}.py"),
+            *model,
+            "--checkpoint",
+            str(files[name]),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert_refused(proc.stderr, files[name], name, marker)
@@ -78,9 +98,20 @@ def test_tools(hostile, tool, name, tmp_path):
 
 def test_entry_point_exit_status_and_one_line(hostile, tmp_path):
     files, marker = hostile
-    proc = subprocess.run([sys.executable, str(REPO / "train_cls.py"), *TINY, "mode=eval",
-                           f"checkpoint={files['zip_torch']}", f"output_dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train_cls.py"),
+            *TINY,
+            "mode=eval",
+            f"checkpoint={files['zip_torch']}",
+            f"output_dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: refusing to load checkpoint") and "posix.system" in last or "os.system" in last

@@ -1,4 +1,5 @@
 """The analysis tools run end to end on CPU at small settings and write what they promise."""
+
 from __future__ import annotations
 
 import csv
@@ -38,8 +39,19 @@ def test_bccb_analysis_default_images(run_tool, tmp_path):
 
 
 def test_visualize_kernels(run_tool, tmp_path):
-    run_tool("visualize_kernels", "--out", str(tmp_path), "--img-size", "64", "--channels", "4",
-             "--model-arg", "depth=3", "--model-arg", "embed_dim=32")
+    run_tool(
+        "visualize_kernels",
+        "--out",
+        str(tmp_path),
+        "--img-size",
+        "64",
+        "--channels",
+        "4",
+        "--model-arg",
+        "depth=3",
+        "--model-arg",
+        "embed_dim=32",
+    )
     result = json.loads((tmp_path / "kernels.json").read_text())
     assert len(result["layers"]) == 3
     for layer in result["layers"]:
@@ -53,7 +65,11 @@ def test_benchmark(run_tool, tmp_path):
     with open(tmp_path / "benchmark.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["res"]) for r in rows] == [
-        ("deit_tiny_patch16_224", "32"), ("ca_deit_tiny", "32"), ("deit_tiny_patch16_224", "48"), ("ca_deit_tiny", "48")]
+        ("deit_tiny_patch16_224", "32"),
+        ("ca_deit_tiny", "32"),
+        ("deit_tiny_patch16_224", "48"),
+        ("ca_deit_tiny", "48"),
+    ]
     for r in rows:
         assert float(r["fwd_img_s"]) > 0 and float(r["fwd_bwd_img_s"]) > 0 and float(r["peak_rss_mib"]) > 50
         assert float(r["fwd_img_s_p25"]) <= float(r["fwd_img_s"]) <= float(r["fwd_img_s_p75"])
@@ -70,11 +86,27 @@ def test_make_tables_fills_a_row_from_a_real_run(run_tool, tmp_path):
             for i in range(4):
                 Image.new("RGB", (64, 64), (80 * c, 40 * i, 100)).save(folder / f"{i}.png")
     run_dir = tmp_path / "runs" / "ca_deit_t"
-    proc = subprocess.run([sys.executable, str(REPO / "train_cls.py"), "experiment=ca_deit_t",
-                           f"data.root={tmp_path / 'imagenet'}", "data.num_classes=2", "epochs=1", "batch_size=4",
-                           "++model.kwargs={embed_dim:16,depth:1}", "aug.mixup=0", "aug.cutmix=0", "workers=0",
-                           "logger.wandb.mode=disabled", f"output_dir={run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train_cls.py"),
+            "experiment=ca_deit_t",
+            f"data.root={tmp_path / 'imagenet'}",
+            "data.num_classes=2",
+            "epochs=1",
+            "batch_size=4",
+            "++model.kwargs={embed_dim:16,depth:1}",
+            "aug.mixup=0",
+            "aug.cutmix=0",
+            "workers=0",
+            "logger.wandb.mode=disabled",
+            f"output_dir={run_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out_md = tmp_path / "tables.md"
     text = run_tool("make_tables", str(tmp_path / "runs"), "--table", "2", "--out", str(out_md))

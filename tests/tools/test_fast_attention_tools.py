@@ -1,4 +1,5 @@
 """ONNX export of CA-DeiT through the matmul DFT backend, and the attention benchmark script."""
+
 from __future__ import annotations
 
 import onnx
@@ -18,8 +19,25 @@ def test_export_ca_deit_tiny(run_tool, tmp_path):
 def test_bench_attention_runs(run_tool):
     import json
 
-    result = json.loads(run_tool("bench_attention", "--grids", "6", "--batches", "1", "--backward", "--matmul",
-                                 "--growth", "4", "6", "--rounds", "1", "--min-block", "0.001", "--json"))
+    result = json.loads(
+        run_tool(
+            "bench_attention",
+            "--grids",
+            "6",
+            "--batches",
+            "1",
+            "--backward",
+            "--matmul",
+            "--growth",
+            "4",
+            "6",
+            "--rounds",
+            "1",
+            "--min-block",
+            "0.001",
+            "--json",
+        )
+    )
     for mode in ("forward", "forward_backward"):
         (row,) = result[mode]
         assert row["tokens"] == "6x6"

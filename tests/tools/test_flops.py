@@ -1,4 +1,5 @@
 """tools/flops.py reproduces the paper's Table 2 (params and FLOPs) and counts any timm model."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def test_json_and_resolutions(run_flops):
 
 def test_circulant_cost_grows_n_log_n(run_flops):
     """Doubling the side quadruples N: CA-DeiT grows ~4x, softmax DeiT far faster (N^2 attention)."""
-    rows = json.loads(run_flops("ca_deit_tiny", "deit_tiny_patch16_224", "--img-size", "512",
-                                "--img-size", "1024", "--json"))
+    rows = json.loads(
+        run_flops("ca_deit_tiny", "deit_tiny_patch16_224", "--img-size", "512", "--img-size", "1024", "--json")
+    )
     ca = rows[1]["flops"] / rows[0]["flops"]
     softmax = rows[3]["flops"] / rows[2]["flops"]
     assert 3.9 < ca < 4.6 and softmax > 8

@@ -8,21 +8,29 @@ allow-list holds only tensor rebuilding, plain containers and a dict stand-in fo
 and which reads every pickle of the file itself (torch's legacy format included), so no byte of
 an untrusted file reaches ``pickle.load``. Every failure names the file.
 """
+
 from __future__ import annotations
 
 import collections
 import os
 import pickle
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from cat.errors import CheckpointError, UserError
 
-__all__ = ["load_checkpoint_file", "extract_state_dict", "load_state_dict", "CheckpointMismatchError",
-           "LoadReport", "UnsafeCheckpointError"]
+__all__ = [
+    "load_checkpoint_file",
+    "extract_state_dict",
+    "load_state_dict",
+    "CheckpointMismatchError",
+    "LoadReport",
+    "UnsafeCheckpointError",
+]
 
 
 class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
@@ -70,7 +78,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         except KeyError:
             raise UnsafeCheckpointError(
                 f"refused global '{module}.{name}': not on cat's checkpoint allow-list (tensors, plain "
-                "containers and yacs CfgNode); re-save the file as a plain state dict if you trust it") from None
+                "containers and yacs CfgNode); re-save the file as a plain state dict if you trust it"
+            ) from None
 
 
 class _RestrictedPickleModule:
@@ -85,8 +94,9 @@ class _RestrictedPickleModule:
         return RestrictedUnpickler(file, **kwargs).load()
 
 
-def load_checkpoint_file(path: str | os.PathLike[str], map_location: str | torch.device = "cpu",
-                         safe_globals: Iterable[Any] = ()) -> Any:
+def load_checkpoint_file(
+    path: str | os.PathLike[str], map_location: str | torch.device = "cpu", safe_globals: Iterable[Any] = ()
+) -> Any:
     """Read a checkpoint file without running code from it (see the module docstring).
 
     ``safe_globals`` widens torch's weights-only allow-list for this call only (e.g. the numpy
@@ -113,8 +123,10 @@ def load_checkpoint_file(path: str | os.PathLike[str], map_location: str | torch
         raise
     except Exception as error:
         first_line = str(weights_only_error).strip().splitlines()[0]
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__}: {error}; the "
-                              f"weights-only reader said: {first_line})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({type(error).__name__}: {error}; the "
+            f"weights-only reader said: {first_line})"
+        ) from None
 
 
 def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:
@@ -127,12 +139,14 @@ def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:
             break
     non_tensors = [k for k, v in checkpoint.items() if not isinstance(v, Tensor)]
     if non_tensors:
-        raise ValueError("checkpoint holds no 'model' or 'state_dict' entry and is not a bare state dict; "
-                         f"non-tensor entries: {non_tensors[:10]}")
+        raise ValueError(
+            "checkpoint holds no 'model' or 'state_dict' entry and is not a bare state dict; "
+            f"non-tensor entries: {non_tensors[:10]}"
+        )
     # Weights saved from a DistributedDataParallel or torch.compile wrapper carry a prefix.
     for prefix in ("module.", "_orig_mod."):
         if checkpoint and all(k.startswith(prefix) for k in checkpoint):
-            checkpoint = {k[len(prefix):]: v for k, v in checkpoint.items()}
+            checkpoint = {k[len(prefix) :]: v for k, v in checkpoint.items()}
     return dict(checkpoint)
 
 
@@ -164,19 +178,24 @@ class CheckpointMismatchError(UserError, ValueError):
 
     def __init__(self, report: LoadReport, source: str) -> None:
         self.report = report
-        super().__init__(f"checkpoint {source} does not match the model (pass strict=False to load the "
-                         f"matching part):\n{report}")
+        super().__init__(
+            f"checkpoint {source} does not match the model (pass strict=False to load the matching part):\n{report}"
+        )
 
 
-def load_state_dict(model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True,
-                    source: str = "state dict") -> LoadReport:
+def load_state_dict(
+    model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "state dict"
+) -> LoadReport:
     """Load ``state_dict`` into ``model``; with ``strict`` raise on any mismatch, else load what fits."""
     own = model.state_dict()
     report = LoadReport(
         missing=[k for k in own if k not in state_dict],
         unexpected=[k for k in state_dict if k not in own],
-        shape_mismatch=[(k, tuple(own[k].shape), tuple(v.shape)) for k, v in state_dict.items()
-                        if k in own and own[k].shape != v.shape],
+        shape_mismatch=[
+            (k, tuple(own[k].shape), tuple(v.shape))
+            for k, v in state_dict.items()
+            if k in own and own[k].shape != v.shape
+        ],
     )
     if strict and not report.clean:
         raise CheckpointMismatchError(report, source)

@@ -1,0 +1,211 @@
+"""Building a classification run from its config: model, data, train state and loop options."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+import cat
+from cat.data import build_dataset
+from cat.errors import ConfigError
+from cat.runtime import DistEnv
+
+from .state import TrainState
+from .train import TrainOptions
+
+__all__ = [
+    "build_model",
+    "TrainData",
+    "build_train_data",
+    "val_loader",
+    "num_classes_of",
+    "build_train_state",
+    "build_train_options",
+    "ResumableSampler",
+    "ShardSampler",
+]
+
+
+class ResumableSampler(Sampler[int]):
+    """A DistributedSampler whose epoch can start part-way (after ``skip`` samples of this rank)."""
+
+    def __init__(self, base: DistributedSampler) -> None:
+        self.base = base
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.base.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.base), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.base) - self.skip
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``world``-th index from ``rank``: each sample evaluated exactly once across ranks."""
+
+    def __init__(self, size: int, rank: int, world: int) -> None:
+        self.indices = range(rank, size, world)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None, strict: bool = True) -> nn.Module:
+    kwargs = dict(OmegaConf.to_container(cfg.model.kwargs, resolve=True))
+    kwargs.setdefault("img_size", cfg.data.img_size)
+    if cfg.model.drop_path_rate is not None:  # else the model factory's value
+        kwargs["drop_path_rate"] = cfg.model.drop_path_rate
+    return cat.create_model(cfg.model.name, checkpoint=checkpoint, strict=strict, num_classes=num_classes, **kwargs)
+
+
+def num_classes_of(cfg: DictConfig, dataset: Dataset) -> int:
+    if cfg.data.num_classes is not None:
+        return int(cfg.data.num_classes)
+    return len(dataset.classes)  # folder datasets: one class per folder
+
+
+def val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
+    return DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        sampler=ShardSampler(len(dataset), env.rank, env.world_size),
+        num_workers=cfg.workers,
+        pin_memory=cfg.pin_memory and env.device.type == "cuda",
+    )
+
+
+@dataclass
+class TrainData:
+    train_set: Dataset
+    val_set: Dataset
+    num_classes: int
+    sampler: ResumableSampler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    steps_per_epoch: int
+    global_batch: int
+
+
+def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
+    """Both splits and their loaders; the train sampler can start an epoch part-way (a resume)."""
+    train_set = build_dataset(cfg.data, cfg.aug, "train")
+    val_set = build_dataset(cfg.data, cfg.aug, "val")
+    global_batch = cfg.batch_size * env.world_size
+    if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.batch_size % 2:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
+    if len(train_set) < global_batch:
+        raise ConfigError(
+            f"the train split has {len(train_set)} images, fewer than one global batch of "
+            f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes)"
+        )
+    sampler = ResumableSampler(
+        DistributedSampler(
+            train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True
+        )
+    )
+    train_loader = DataLoader(
+        train_set,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=cfg.workers,
+        pin_memory=cfg.pin_memory and env.device.type == "cuda",
+        persistent_workers=cfg.workers > 0,
+    )
+    return TrainData(
+        train_set,
+        val_set,
+        num_classes_of(cfg, train_set),
+        sampler,
+        train_loader,
+        val_loader(cfg, val_set, env),
+        len(sampler.base) // cfg.batch_size,
+        global_batch,
+    )
+
+
+def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainState:
+    """A fresh train state: the model (from ``checkpoint=`` if given), EMA, AdamW-style optimizer with
+    the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
+    model = build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load).to(env.device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
+    lr = cfg.lr * data.global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr
+    optimizer = create_optimizer_v2(
+        model,
+        opt=cfg.optim.opt,
+        lr=lr,
+        weight_decay=cfg.optim.weight_decay,
+        momentum=cfg.optim.momentum,
+        **OmegaConf.to_container(cfg.optim.kwargs),
+    )
+    # The schedule is a pure function of the step, built from the current config (never restored).
+    scheduler, _ = create_scheduler_v2(
+        optimizer,
+        sched=cfg.schedule.sched,
+        num_epochs=cfg.epochs,
+        warmup_epochs=cfg.schedule.warmup_epochs,
+        warmup_lr=cfg.schedule.warmup_lr,
+        min_lr=cfg.schedule.min_lr,
+        cooldown_epochs=cfg.schedule.cooldown_epochs,
+        step_on_epochs=False,
+        updates_per_epoch=data.steps_per_epoch,
+    )
+    fp16_scaling = cfg.amp.enabled and cfg.amp.dtype == "fp16" and env.device.type == "cuda"
+    scaler = torch.amp.GradScaler(env.device.type, enabled=fp16_scaling)
+    return TrainState(model, optimizer, scheduler, scaler, ema)
+
+
+def build_train_options(cfg: DictConfig, data: TrainData) -> TrainOptions:
+    """The loss (soft targets under mixup/cutmix, else label smoothing or plain cross-entropy) and
+    everything else an epoch needs to know."""
+    mixup_active = cfg.aug.mixup > 0 or cfg.aug.cutmix > 0
+    mixup_fn = (
+        Mixup(
+            mixup_alpha=cfg.aug.mixup,
+            cutmix_alpha=cfg.aug.cutmix,
+            prob=cfg.aug.mixup_prob,
+            switch_prob=cfg.aug.mixup_switch_prob,
+            mode=cfg.aug.mixup_mode,
+            label_smoothing=cfg.aug.smoothing,
+            num_classes=data.num_classes,
+        )
+        if mixup_active
+        else None
+    )
+    if mixup_active:
+        criterion: nn.Module = SoftTargetCrossEntropy()
+    elif cfg.aug.smoothing > 0:
+        criterion = LabelSmoothingCrossEntropy(cfg.aug.smoothing)
+    else:
+        criterion = nn.CrossEntropyLoss()
+    return TrainOptions(
+        criterion=criterion,
+        steps_per_epoch=data.steps_per_epoch,
+        num_epochs=cfg.epochs,
+        mixup_fn=mixup_fn,
+        clip_grad=cfg.optim.clip_grad,
+        amp=cfg.amp.enabled,
+        amp_dtype=cfg.amp.dtype,
+        channels_last=cfg.channels_last,
+        log_interval=cfg.log_interval,
+    )

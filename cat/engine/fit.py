@@ -1,0 +1,332 @@
+"""The classification training loop: resume, then per epoch train, evaluate, checkpoint; a SIGTERM
+saves mid-epoch and ends the run cleanly. Each step is a short function over the train state."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from cat.errors import ConfigError
+from cat.runtime import DistEnv, RunFolder, capture_rng_state, restore_rng_state, seed_everything
+from cat.runtime.logger import WandbLogger
+
+from .builders import TrainData, build_train_data, build_train_options, build_train_state
+from .saving import CheckpointManager
+from .state import TrainState
+from .train import EpochProgress, EpochResult, NonFiniteLossError, TrainOptions, evaluate, train_one_epoch
+
+__all__ = ["fit", "RESUME_FIXED_KEYS", "resume_changes"]
+
+# A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
+# resumed step on); these would make it a different run, so resuming with them changed is refused.
+RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "seed", "optim.opt", "ema.enabled")
+RESUME_FREE_KEYS = ("data.root",)  # the same data may move
+
+
+def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    # Re-seeding at each epoch start makes an epoch's randomness independent of how the run got there,
+    # so a run resumed from an epoch-end checkpoint matches an uninterrupted one.
+    return seed * 1_000_003 + epoch * 1009 + rank
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, list], list[str]]:
+    """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of
+    them a resume cannot take (:data:`RESUME_FIXED_KEYS`)."""
+    old, new = _flatten(saved), _flatten(current)
+    changed = {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+    fixed = [k for k in changed if k.startswith(RESUME_FIXED_KEYS) and k not in RESUME_FREE_KEYS]
+    return changed, fixed
+
+
+@dataclass
+class ResumePoint:
+    """What a mid-epoch checkpoint adds for this rank: its RNG states and the epoch's totals so far."""
+
+    rng: dict[str, Any] | None = None
+    carried: EpochProgress | None = None
+
+
+@contextmanager
+def _sigterm_requests_stop() -> Iterator[Callable[[], bool]]:
+    """Slurm preemption: SIGTERM sets a flag (finish the step, save, exit cleanly) instead of killing."""
+    requested = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requested.append(signum))
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _weights_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point())
+
+
+def resume(
+    cfg: DictConfig, env: DistEnv, folder: RunFolder, ckpt: CheckpointManager, state: TrainState, steps_per_epoch: int
+) -> ResumePoint:
+    """Load ``output_dir/last.pth`` into ``state`` if there is one; refuse config changes that would
+    make it another run, record the others in ``config_changes.jsonl``."""
+    saved = ckpt.load_last()
+    if saved is None:
+        return ResumePoint()
+    changed, fixed = resume_changes(saved.get("config") or {}, OmegaConf.to_container(cfg, resolve=True))
+    if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
+        fixed.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
+    if fixed:
+        raise ConfigError(
+            [
+                f"cannot resume {ckpt.last} with a different {k}"
+                + (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "")
+                for k in fixed
+            ]
+            + ["start a new run in another output_dir, or pass resume=false to overwrite"]
+        )
+    state.load_state_dict(saved)
+    point = ResumePoint()
+    rng, progress = saved.get("rng"), saved.get("epoch_progress")
+    if state.step_in_epoch and rng is not None and len(rng) == env.world_size:
+        point.rng = rng[env.rank]
+    if state.step_in_epoch and progress is not None and len(progress) == env.world_size:
+        point.carried = EpochProgress(**progress[env.rank])
+    folder.log.info(
+        "resumed from %s: epoch %d, step %d of %d", ckpt.last, state.epoch + 1, state.step_in_epoch, steps_per_epoch
+    )
+    if changed:
+        folder.log.info(
+            "config changed since the checkpoint, applied from here on: %s",
+            "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
+        )
+        if env.is_main:
+            with open(folder.file("config_changes.jsonl"), "a") as f:
+                f.write(
+                    json.dumps(
+                        {
+                            "epoch": state.epoch + 1,
+                            "step_in_epoch": state.step_in_epoch,
+                            "changed": changed,
+                            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        }
+                    )
+                    + "\n"
+                )
+    return point
+
+
+class _Checkpoints:
+    """Saving for one run: the state plus what every checkpoint of it carries (config, world size)."""
+
+    def __init__(self, cfg: DictConfig, env: DistEnv, folder: RunFolder) -> None:
+        self.manager = CheckpointManager(folder.path, keep_last=cfg.save.keep_last)
+        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.env = env
+
+    def kept(self) -> str:
+        last = self.manager.last
+        return f"{last} (the last good checkpoint) is kept" if os.path.isfile(last) else "nothing was saved"
+
+    def save_epoch_end(self, state: TrainState, is_best: bool) -> None:
+        if self.env.is_main:
+            self.manager.save(self._entries(state, None, None), is_best=is_best)
+
+    def save_mid_epoch(self, state: TrainState, progress: EpochProgress) -> None:
+        """Every rank's RNG states and epoch totals go in, so each resumes exactly where it stopped."""
+        rng: list[Any] = [None] * self.env.world_size
+        totals: list[Any] = [None] * self.env.world_size
+        if self.env.distributed:
+            dist.all_gather_object(rng, capture_rng_state())
+            dist.all_gather_object(totals, asdict(progress))
+        else:
+            rng, totals = [capture_rng_state()], [asdict(progress)]
+        if self.env.is_main:
+            self.manager.save(self._entries(state, rng, totals), epoch_end=False)
+
+    def _entries(self, state: TrainState, rng: list | None, progress: list | None) -> dict[str, Any]:
+        return {
+            **state.state_dict(),
+            "config": self.config,
+            "rng": rng,
+            "epoch_progress": progress,
+            "world_size": self.env.world_size,
+        }
+
+
+def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float | None = None) -> None:
+    """Nothing non-finite is ever saved: stop with the epoch named (counted as in the log)."""
+    what = None
+    if val_loss is not None and not math.isfinite(val_loss):
+        what = f"validation loss ({val_loss})"
+    elif not _weights_finite(state.model):
+        what = "weights"
+    if what is not None:
+        raise NonFiniteLossError(
+            f"epoch {state.epoch + 1} has non-finite {what}; it is not saved and {checkpoints.kept()}"
+        )
+
+
+def _wrap_for_training(cfg: DictConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
+    train_model = torch.compile(model) if cfg.compile else model
+    if env.distributed:
+        train_model = DistributedDataParallel(
+            train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
+        )
+    return train_model
+
+
+def _summary(state: TrainState, **extra: Any) -> dict[str, Any]:
+    return {
+        **state.metrics,
+        "best_top1": state.best_top1,
+        "epoch": state.epoch,
+        "wall_time_s": state.wall_time_s,
+        **extra,
+    }
+
+
+def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    """Train ``cfg`` into ``folder`` (resuming from its ``last.pth``); returns the run's metrics."""
+    log = folder.log
+    data = build_train_data(cfg, env)
+    state = build_train_state(cfg, env, data)
+    opts = build_train_options(cfg, data)
+    checkpoints = _Checkpoints(cfg, env, folder)
+    point = resume(cfg, env, folder, checkpoints.manager, state, data.steps_per_epoch) if cfg.resume else ResumePoint()
+    state.scheduler.step_update(num_updates=state.global_step(data.steps_per_epoch))
+    folder.write_config(cfg)
+    state.train_model = _wrap_for_training(cfg, env, state.model)
+    wandb = WandbLogger(cfg.logger.wandb, folder.path, checkpoints.config, enabled=env.is_main)
+    opts.log_fn = wandb.log
+    log.info(
+        "model %s: %.2fM params; %d train / %d val images, %d classes; global batch %d, lr %.2e, %d steps/epoch",
+        cfg.model.name,
+        sum(p.numel() for p in state.model.parameters()) / 1e6,
+        len(data.train_set),
+        len(data.val_set),
+        data.num_classes,
+        data.global_batch,
+        state.optimizer.param_groups[0]["lr"],
+        data.steps_per_epoch,
+    )
+    if state.epoch >= cfg.epochs:
+        log.info("%s already holds a finished run of %d epochs", folder.path, cfg.epochs)
+    with _sigterm_requests_stop() as stop_requested:
+        opts.stop_requested = stop_requested
+        try:
+            while state.epoch < cfg.epochs:
+                started = time.perf_counter()
+                result = _train_epoch(cfg, env, state, data, opts, point)
+                point = ResumePoint()
+                if result.interrupted and state.step_in_epoch < data.steps_per_epoch:
+                    state.wall_time_s += time.perf_counter() - started
+                    _check_finite(state, checkpoints)
+                    checkpoints.save_mid_epoch(state, result.progress)
+                    log.info(
+                        "stop requested (SIGTERM): saved epoch %d step %d/%d to %s; rerun the same command to resume",
+                        state.epoch + 1,
+                        state.step_in_epoch,
+                        data.steps_per_epoch,
+                        checkpoints.manager.last,
+                    )
+                    return _summary(state, preempted=True)
+                # A stop on the epoch's last step lets the epoch end normally (evaluated and saved) first.
+                _end_epoch(cfg, env, folder, state, data, result, checkpoints, wandb, started)
+                if result.interrupted:
+                    log.info(
+                        "stop requested (SIGTERM) on the last step of epoch %d: saved it to %s; rerun the same "
+                        "command to resume",
+                        state.epoch,
+                        checkpoints.manager.last,
+                    )
+                    return _summary(state, preempted=True)
+        finally:
+            wandb.finish()
+    return _summary(state, epoch=cfg.epochs)
+
+
+def _train_epoch(
+    cfg: DictConfig, env: DistEnv, state: TrainState, data: TrainData, opts: TrainOptions, point: ResumePoint
+) -> EpochResult:
+    """Train the rest of epoch ``state.epoch``, with its randomness independent of how the run got here."""
+    seed_everything(_epoch_seed(cfg.seed, state.epoch, env.rank))
+    data.sampler.set_epoch(state.epoch, state.step_in_epoch * cfg.batch_size)
+    batches = iter(data.train_loader)
+    if state.step_in_epoch and point.rng is not None:
+        restore_rng_state(point.rng)  # after creating the iterator, which draws from the RNG
+    return train_one_epoch(state, batches, env, opts, carried=point.carried)
+
+
+def _end_epoch(
+    cfg: DictConfig,
+    env: DistEnv,
+    folder: RunFolder,
+    state: TrainState,
+    data: TrainData,
+    result: EpochResult,
+    checkpoints: _Checkpoints,
+    wandb: WandbLogger,
+    started: float,
+) -> None:
+    """Evaluate, refuse anything non-finite, advance to the next epoch, save, log."""
+    amp = (cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
+    metrics = evaluate(state.train_model, data.val_loader, env, *amp)
+    _check_finite(state, checkpoints, metrics["loss"])
+    if state.ema is not None:
+        metrics["ema_top1"] = evaluate(state.ema.module, data.val_loader, env, *amp)["top1"]
+    is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
+    state.best_top1 = metrics["top1"] if is_best else state.best_top1
+    state.wall_time_s += time.perf_counter() - started
+    state.metrics = {
+        "top1": metrics["top1"],
+        "top5": metrics["top5"],
+        "val_loss": metrics["loss"],
+        "train_loss": result.loss,
+    }
+    state.epoch, state.step_in_epoch = state.epoch + 1, 0
+    checkpoints.save_epoch_end(state, is_best)
+    folder.log.info(
+        "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f  (%.1f s, %.0f img/s)",
+        state.epoch,
+        cfg.epochs,
+        result.loss,
+        result.lr,
+        metrics["top1"],
+        metrics["top5"],
+        metrics["loss"],
+        state.best_top1,
+        time.perf_counter() - started,
+        result.images_per_s,
+    )
+    wandb.log(
+        {
+            "epoch": state.epoch,
+            "train/loss": result.loss,
+            "train/lr": result.lr,
+            "train/images_per_s": result.images_per_s,
+            "val/top1": metrics["top1"],
+            "val/top5": metrics["top5"],
+            "val/loss": metrics["loss"],
+            "val/best_top1": state.best_top1,
+            **({"val/ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
+        },
+        step=state.epoch * data.steps_per_epoch,
+    )

@@ -1,0 +1,23 @@
+"""What the tools (and the trainers' throughput mode) share: timing, models named on a command
+line, sample images and figure saving. Nothing here is a tool itself; ``tools/`` holds those."""
+
+from .figures import save_figure
+from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
+from .models import add_model_arguments, model_from_args, model_tool_parser
+from .timing import interleaved_medians, peak_memory_mib, reset_peak_memory, synchronize, time_calls
+
+__all__ = [
+    "save_figure",
+    "IMAGE_SUFFIXES",
+    "load_images",
+    "sample_images",
+    "to_model_input",
+    "add_model_arguments",
+    "model_from_args",
+    "model_tool_parser",
+    "interleaved_medians",
+    "peak_memory_mib",
+    "reset_peak_memory",
+    "synchronize",
+    "time_calls",
+]

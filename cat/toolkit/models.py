@@ -1,0 +1,44 @@
+"""A model named on a tool's command line: ``--model``, ``--model-arg KEY=VALUE``, ``--checkpoint``,
+``--img-size``, ``--seed``, built the one way every tool builds it."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+import cat
+from cat.models import parse_model_args
+
+__all__ = ["add_model_arguments", "model_from_args", "model_tool_parser"]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str, img_size: int = 224) -> None:
+    parser.add_argument("--model", default=default, help=help)
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable",
+    )
+    parser.add_argument("--checkpoint", default=None, help="weights to load (release format, state dict or cat's)")
+    parser.add_argument("--img-size", type=int, default=img_size)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights of a model without --checkpoint")
+
+
+def model_from_args(args: argparse.Namespace) -> nn.Module:
+    """The model the arguments name, in eval mode (random weights seeded by ``--seed`` without a checkpoint)."""
+    torch.manual_seed(args.seed)
+    return cat.create_model(
+        args.model, checkpoint=args.checkpoint, img_size=args.img_size, **parse_model_args(args.model_arg)
+    ).eval()
+
+
+def model_tool_parser(description: str, out_help: str, default: str, help: str) -> argparse.ArgumentParser:
+    """The parser of a tool that analyses one model and writes into ``--out``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help=out_help)
+    add_model_arguments(parser, default, help)
+    return parser
