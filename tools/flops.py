@@ -4,7 +4,7 @@
 python tools/flops.py ca_deit_tiny deit_tiny_patch16_224                   # 224x224
 python tools/flops.py ca_deit_tiny --img-size 224 --img-size 1024 --img-size 800 1280
 python tools/flops.py ca_deit_small --img-size 512 768 --json            # H=512, W=768
-python tools/flops.py --table 2            # the paper's Table 2, ours beside the paper's numbers
+python tools/flops.py --table 2            # the paper's Table 2 (or 3, 4, 5), ours beside the paper's numbers
 python tools/flops.py --det mask_rcnn_ca_pvt_t_1x mask_rcnn_pvt_t_1x    # whole detectors at 800x1280
 python tools/flops.py --seg fpn_ca_pvt_t_40k --img-size 512 2048        # whole segmentors
 """
@@ -17,12 +17,12 @@ import sys
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import model_cost
-from cat.paper import paper_table
+from cat.paper import available_tables, paper_table
 from cat.runtime import report_user_errors
 
 
-def measure(name: str, img_size: tuple[int, int]) -> dict[str, object]:
-    params, macs = model_cost(name, img_size)
+def measure(name: str, img_size: tuple[int, int], **model_args: object) -> dict[str, object]:
+    params, macs = model_cost(name, img_size, **model_args)
     return {"model": name, "img_size": list(img_size), "params": params, "flops": macs}
 
 
@@ -53,12 +53,12 @@ def compare_table(number: int) -> list[dict[str, object]]:
         if "experiment" in row:  # whole detectors / segmentors (Tables 3 and 4)
             ours = measure_dense(table["task"], row["experiment"], tuple(row["img_size"]))
         else:
-            ours = measure(row["model"], (row["img_size"], row["img_size"]))
+            ours = measure(row["model"], (row["img_size"], row["img_size"]), **row.get("model_args", {}))
         params_m, gflops = ours["params"] / 1e6, ours["flops"] / 1e9
         tolerance = row.get("tolerance", table["tolerance"])
         errors = [
             e
-            for e in (_relative_error(params_m, row["params_m"]), _relative_error(gflops, row["gflops"]))
+            for e in (_relative_error(params_m, row.get("params_m")), _relative_error(gflops, row["gflops"]))
             if e is not None
         ]
         rows.append(
@@ -79,10 +79,12 @@ def _print_table(number: int, rows: list[dict[str, object]]) -> None:
     print("| model | name | input | params (M) | paper | GFLOPs | paper | ok |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         paper_note = " (target)" if r.get("target") else ""
+        name = r.get("model") or r["experiment"]
+        name += "".join(f" {k}={v}" for k, v in r.get("model_args", {}).items())
         size = "x".join(map(str, r["img_size"])) if isinstance(r["img_size"], list) else f"{r['img_size']}²"
         print(
-            f"| {r['label']} | `{r.get('model') or r['experiment']}` | {size} "
-            f"| {r['ours_params_m']:.1f} | {fmt(r['params_m'])} | {r['ours_gflops']:.2f} "
+            f"| {r['label']} | `{name}` | {size} "
+            f"| {r['ours_params_m']:.1f} | {fmt(r.get('params_m'))} | {r['ours_gflops']:.2f} "
             f"| {fmt(r['gflops'])}{paper_note} | {'yes' if r['within_tolerance'] else 'NO'} |"
         )
 
@@ -92,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", help="timm model names (cat's models are registered)")
     parser.add_argument(
-        "--table", type=int, help="reproduce table N of the paper (exit status 1 if a row is outside its tolerance)"
+        "--table",
+        type=int,
+        choices=available_tables(),
+        help="reproduce table N of the paper (exit status 1 if a row is outside its tolerance)",
     )
     parser.add_argument(
         "--img-size",

@@ -3,8 +3,10 @@
 
 Scans the given folders for ``metrics.json`` files written by ``train_cls.py`` (and, where present,
 ``train_det.py``/``train_seg.py``), reads each run's resolved ``config.yaml`` beside it to know the
-model and resolution, and fills the rows of the tables in ``cat/paper_tables.yaml``. Rows without
-a run are marked "not run"; for several runs of one row the best is shown.
+model (and its options) and resolution, and fills the rows of the tables in
+``cat/paper_tables.yaml``: every metric the paper prints for a row (top-1; box and mask AP; mIoU)
+beside ours. Rows without a run are marked "not run"; for several runs of one row the best (by the
+table's first metric) is shown.
 
     python tools/make_tables.py outputs/                    # every table
     python tools/make_tables.py outputs/cls --table 2 --out docs/results.md
@@ -24,12 +26,18 @@ from cat.errors import DataError
 from cat.paper import available_tables, paper_table
 from cat.runtime import report_user_errors
 
-# Per table: the metric's label, the metrics.json key (and a preferred key), and the factor to the
-# paper's percent scale (mmdet's COCO metric is a fraction).
-TABLE_METRICS = {
-    2: ("top-1 (%)", "top1", "best_top1", 1.0),
-    3: ("box AP", "bbox_mAP", None, 100.0),
-    4: ("mIoU (%)", "mIoU", None, 1.0),
+# The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
+# one present is used: best_top1 over the last epoch's top1) and the factor to the paper's percent
+# scale (mmdet's COCO metrics are fractions).
+RUN_METRICS = {
+    "top1": (("best_top1", "top1"), 1.0),
+    "AP_b": (("bbox_mAP",), 100.0),
+    "AP_b50": (("bbox_mAP_50",), 100.0),
+    "AP_b75": (("bbox_mAP_75",), 100.0),
+    "AP_m": (("segm_mAP",), 100.0),
+    "AP_m50": (("segm_mAP_50",), 100.0),
+    "AP_m75": (("segm_mAP_75",), 100.0),
+    "mIoU": (("mIoU",), 1.0),
 }
 
 
@@ -46,7 +54,7 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
                 metrics = json.loads(metrics_path.read_text())
             except ValueError as error:
                 raise DataError(f"{metrics_path} is not valid JSON ({error})") from None
-            model = config.get("model", {})
+            model = config.get("model") or {}
             runs.append(
                 {
                     "dir": str(metrics_path.parent),
@@ -54,6 +62,7 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
                     "metrics": metrics,
                     "name": config.get("name"),
                     "model": model.get("name"),
+                    "model_args": model.get("kwargs") or {},
                     "img_size": config.get("data", {}).get("img_size"),
                     "dataset": config.get("data", {}).get("name"),
                 }
@@ -61,54 +70,60 @@ def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
     return runs
 
 
-def _value(run: dict[str, Any], key: str, preferred: str | None, scale: float = 1.0) -> float | None:
-    metrics = run["metrics"]
-    value = metrics[preferred] if preferred and preferred in metrics else metrics.get(key)
+def run_metric(run: dict[str, Any], name: str) -> float | None:
+    """The run's value of the paper's metric ``name``, on the paper's scale (None if it has none)."""
+    keys, scale = RUN_METRICS[name]
+    value = next((run["metrics"][k] for k in keys if run["metrics"].get(k) is not None), None)
     return None if value is None else value * scale
 
 
+def _runs_of_row(row: dict[str, Any], table: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Detection/segmentation rows match runs by preset name; classification rows by model, its
+    options (those any row of the table sets for this model, e.g. Table 5's head_dim and reweight)
+    and input size."""
+    if "experiment" in row:
+        return [r for r in runs if r["name"] == row["experiment"]]
+    options = {k for other in table["rows"] if other.get("model") == row["model"] for k in other.get("model_args", {})}
+    wanted = row.get("model_args", {})
+    return [
+        r
+        for r in runs
+        if r["model"] == row["model"]
+        and r["dataset"] == table["dataset"]
+        and r["img_size"] in (None, row["img_size"])
+        and all(r["model_args"].get(k) == wanted.get(k) for k in options)
+    ]
+
+
 def fill_table(number: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table's rows, each with ``ours`` (metric -> value) from its best run and that run's folder."""
     table = paper_table(number)
-    _, key, fallback, scale = TABLE_METRICS[number]
+    first = next(iter(table["metrics"]))
     rows = []
     for row in table["rows"]:
-        if "experiment" in row:  # detection/segmentation presets are matched by run name
-            matching = [r for r in runs if r["name"] == row["experiment"] and _value(r, key, fallback) is not None]
-        else:
-            matching = [
-                r
-                for r in runs
-                if r["model"] == row["model"]
-                and r["dataset"] == table["dataset"]
-                and r["img_size"] in (None, row["img_size"])
-                and _value(r, key, fallback) is not None
-            ]
-        best = max(matching, key=lambda r: _value(r, key, fallback), default=None)
-        rows.append(
-            {
-                **row,
-                "ours": None if best is None else _value(best, key, fallback, scale),
-                "run": None if best is None else best["dir"],
-            }
-        )
+        matching = [r for r in _runs_of_row(row, table, runs) if run_metric(r, first) is not None]
+        best = max(matching, key=lambda r: run_metric(r, first), default=None)
+        ours = {name: None if best is None else run_metric(best, name) for name in table["metrics"]}
+        rows.append({**row, "ours": ours, "run": None if best is None else best["dir"]})
     return rows
 
 
 def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
-    metric = TABLE_METRICS[number][0]
+    table = paper_table(number)
     fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    metric_columns = "".join(f" {label}, ours | {label}, paper |" for label in table["metrics"].values())
     lines = [
-        f"### Table {number}: {paper_table(number)['title']}",
+        f"### Table {number}: {table['title']}",
         "",
-        f"| model | params (M), paper | GFLOPs, paper | {metric}, ours | {metric}, paper | run |",
-        "|---|---|---|---|---|---|",
+        f"| model | params (M), paper | GFLOPs, paper |{metric_columns} run |",
+        "|---|---|---|" + "---|---|" * len(table["metrics"]) + "---|",
     ]
     for r in rows:
         run = "not run" if r["run"] is None else f"`{r['run']}`"
-        lines.append(
-            f"| {r['label']} | {fmt(r.get('params_m'))} | {fmt(r.get('gflops'))} | {fmt(r['ours'], 2)} "
-            f"| {fmt(r.get('paper_metric'), 1)} | {run} |"
+        metrics = "".join(
+            f" {fmt(r['ours'][name], 2)} | {fmt(r.get('paper', {}).get(name))} |" for name in table["metrics"]
         )
+        lines.append(f"| {r['label']} | {fmt(r.get('params_m'))} | {fmt(r.get('gflops'))} |{metrics} {run} |")
     return "\n".join(lines)
 
 
@@ -116,7 +131,9 @@ def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", help="folders to search for runs (metrics.json + config.yaml)")
-    parser.add_argument("--table", type=int, nargs="+", default=None, help="tables to print (default: all)")
+    parser.add_argument(
+        "--table", type=int, nargs="+", choices=available_tables(), help="tables to print (default: all)"
+    )
     parser.add_argument("--out", default=None, help="also write the Markdown to this file")
     args = parser.parse_args(argv)
     missing = [folder for folder in args.folders if not Path(folder).is_dir()]
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         raise DataError(f"not a folder: {', '.join(missing)}")
 
     runs = collect_runs(args.folders)
-    tables = args.table or [t for t in available_tables() if t in TABLE_METRICS]
+    tables = args.table or available_tables()
     text = "\n\n".join(to_markdown(t, fill_table(t, runs)) for t in tables)
     print(text)
     print(f"\n{len(runs)} runs found under {', '.join(args.folders)}")

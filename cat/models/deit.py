@@ -5,18 +5,22 @@ position embedding (each block's depthwise conv encodes position), circulant-att
 final LayerNorm, mean over tokens, linear head. Because nothing depends on the token count, any
 input size divisible by the patch size works without retraining, non-square included.
 
-The softmax-attention baselines ``deit_tiny/small/base_patch16_224`` are timm's own models.
+The softmax-attention baselines ``deit_tiny/small/base_patch16_224`` are timm's own models; the
+ablations of the paper's Table 5 are options of these factories (``head_dim``, ``reweight``) plus
+``deit_small_reweight_patch16_224``, timm's DeiT-S with the token reweighting on softmax attention.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import timm
 from timm.layers import PatchEmbed
 from timm.models import generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
-from cat.layers import CirculantBlock, LayerNorm6
+from cat.layers import CirculantBlock, LayerNorm6, TokenReweightedAttention
 from cat.ops.circulant import Reweight
 
 from ._base import TimmApiMixin, build_family_model, family_cfg, run_blocks
@@ -107,3 +111,11 @@ def ca_deit_small(pretrained: bool = False, **kwargs: Any) -> CirculantVisionTra
 @register_model
 def ca_deit_base(pretrained: bool = False, **kwargs: Any) -> CirculantVisionTransformer:
     return _create("ca_deit_base", pretrained, **{"embed_dim": 768, "depth": 12, "drop_path_rate": 0.4, **kwargs})
+
+
+@register_model
+def deit_small_reweight_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """DeiT-S whose softmax attention output is token-reweighted (``SiLU(Linear(x))``), Table 5's last row."""
+    return timm.create_model(
+        "deit_small_patch16_224", pretrained=pretrained, attn_layer=TokenReweightedAttention, **kwargs
+    )

@@ -1,10 +1,5 @@
-"""Whole-detector and segmentor params and FLOPs against the paper's Tables 3 and 4.
-
-Rows with a published number are compared directly (``tools/flops.py --table``). The CA rows'
-params are not available, but they follow from Table 2: a CA detector or segmentor has its
-baseline's neck and heads, so its params must differ from the baseline's by what the backbones
-differ by in the paper's Table 2.
-"""
+"""Whole-detector and segmentor params and FLOPs against every number of the paper's Tables 3 and 4
+(``tools/flops.py --table``): a row more than 5% off fails. Table 3 prints no params."""
 
 from __future__ import annotations
 
@@ -17,43 +12,21 @@ from cat.paper import paper_table
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
 
-TABLE2_PARAMS = {row["label"]: row["params_m"] for row in paper_table(2)["rows"]}
 
-
-def _check_table(rows: list[dict], min_flops_rows: int) -> None:
-    checked = 0
+def _check_table(rows: list[dict]) -> None:
     for r in rows:
-        for ours, paper in ((r["ours_params_m"], r["params_m"]), (r["ours_gflops"], r["gflops"])):
+        for ours, paper in ((r["ours_params_m"], r.get("params_m")), (r["ours_gflops"], r["gflops"])):
             if paper is not None:
                 assert abs(ours - paper) / paper <= r["tolerance"], (r["label"], ours, paper)
-        checked += r["gflops"] is not None
         assert r["within_tolerance"], r["label"]
-    assert checked >= min_flops_rows
-    by_label = {r["label"]: r for r in rows}
-    implied = 0
-    for label, r in by_label.items():
-        if not label.startswith("CA-") or label[3:] not in by_label:
-            continue
-        backbone = label.removesuffix(" 3x")  # the CA backbone's Table 2 label
-        known = (by_label[label[3:]]["params_m"], TABLE2_PARAMS.get(backbone), TABLE2_PARAMS.get(backbone[3:]))
-        if None in known:
-            continue
-        base_params, ca_backbone, base_backbone = known
-        paper_params = base_params + ca_backbone - base_backbone
-        assert abs(r["ours_params_m"] - paper_params) / paper_params <= r["tolerance"], (
-            label,
-            r["ours_params_m"],
-            paper_params,
-        )
-        implied += 1
-    assert implied >= 3
 
 
 @pytest.mark.slow
 def test_table3_mask_rcnn(run_tool):
     rows = json.loads(run_tool("flops", "--table", "3", "--json"))
     assert len(rows) == len(paper_table(3)["rows"]) and all(r["img_size"] == [800, 1280] for r in rows)
-    _check_table(rows, min_flops_rows=7)
+    assert all(r["gflops"] is not None for r in rows)
+    _check_table(rows)
     by_label = {r["label"]: r for r in rows}
     # Circulant attention in the high-resolution stages costs less than PVT's spatial reduction.
     for size in "TSML":
@@ -64,4 +37,5 @@ def test_table3_mask_rcnn(run_tool):
 def test_table4_segmentors(run_tool):
     rows = json.loads(run_tool("flops", "--table", "4", "--json"))
     assert len(rows) == len(paper_table(4)["rows"]) and all(r["img_size"] == [512, 2048] for r in rows)
-    _check_table(rows, min_flops_rows=5)
+    assert all(r["gflops"] is not None and r["params_m"] is not None for r in rows)
+    _check_table(rows)

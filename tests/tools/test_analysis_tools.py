@@ -77,41 +77,81 @@ def test_benchmark(run_tool, tmp_path):
     assert "forward speed-up of ca_deit_tiny" in text
 
 
-def test_make_tables_fills_a_row_from_a_real_run(run_tool, tmp_path):
-    """A (tiny) ImageNet-layout run of ca_deit_tiny at 224 fills the CA-DeiT-T row of Table 2."""
-    for split in ("train", "val"):
-        for c in range(2):
-            folder = tmp_path / "imagenet" / split / f"n0000{c}"
-            folder.mkdir(parents=True)
-            for i in range(4):
-                Image.new("RGB", (64, 64), (80 * c, 40 * i, 100)).save(folder / f"{i}.png")
-    run_dir = tmp_path / "runs" / "ca_deit_t"
+def _train_cls(*overrides: str) -> None:
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train_cls.py"),
-            "experiment=ca_deit_t",
-            f"data.root={tmp_path / 'imagenet'}",
-            "data.num_classes=2",
-            "epochs=1",
-            "batch_size=4",
-            "++model.kwargs={embed_dim:16,depth:1}",
-            "aug.mixup=0",
-            "aug.cutmix=0",
-            "workers=0",
-            "logger.wandb.mode=disabled",
-            f"output_dir={run_dir}",
-        ],
+        [sys.executable, str(REPO / "train_cls.py"), *overrides, "workers=0", "logger.wandb.mode=disabled"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _row(text: str, label: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_make_tables_fills_rows_from_real_runs(run_tool, tmp_path):
+    """A (tiny) ImageNet-layout training run of ca_deit_tiny at 224, and an eval run of its checkpoint,
+    each fill the CA-DeiT-T row of Table 2 with the paper's top-1 beside ours; a CA-DeiT-S run with
+    reweight=pre fills Table 5's pre-reweighting row and no other."""
+    for split in ("train", "val"):
+        for c in range(2):
+            folder = tmp_path / "imagenet" / split / f"n0000{c}"
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (64, 64), (80 * c, 40 * i, 100)).save(folder / f"{i}.png")
+    common = [f"data.root={tmp_path / 'imagenet'}", "data.num_classes=2", "batch_size=4", "aug.mixup=0", "aug.cutmix=0"]
+    run_dir = tmp_path / "runs" / "ca_deit_t"
+    _train_cls(
+        "experiment=ca_deit_t", *common, "epochs=1", "++model.kwargs={embed_dim:16,depth:1}", f"output_dir={run_dir}"
+    )
     out_md = tmp_path / "tables.md"
     text = run_tool("make_tables", str(tmp_path / "runs"), "--table", "2", "--out", str(out_md))
     top1 = json.loads((run_dir / "metrics.json").read_text())["best_top1"]
-    row = next(line for line in text.splitlines() if line.startswith("| CA-DeiT-T |"))
-    assert f"| {top1:.2f} |" in row and str(run_dir) in row
-    assert "| DeiT-T |" in text and "not run" in text.split("| DeiT-T |")[1].splitlines()[0]
+    assert _row(text, "CA-DeiT-T")[3:6] == [f"{top1:.2f}", "75.0", f"`{run_dir}`"]
+    assert _row(text, "DeiT-T")[3:] == ["—", "72.2", "not run"]
     assert out_md.read_text().startswith("### Table 2")
+
+    eval_dir = tmp_path / "evals" / "ca_deit_t"
+    _train_cls(
+        "experiment=ca_deit_t",
+        *common,
+        "mode=eval",
+        f"checkpoint={run_dir / 'best.pth'}",
+        "++model.kwargs={embed_dim:16,depth:1}",
+        f"output_dir={eval_dir}",
+    )
+    text = run_tool("make_tables", str(tmp_path / "evals"), "--table", "2")
+    top1 = json.loads((eval_dir / "eval" / "metrics.json").read_text())["top1"]
+    assert _row(text, "CA-DeiT-T")[3:6] == [f"{top1:.2f}", "75.0", f"`{eval_dir / 'eval'}`"]
+
+    ablation_dir = tmp_path / "ablation" / "pre"
+    _train_cls(
+        "experiment=table5_ca_pre",
+        *common,
+        "epochs=1",
+        "++model.kwargs.embed_dim=16",
+        "++model.kwargs.depth=1",
+        f"output_dir={ablation_dir}",
+    )
+    text = run_tool("make_tables", str(tmp_path / "ablation"), "--table", "5")
+    filled = [
+        label
+        for label in ("+ token pre-reweighting", "+ token post-reweighting (CA-DeiT-S)", "+ head dim d=1")
+        if _row(text, label)[-1] != "not run"
+    ]
+    assert filled == ["+ token pre-reweighting"] and _row(text, "+ token pre-reweighting")[4] == "80.9"
+
+
+def test_make_tables_on_an_empty_folder_lists_every_row_as_not_run(run_tool, tmp_path):
+    from cat.paper import available_tables, paper_table
+
+    text = run_tool("make_tables", str(tmp_path))
+    for number in available_tables():
+        assert f"### Table {number}:" in text
+        for row in paper_table(number)["rows"]:
+            assert _row(text, row["label"])[-1] == "not run"
+    assert "0 runs found" in text
