@@ -10,12 +10,21 @@ table's first metric) is shown.
 
     python tools/make_tables.py outputs/                    # every table
     python tools/make_tables.py outputs/cls --table 2 --out docs/results.md
+
+A sweep folder (``train_*.py -m``; it holds Hydra's ``multirun.yaml``) gets its own table instead:
+one row per group of cells that differ only by ``seed``, with the mean ± std over the seeds that
+finished and their count, the paper's number where a table row matches, and every cell of the
+sweep accounted for (finished, stopped, running, failed, missing):
+
+    python tools/make_tables.py outputs/cls/sweeps/table5_ablation --out t5.md --csv t5.csv
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,8 @@ import yaml
 
 from cat.errors import DataError
 from cat.paper import available_tables, paper_table
-from cat.runtime import report_user_errors
+from cat.runtime import RunDirLock, report_user_errors
+from cat.toolkit.sweeps import expand_sweep
 
 # The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
 # one present is used: best_top1 over the last epoch's top1) and the factor to the paper's percent
@@ -41,33 +51,36 @@ RUN_METRICS = {
 }
 
 
+def _run_record(folder: Path) -> dict[str, Any]:
+    """What a run folder says about its run: metrics (empty if it has none yet), model and data."""
+    config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+    metrics: dict[str, Any] = {}
+    if (folder / "metrics.json").is_file():
+        try:
+            metrics = json.loads((folder / "metrics.json").read_text())
+        except ValueError as error:
+            raise DataError(f"{folder / 'metrics.json'} is not valid JSON ({error})") from None
+    model = config.get("model") or {}
+    return {
+        "dir": str(folder),
+        "mode": config.get("mode", "train"),
+        "metrics": metrics,
+        "name": config.get("name"),
+        "model": model.get("name"),
+        "model_args": model.get("kwargs") or {},
+        "img_size": (config.get("data") or {}).get("img_size"),
+        "dataset": (config.get("data") or {}).get("name"),
+    }
+
+
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
     """Every run under ``folders``: its metrics, model name and input size."""
-    runs = []
-    for folder in folders:
-        for metrics_path in sorted(Path(folder).rglob("metrics.json")):
-            config_path = metrics_path.parent / "config.yaml"
-            if not config_path.is_file():
-                continue
-            config = yaml.safe_load(config_path.read_text())
-            try:
-                metrics = json.loads(metrics_path.read_text())
-            except ValueError as error:
-                raise DataError(f"{metrics_path} is not valid JSON ({error})") from None
-            model = config.get("model") or {}
-            runs.append(
-                {
-                    "dir": str(metrics_path.parent),
-                    "mode": config.get("mode", "train"),
-                    "metrics": metrics,
-                    "name": config.get("name"),
-                    "model": model.get("name"),
-                    "model_args": model.get("kwargs") or {},
-                    "img_size": config.get("data", {}).get("img_size"),
-                    "dataset": config.get("data", {}).get("name"),
-                }
-            )
-    return runs
+    return [
+        _run_record(metrics_path.parent)
+        for folder in folders
+        for metrics_path in sorted(Path(folder).rglob("metrics.json"))
+        if (metrics_path.parent / "config.yaml").is_file()
+    ]
 
 
 def run_metric(run: dict[str, Any], name: str) -> float | None:
@@ -127,6 +140,89 @@ def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every cell the sweep launched (from ``multirun.yaml``) or has a folder for, with its status:
+    finished, stopped (saved on a signal; relaunch the sweep to resume it), running, failed (a
+    folder, no result, no live run) or missing (no folder: not started, or failed before it)."""
+    multirun = yaml.safe_load((sweep_dir / "multirun.yaml").read_text())["hydra"]
+    expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))
+    unnamed = set(multirun["job"]["config"]["override_dirname"].get("exclude_keys") or [])  # as in folder names
+    cells = []
+    for folder in sorted(p for p in sweep_dir.iterdir() if (p / "overrides.yaml").is_file()):
+        (overrides,) = expand_sweep(yaml.safe_load((folder / "overrides.yaml").read_text()))
+        record = _run_record(folder)
+        if record["metrics"]:
+            status = "stopped" if record["metrics"].get("preempted") else "finished"
+        else:
+            status = "running" if RunDirLock(str(folder)).in_use() else "failed"
+        cells.append({**record, "overrides": overrides, "status": status})
+        expected.discard(overrides)
+    cells += [{"overrides": cell, "status": "missing", "metrics": {}, "dir": None} for cell in sorted(expected)]
+    for cell in cells:  # what names a cell's group: its overrides but the seed and the unnamed keys
+        cell["group"] = tuple(o for o in cell["overrides"] if o.split("=")[0] not in unnamed | {"seed"})
+    return cells
+
+
+def _paper_values(record: dict[str, Any], metrics: list[str]) -> dict[str, float]:
+    """The paper's numbers for the first table row this run reproduces (none if no row matches)."""
+    for number in available_tables():
+        table = paper_table(number)
+        for row in table["rows"]:
+            if _runs_of_row(row, table, [record]):
+                return {m: row["paper"][m] for m in metrics if m in row.get("paper", {})}
+    return {}
+
+
+def summarize_sweep(cells: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The sweep's metrics and one row per group of cells that differ only by seed."""
+    done = [c for c in cells if c["status"] == "finished"]
+    metrics = [m for m in RUN_METRICS if any(run_metric(c, m) is not None for c in done)]
+    metrics = [m for m in metrics if m in ("top1", "AP_b", "AP_m", "mIoU")] or metrics  # the headline ones
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for cell in cells:
+        groups.setdefault(cell["group"], []).append(cell)
+    rows = []
+    for key, members in groups.items():
+        finished = [c for c in members if c["status"] == "finished"]
+        row: dict[str, Any] = {"cell": ",".join(key) or "(base config)", "seeds": len(finished), "cells": len(members)}
+        for m in metrics:
+            values = [v for v in (run_metric(c, m) for c in finished) if v is not None]
+            row[f"{m}_mean"] = statistics.fmean(values) if values else None
+            row[f"{m}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        paper = _paper_values(finished[0], metrics) if finished else {}
+        row.update({f"{m}_paper": paper.get(m) for m in metrics})
+        counts = {
+            s: sum(c["status"] == s for c in members) for s in ("finished", "stopped", "running", "failed", "missing")
+        }
+        row["status"] = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        rows.append(row)
+    return metrics, rows
+
+
+def _mean_std(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+def sweep_markdown(sweep_dir: Path, metrics: list[str], rows: list[dict[str, Any]]) -> str:
+    labels = {name: label for n in available_tables() for name, label in paper_table(n)["metrics"].items()}
+    header = "".join(f" {labels[m]}, mean ± std | {labels[m]}, paper |" for m in metrics)
+    lines = [
+        f"### Sweep `{sweep_dir.name}` ({sweep_dir})",
+        "",
+        f"| cells | seeds |{header} status |",
+        "|---|---|" + "---|---|" * len(metrics) + "---|",
+    ]
+    for r in rows:
+        values = "".join(
+            f" {_mean_std(r[f'{m}_mean'], r[f'{m}_std'])} | {'—' if r[f'{m}_paper'] is None else r[f'{m}_paper']} |"
+            for m in metrics
+        )
+        lines.append(f"| {r['cell']} | {r['seeds']} |{values} {r['status']} |")
+    return "\n".join(lines)
+
+
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,18 +231,33 @@ def main(argv: list[str] | None = None) -> int:
         "--table", type=int, nargs="+", choices=available_tables(), help="tables to print (default: all)"
     )
     parser.add_argument("--out", default=None, help="also write the Markdown to this file")
+    parser.add_argument("--csv", default=None, help="sweep folders: also write their rows to this CSV file")
     args = parser.parse_args(argv)
     missing = [folder for folder in args.folders if not Path(folder).is_dir()]
     if missing:
         raise DataError(f"not a folder: {', '.join(missing)}")
 
-    runs = collect_runs(args.folders)
-    tables = args.table or available_tables()
-    text = "\n\n".join(to_markdown(t, fill_table(t, runs)) for t in tables)
+    sweeps = [Path(f) for f in args.folders if (Path(f) / "multirun.yaml").is_file()]
+    others = [f for f in args.folders if Path(f) not in sweeps]
+    parts, csv_rows = [], []
+    for sweep_dir in sweeps:
+        metrics, rows = summarize_sweep(sweep_cells(sweep_dir))
+        parts.append(sweep_markdown(sweep_dir, metrics, rows))
+        csv_rows += [{"sweep": str(sweep_dir), **row} for row in rows]
+    if others:
+        runs = collect_runs(others)
+        parts += [to_markdown(t, fill_table(t, runs)) for t in args.table or available_tables()]
+        parts.append(f"{len(runs)} runs found under {', '.join(others)}")
+    text = "\n\n".join(parts)
     print(text)
-    print(f"\n{len(runs)} runs found under {', '.join(args.folders)}")
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.csv and csv_rows:
+        fields = list(dict.fromkeys(k for row in csv_rows for k in row))
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(csv_rows)
     return 0
 
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from cat.data import build_dataset
 from cat.errors import ConfigError, UserError
-from cat.runtime import DistEnv, Rule, RunFolder, run_job, validate_config
+from cat.runtime import DistEnv, Rule, RunFolder, run_job, use_sweep_cell_dir, validate_config
 
 from .builders import build_model, num_classes_of, val_loader
 from .fit import fit
@@ -118,6 +118,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Training writes into ``output_dir``; eval and throughput into ``output_dir/eval`` and
     ``output_dir/throughput``, so they never overwrite a training run's record.
     """
+    use_sweep_cell_dir(cfg)
     check_config(cfg)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)

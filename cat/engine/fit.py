@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.logger import WandbLogger
+from cat.runtime.preemption import stop_requested
 
 from .builders import TrainData, build_train_data, build_train_options, build_train_state
 from .saving import CheckpointManager
@@ -65,17 +63,6 @@ class ResumePoint:
 
     rng: dict[str, Any] | None = None
     carried: EpochProgress | None = None
-
-
-@contextmanager
-def _sigterm_requests_stop() -> Iterator[Callable[[], bool]]:
-    """Slurm preemption: SIGTERM sets a flag (finish the step, save, exit cleanly) instead of killing."""
-    requested = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: requested.append(signum))
-    try:
-        yield lambda: bool(requested)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _weights_finite(model: torch.nn.Module) -> bool:
@@ -224,42 +211,41 @@ def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         len(data.val_set),
         data.num_classes,
         data.global_batch,
-        state.optimizer.param_groups[0]["lr"],
+        state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
         data.steps_per_epoch,
     )
     if state.epoch >= cfg.epochs:
         log.info("%s already holds a finished run of %d epochs", folder.path, cfg.epochs)
-    with _sigterm_requests_stop() as stop_requested:
-        opts.stop_requested = stop_requested
-        try:
-            while state.epoch < cfg.epochs:
-                started = time.perf_counter()
-                result = _train_epoch(cfg, env, state, data, opts, point)
-                point = ResumePoint()
-                if result.interrupted and state.step_in_epoch < data.steps_per_epoch:
-                    state.wall_time_s += time.perf_counter() - started
-                    _check_finite(state, checkpoints)
-                    checkpoints.save_mid_epoch(state, result.progress)
-                    log.info(
-                        "stop requested (SIGTERM): saved epoch %d step %d/%d to %s; rerun the same command to resume",
-                        state.epoch + 1,
-                        state.step_in_epoch,
-                        data.steps_per_epoch,
-                        checkpoints.manager.last,
-                    )
-                    return _summary(state, preempted=True)
-                # A stop on the epoch's last step lets the epoch end normally (evaluated and saved) first.
-                _end_epoch(cfg, env, folder, state, data, result, checkpoints, wandb, started)
-                if result.interrupted:
-                    log.info(
-                        "stop requested (SIGTERM) on the last step of epoch %d: saved it to %s; rerun the same "
-                        "command to resume",
-                        state.epoch,
-                        checkpoints.manager.last,
-                    )
-                    return _summary(state, preempted=True)
-        finally:
-            wandb.finish()
+    opts.stop_requested = stop_requested  # SIGTERM (and submitit's signal): finish the step, save, return
+    try:
+        while state.epoch < cfg.epochs:
+            started = time.perf_counter()
+            result = _train_epoch(cfg, env, state, data, opts, point)
+            point = ResumePoint()
+            if result.interrupted and state.step_in_epoch < data.steps_per_epoch:
+                state.wall_time_s += time.perf_counter() - started
+                _check_finite(state, checkpoints)
+                checkpoints.save_mid_epoch(state, result.progress)
+                log.info(
+                    "stop requested (signal): saved epoch %d step %d/%d to %s; rerun the same command to resume",
+                    state.epoch + 1,
+                    state.step_in_epoch,
+                    data.steps_per_epoch,
+                    checkpoints.manager.last,
+                )
+                return _summary(state, preempted=True)
+            # A stop on the epoch's last step lets the epoch end normally (evaluated and saved) first.
+            _end_epoch(cfg, env, folder, state, data, result, checkpoints, wandb, started)
+            if result.interrupted:
+                log.info(
+                    "stop requested (signal) on the last step of epoch %d: saved it to %s; rerun the same "
+                    "command to resume",
+                    state.epoch,
+                    checkpoints.manager.last,
+                )
+                return _summary(state, preempted=True)
+    finally:
+        wandb.finish()
     return _summary(state, epoch=cfg.epochs)
 
 

@@ -1,5 +1,6 @@
-"""Preemption for mmengine jobs, as classification does it: on SIGTERM finish the step, save a
-checkpoint atomically, exit cleanly; the re-run resumes from that iteration.
+"""Preemption for mmengine jobs, as classification does it: on a stop signal (SIGTERM, or submitit's;
+:mod:`cat.runtime.preemption`) finish the step, save a checkpoint atomically, exit cleanly; the
+re-run resumes from that iteration.
 
 mmengine resumes a mid-epoch checkpoint at the right iteration count but replays its epoch from the
 first batch; :class:`ResumableEpochBasedTrainLoop` skips the batches that epoch already trained,
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +22,7 @@ from mmengine.runner import EpochBasedTrainLoop
 
 from cat.runtime.dist import all_reduce_sum
 from cat.runtime.io import atomic_write_text
+from cat.runtime.preemption import stop_requested
 
 __all__ = ["Preempted", "PreemptionHook", "ResumableDefaultSampler", "ResumableEpochBasedTrainLoop"]
 
@@ -71,7 +72,7 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
 
 @HOOKS.register_module(force=True)
 class PreemptionHook(Hook):
-    """On SIGTERM, after the running iteration: save ``iter_N.pth`` (atomically, through the
+    """On a stop signal, after the running iteration: save ``iter_N.pth`` (atomically, through the
     checkpoint hook's backend), point ``last_checkpoint`` at it and raise :class:`Preempted`.
     Every rank takes part in the decision each iteration, so they stop together."""
 
@@ -79,20 +80,9 @@ class PreemptionHook(Hook):
 
     def __init__(self, backend_args: dict[str, Any] | None = None) -> None:
         self.backend_args = backend_args
-        self.requested = False
-        self.previous_handler: Any = None
-
-    def _request(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-    def before_train(self, runner) -> None:
-        self.previous_handler = signal.signal(signal.SIGTERM, self._request)
-
-    def after_train(self, runner) -> None:
-        signal.signal(signal.SIGTERM, self.previous_handler)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
-        flag = all_reduce_sum(torch.tensor([float(self.requested)]))
+        flag = all_reduce_sum(torch.tensor([float(stop_requested())]))
         if flag.item() == 0:
             return
         iteration = runner.iter + 1  # mmengine counts this iteration after the hooks
@@ -101,5 +91,4 @@ class PreemptionHook(Hook):
         path = os.path.join(runner.work_dir, name)
         if runner.rank == 0:
             atomic_write_text(os.path.join(runner.work_dir, "last_checkpoint"), path)
-        signal.signal(signal.SIGTERM, self.previous_handler)
         raise Preempted(iteration, path)

@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import ConfigError
-from cat.runtime import DistEnv, Rule, RunFolder, run_job, validate_config
+from cat.runtime import DistEnv, Rule, RunFolder, run_job, use_sweep_cell_dir, validate_config
 
 from .backbone import register_backbones
 from .safe_load import install_safe_checkpoint_io
@@ -74,6 +74,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
     Training writes into ``output_dir``, eval into ``output_dir/eval``. On SIGTERM a training run
     saves ``iter_N.pth`` after the running iteration and returns with ``preempted: true``.
     """
+    use_sweep_cell_dir(cfg)
     check_mm_config(cfg)
     register_all_modules, build_config, metric_keys = _task(task)
 

@@ -1,8 +1,9 @@
-"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU) and small collective helpers."""
+"""Process-group setup (NCCL on CUDA, gloo on CPU) for torchrun or submitit, and small collective helpers."""
 
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,11 +30,24 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed(device: str = "auto", timeout_min: int = 30) -> DistEnv:
-    """Join the process group torchrun describes in the environment, or run single-process.
+def _submitit_to_torchrun_env() -> None:
+    """A submitit job with several tasks (one per GPU, started by Slurm or submitit's local executor,
+    not torchrun): describe it the way torchrun would, rendezvous on the first node."""
+    import submitit
 
-    Uses NCCL when CUDA is available (one GPU per local rank), gloo otherwise.
+    job = submitit.JobEnvironment()
+    if job.num_tasks > 1:
+        os.environ.setdefault("MASTER_ADDR", job.hostnames[0])
+        os.environ.setdefault("MASTER_PORT", str(20000 + zlib.crc32(job.job_id.encode()) % 20000))
+    os.environ.update(RANK=str(job.global_rank), WORLD_SIZE=str(job.num_tasks), LOCAL_RANK=str(job.local_rank))
+
+
+def init_distributed(device: str = "auto", timeout_min: int = 30) -> DistEnv:
+    """Join the process group torchrun (or a submitit job) describes in the environment, or run
+    single-process. Uses NCCL when CUDA is available (one GPU per local rank), gloo otherwise.
     """
+    if "WORLD_SIZE" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
+        _submitit_to_torchrun_env()
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import UserError
@@ -20,10 +22,19 @@ from cat.errors import UserError
 from .dist import DistEnv, barrier, broadcast_object, init_distributed
 from .io import atomic_write_json, atomic_write_text
 from .logger import setup_logging
+from .preemption import StopSignals
 from .rng import seed_everything
 from .rundir import RunDirLock
 
-__all__ = ["RunFolder", "open_run_folder", "report_user_errors", "run_dir_for", "run_job", "JobBody"]
+__all__ = [
+    "RunFolder",
+    "open_run_folder",
+    "report_user_errors",
+    "run_dir_for",
+    "run_job",
+    "JobBody",
+    "use_sweep_cell_dir",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,6 +43,15 @@ def run_dir_for(output_dir: str, mode: str) -> str:
     """Where a job of ``mode`` writes: training into ``output_dir``, every other mode into its own
     subfolder, so an eval never overwrites a training run's record."""
     return output_dir if mode == "train" else os.path.join(output_dir, mode)
+
+
+def use_sweep_cell_dir(cfg: DictConfig) -> None:
+    """In a Hydra multirun, point ``cfg.output_dir`` at the cell's own folder,
+    ``<hydra.sweep.dir>/<the cell's overrides>``: cells never share a folder, and relaunching the
+    sweep finds each cell's checkpoints where it left them."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep = HydraConfig.get().sweep
+        cfg.output_dir = os.path.join(sweep.dir, sweep.subdir)
 
 
 def _debug_requested(args: tuple[Any, ...]) -> bool:
@@ -75,15 +95,16 @@ class RunFolder:
         return os.path.join(self.path, name)
 
     def write_config(self, cfg: DictConfig) -> None:
-        """``config.yaml``: the resolved config this run goes on with; ``overrides.yaml``: the
-        command-line overrides it was composed with (when launched through Hydra)."""
-        if not self.is_main:
-            return
-        atomic_write_text(self.file("config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
-        if HydraConfig.initialized():
-            atomic_write_text(
-                self.file("overrides.yaml"), OmegaConf.to_yaml(OmegaConf.create(list(HydraConfig.get().overrides.task)))
-            )
+        """``config.yaml``: the resolved config this run goes on with."""
+        if self.is_main:
+            atomic_write_text(self.file("config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
+
+    def write_overrides(self) -> None:
+        """``overrides.yaml``: the command-line overrides the run was composed with (launched
+        through Hydra), from its start, so a sweep's cells can be told apart while they run."""
+        if self.is_main and HydraConfig.initialized():
+            overrides = OmegaConf.create(list(HydraConfig.get().overrides.task))
+            atomic_write_text(self.file("overrides.yaml"), OmegaConf.to_yaml(overrides))
 
     def close(self) -> None:
         if self.lock is not None:
@@ -119,20 +140,46 @@ JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
 def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     """The lifecycle of every cat job: start distributed (``cfg.device``), open and lock the run
     folder of ``cfg.mode`` under ``cfg.output_dir``, seed each rank from ``cfg.seed``, run
-    ``body(env, folder)``, write what it returns to ``metrics.json`` (rank 0), and tear down,
-    whatever happened. The config must already be checked."""
+    ``body(env, folder)`` with the stop signals caught (:mod:`cat.runtime.preemption`), write what
+    it returns to ``metrics.json`` (rank 0), and tear down, whatever happened. A run that stopped
+    on a signal (``preempted`` in its metrics) then hands the signal back (submitit requeues the
+    cell). The config must already be checked."""
     env = init_distributed(cfg.device)
     folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
-    try:
-        seed_everything(cfg.seed + env.rank)
-        folder.log.info(
-            "%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size, folder.path
-        )
-        metrics = body(env, folder)
-        if env.is_main:
-            atomic_write_json(folder.file("metrics.json"), metrics)
-        return metrics
-    finally:
+    finished = _finished_record(cfg, folder)
+    if finished is not None:  # e.g. a relaunched sweep: finished cells stay as they are
+        folder.log.info("%s already holds this run, finished with the same config: nothing to do", folder.path)
         folder.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return finished
+    folder.write_overrides()
+    with StopSignals() as signals:
+        try:
+            seed_everything(cfg.seed + env.rank)
+            folder.log.info(
+                "%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size, folder.path
+            )
+            metrics = body(env, folder)
+            if env.is_main:
+                atomic_write_json(folder.file("metrics.json"), metrics)
+        finally:
+            folder.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    if metrics.get("preempted"):
+        signals.hand_back()
+    return metrics
+
+
+def _finished_record(cfg: DictConfig, folder: RunFolder) -> dict[str, Any] | None:
+    """The metrics of a training run this folder already finished with exactly this config, if any."""
+    metrics_path, config_path = folder.file("metrics.json"), folder.file("config.yaml")
+    if cfg.mode != "train" or not (os.path.isfile(metrics_path) and os.path.isfile(config_path)):
+        return None
+    with open(config_path) as f:
+        same_config = f.read() == OmegaConf.to_yaml(cfg, resolve=True)
+    with open(metrics_path) as f:
+        try:
+            metrics = json.load(f)
+        except ValueError:
+            return None
+    return metrics if same_config and not metrics.get("preempted") else None

@@ -98,6 +98,10 @@ class RunDirLock:
             return f"its process {pid} is gone (the pid now belongs to another process)"
         return None
 
+    def in_use(self) -> bool:
+        """Whether a live run holds the folder now (a stale lock does not count)."""
+        return os.path.exists(self.path) and self._stale_reason(self._read_holder()) is None
+
     def _read_holder(self) -> dict[str, Any] | None:
         try:
             with open(self.path) as f:

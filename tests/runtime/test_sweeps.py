@@ -1,0 +1,157 @@
+"""Hydra multirun sweeps through submitit's local launcher (real processes, real submitit), the
+sweep table of tools/make_tables.py, and the sbatch script a Slurm sweep would submit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
+
+# Two models x two seeds of a tiny digits classifier (patch 4 on 32x32, 48 channels, 2 blocks).
+TINY = ["'++model.kwargs={embed_dim:48,depth:2,patch_size:4}'", "logger.wandb.mode=disabled", "workers=0"]
+KWARGS = "++model.kwargs={embed_dim:48,depth:2,patch_size:4}"  # as it names the cells
+
+
+def sweep(sweep_dir: Path, *overrides: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    command = " ".join(
+        [
+            sys.executable,
+            str(REPO / "train_cls.py"),
+            "-m",
+            "hydra/launcher=submitit_local",
+            *TINY,
+            *overrides,
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(
+            command, shell=True, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    proc = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def cells(sweep_dir: Path) -> dict[str, Path]:
+    return {p.name: p for p in sweep_dir.iterdir() if (p / "overrides.yaml").is_file()}
+
+
+def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
+    start = time.perf_counter()
+    sweep(tmp_path, "model=ca_deit_tiny,deit_tiny", "seed=0,1", "epochs=2")
+    elapsed = time.perf_counter() - start
+    folders = cells(tmp_path)
+    names = {(m, s): f"{KWARGS},epochs=2,model={m},seed={s}" for m in ("ca_deit_tiny", "deit_tiny") for s in (0, 1)}
+    assert sorted(folders) == sorted(names.values())
+    for folder in folders.values():
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["epoch"] == 2 and not metrics.get("preempted")
+    assert elapsed < 120, f"the 2 x 2 sweep took {elapsed:.0f} s"
+
+    text = run_tool("make_tables", str(tmp_path), "--csv", str(tmp_path / "sweep.csv"))
+    rows = [line for line in text.splitlines() if line.startswith(f"| {KWARGS}")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        f"{KWARGS},epochs=2,model={m}" for m in ("ca_deit_tiny", "deit_tiny")
+    ]
+    for row, model in zip(rows, ("ca_deit_tiny", "deit_tiny"), strict=True):
+        top1 = [json.loads((folders[names[model, s]] / "metrics.json").read_text())["best_top1"] for s in (0, 1)]
+        mean, std = sum(top1) / 2, abs(top1[0] - top1[1]) / 2**0.5
+        assert f"| 2 | {mean:.2f} ± {std:.2f} |" in row and row.rstrip(" |").endswith("2 finished")
+    assert (tmp_path / "sweep.csv").read_text().count("\n") == 3  # header + two groups
+
+
+def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
+    overrides = ("seed=0,1", "epochs=4", "batch_size=16")
+    launcher = sweep(tmp_path, *overrides, wait=False)
+    victim = tmp_path / f"{KWARGS},batch_size=16,epochs=4,seed=1"
+    deadline = time.time() + 300
+    while not (victim / "last.pth").is_file():  # killed after its first epoch, mid-way through the second
+        assert time.time() < deadline and launcher.poll() is None, launcher.stdout.read()[-3000:]
+        time.sleep(0.2)
+    os.kill(json.loads((victim / ".lock").read_text())["pid"], signal.SIGTERM)
+    assert launcher.wait(timeout=300) == 0, launcher.stdout.read()[-3000:]
+    stopped = json.loads((victim / "metrics.json").read_text())
+    assert stopped["preempted"] and stopped["epoch"] < 4
+    survivor = tmp_path / f"{KWARGS},batch_size=16,epochs=4,seed=0"
+    assert json.loads((survivor / "metrics.json").read_text())["epoch"] == 4
+    text = run_tool("make_tables", str(tmp_path))
+    assert "1 finished, 1 stopped" in text
+
+    untouched = {p.name: p.stat().st_mtime_ns for p in survivor.iterdir() if p.name != "log.txt"}
+    sweep(tmp_path, *overrides)
+    assert {p.name: p.stat().st_mtime_ns for p in survivor.iterdir() if p.name != "log.txt"} == untouched
+    resumed = json.loads((victim / "metrics.json").read_text())
+    assert resumed["epoch"] == 4 and not resumed.get("preempted")
+    log = (victim / "log.txt").read_text()
+    assert "stop requested" in log and "resumed from" in log
+    assert "2 finished" in run_tool("make_tables", str(tmp_path))
+
+
+def test_cell_with_two_tasks_runs_distributed_without_torchrun(tmp_path):
+    sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0")
+    (folder,) = cells(tmp_path).values()
+    assert "(world size 2)" in (folder / "log.txt").read_text()
+    assert json.loads((folder / "metrics.json").read_text())["epoch"] == 1
+
+
+def test_slurm_preview_of_a_two_node_eight_gpu_cell(run_tool):
+    text = run_tool(
+        "slurm_preview",
+        "train_cls.py",
+        "hydra/launcher=slurm",
+        "cluster.partition=gpu",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=8",
+        "experiment=ca_deit_t,deit_t",
+        "seed=0,1",
+        "data.root=/data/imagenet",
+    )
+    assert text.startswith("4 cells, one Slurm job each")
+    for line in (
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--time=4320",
+        "--signal=USR2@300",
+        "--cpus-per-task=10",
+    ):
+        assert f"#SBATCH {line}\n" in text
+    assert "export SUBMITIT_EXECUTOR=slurm" in text and "srun" in text
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "configs" / "cls" / "sweep").glob("*.yaml")))
+def test_sweep_presets_name_existing_experiments(preset):
+    from tests.conftest import compose_config
+
+    cfg = compose_config("cls", f"sweep={preset}")
+    assert cfg.sweep_name == preset
+    experiments = str(OmegaConf.select(compose_hydra(preset), "hydra.sweeper.params.experiment")).split(",")
+    assert len(experiments) >= 3
+    for experiment in experiments:
+        assert (REPO / "configs" / "cls" / "experiment" / f"{experiment}.yaml").is_file(), experiment
+
+
+def compose_hydra(preset: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs" / "cls"), version_base="1.3"):
+        return compose(config_name="config", overrides=[f"sweep={preset}"], return_hydra_config=True)
+
+
+def test_slurm_preview_expands_a_preset_with_a_seeds_axis(run_tool):
+    text = run_tool("slurm_preview", "train_cls.py", "hydra/launcher=slurm", "sweep=table5_ablation", "seed=0,1,2")
+    assert text.startswith("18 cells") and "experiment=table5_deit_s_reweight seed=2" in text
