@@ -12,6 +12,15 @@ REPO = Path(__file__).resolve().parents[1]
 # Read-only fixtures beside the checkout in development and CI; absent on users' machines.
 SHARED = REPO.parent / "shared"
 OFFICIAL_CA_DEIT = SHARED / "fixtures" / "official_ca_deit"
+# A tiny CA-DeiT on learnable synthetic data (train_cls.py overrides): seconds per run on one thread.
+TINY_CLS = [
+    "data=synthetic",
+    "data.img_size=32",
+    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
+    "aug=none",
+    "workers=0",
+    "logger.wandb.mode=disabled",
+]
 
 
 def compose_config(task: str, *overrides: str):

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import REPO
-from tests.engine.test_train_cls import env_single_thread, final_weights, run_train, train_cmd
+from tests.engine.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 
 
 def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
@@ -42,14 +42,7 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
         while not (tmp_path / "epoch_0001.pth").exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.05)
-        second = subprocess.run(
-            train_cmd(tmp_path, "epochs=500", "batch_size=8"),
-            cwd=REPO,
-            env=env_single_thread(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        second = train_proc(tmp_path, "epochs=500", "batch_size=8", timeout=300)
         assert second.returncode == 2
         assert (
             second.stderr.strip()
@@ -60,14 +53,7 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
         first.kill()
         first.wait()
     (tmp_path / ".last.pth.abc123.tmp").write_bytes(b"partial")  # what a writer killed mid-save leaves
-    proc = subprocess.run(
-        train_cmd(tmp_path, "epochs=1", "batch_size=8"),
-        cwd=REPO,
-        env=env_single_thread(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train_proc(tmp_path, "epochs=1", "batch_size=8", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"its process {first.pid} is gone" in proc.stdout and ".last.pth.abc123.tmp" in proc.stdout
     assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / ".lock").exists()
@@ -94,13 +80,8 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
 def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
     run_train(tmp_path, "epochs=1", "batch_size=16")
     config = (tmp_path / "config.yaml").read_text()
-    proc = subprocess.run(
-        train_cmd(tmp_path, "epochs=2", "batch_size=16", "model.kwargs={embed_dim:32,depth:1,patch_size:8}"),
-        cwd=REPO,
-        env=env_single_thread(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = train_proc(
+        tmp_path, "epochs=2", "batch_size=16", "model.kwargs={embed_dim:32,depth:1,patch_size:8}", timeout=300
     )
     assert proc.returncode == 2
     assert "cannot resume" in proc.stderr and "model.kwargs.embed_dim: 16 -> 32" in proc.stderr
@@ -110,14 +91,7 @@ def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
 def test_nan_run_keeps_the_previous_good_checkpoint(tmp_path):
     run_train(tmp_path, "epochs=1", "batch_size=8")
     good = final_weights(tmp_path)
-    proc = subprocess.run(
-        train_cmd(tmp_path, "epochs=3", "batch_size=8", "lr=1e6"),
-        cwd=REPO,
-        env=env_single_thread(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train_proc(tmp_path, "epochs=3", "batch_size=8", "lr=1e6", timeout=300)
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "non-finite" in last and "epoch 2" in last and "is kept" in last
@@ -170,14 +144,13 @@ def test_corrupt_image_is_named(tmp_path):
                 Image.new("RGB", (40, 40), (60 * i, 0, 0)).save(root / split / cls / f"{i}.png")
     bad = root / "train" / "b" / "2.png"
     bad.write_bytes(bad.read_bytes()[:40])  # truncated
-    proc = subprocess.run(
-        train_cmd(
-            tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null", "batch_size=4", "epochs=1"
-        ),
-        cwd=REPO,
-        env=env_single_thread(),
-        capture_output=True,
-        text=True,
+    proc = train_proc(
+        tmp_path / "out",
+        "data=folder",
+        f"data.root={root}",
+        "data.num_classes=null",
+        "batch_size=4",
+        "epochs=1",
         timeout=300,
     )
     assert proc.returncode == 2
@@ -185,14 +158,7 @@ def test_corrupt_image_is_named(tmp_path):
 
 
 def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
-    proc = subprocess.run(
-        train_cmd(tmp_path, "epochs=2", "batch_size=8", "log_interval=4"),
-        cwd=REPO,
-        env=env_single_thread(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train_proc(tmp_path, "epochs=2", "batch_size=8", "log_interval=4", timeout=300)
     assert proc.returncode == 0
     output = proc.stdout + proc.stderr
     assert "\r" not in output

@@ -18,17 +18,11 @@ import cat
 from cat.data import synthetic_dataset
 from cat.engine.classification import run
 from cat.errors import ConfigError, DataError
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, TINY_CLS, compose_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
-# A tiny CA-DeiT on learnable synthetic data: seconds per run on one CPU thread.
 TINY = [
-    "data=synthetic",
-    "data.img_size=32",
-    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
-    "aug=none",
-    "workers=0",
-    "logger.wandb.mode=disabled",
+    *TINY_CLS,
     "log_interval=1",
 ]
 
@@ -45,15 +39,20 @@ def env_single_thread() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_train(output_dir: Path, *overrides: str, nproc: int = 1) -> dict:
-    proc = subprocess.run(
+def train_proc(output_dir: Path, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``train_cls.py`` with ``overrides`` into ``output_dir``, run to its end (any exit status)."""
+    return subprocess.run(
         train_cmd(output_dir, *overrides, nproc=nproc),
         cwd=REPO,
         env=env_single_thread(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
+
+
+def run_train(output_dir: Path, *overrides: str, nproc: int = 1) -> dict:
+    proc = train_proc(output_dir, *overrides, nproc=nproc)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((output_dir / "metrics.json").read_text())
 

@@ -12,18 +12,13 @@ import pytest
 import cat
 from cat.engine.classification import run
 from cat.errors import CheckpointError
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, TINY_CLS, compose_config
 from tests.hostile import write_hostile_files
 
 HOSTILE = ["plain_pickle", "legacy_torch", "zip_torch", "yacs_config_payload", "getattr_chain", "nested_reducers"]
 REFUSED = {"getattr_chain": "getattr"}  # the global each file's refusal names (default: os.system)
 TINY = [
-    "data=synthetic",
-    "data.img_size=32",
-    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
-    "aug=none",
-    "workers=0",
-    "logger.wandb.mode=disabled",
+    *TINY_CLS,
     "epochs=1",
 ]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_CLS
 from tests.engine.test_train_cls import env_single_thread, final_weights
 
 pytestmark = pytest.mark.slow
@@ -32,12 +32,7 @@ DIGITS = [
     "epochs=2",
 ]
 SYNTHETIC = [
-    "data=synthetic",
-    "data.img_size=32",
-    "model.kwargs={embed_dim:16,depth:1,patch_size:8}",
-    "aug=none",
-    "workers=0",
-    "logger.wandb.mode=disabled",
+    *TINY_CLS,
     "batch_size=8",
     "epochs=2",
 ]
