@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.utils import benchmark
 
 __all__ = ["synchronize", "time_calls", "interleaved_medians", "reset_peak_memory", "peak_memory_mib"]
 
@@ -46,6 +45,8 @@ def time_calls(
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
     """Median seconds per call of each function, with ``torch.utils.benchmark`` (which synchronises
     CUDA): every round times one block of each function in turn."""
+    from torch.utils import benchmark  # imports torch's C++-extension builder, which warns without CUDA
+
     timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}) for name, fn in fns.items()}
     reps = {}
     for name, timer in timers.items():  # warm-up, and size each block to about min_block_s
