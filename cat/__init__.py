@@ -4,4 +4,4 @@ from . import models, ops
 from .models import create_model, load_checkpoint
 
 __all__ = ["create_model", "load_checkpoint", "models", "ops"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
-# Creates ./.venv with everything cat needs. Idempotent: safe to re-run; a re-run only
-# installs what is missing or at the wrong version.
+# Creates ./.venv for cat. Idempotent: safe to re-run; a re-run only installs what is missing or
+# at the wrong version.
+#   bash scripts/setup_env.sh              what train_cls.py, the operator and the zoo need (requirements.txt)
+#   bash scripts/setup_env.sh --dev        + tests, ruff and the tools' extras (requirements-dev.txt)
+#   bash scripts/setup_env.sh --mm         + detection/segmentation: mmcv 2.1.0 built once and cached,
+#                                            then requirements-mm.txt
+# The flags combine; the README's test command uses both.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+WITH_MM=0
+WITH_DEV=0
+for arg in "$@"; do
+    case "$arg" in
+        --mm) WITH_MM=1 ;;
+        --dev) WITH_DEV=1 ;;
+        *) echo "setup_env.sh: unknown option $arg (use --mm and/or --dev)" >&2; exit 2 ;;
+    esac
+done
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -13,12 +28,14 @@ VPY=.venv/bin/python
 # setuptools<81 still ships pkg_resources, which older OpenMMLab build scripts import.
 "$VPY" -m pip install -q --disable-pip-version-check -U pip "setuptools<81" wheel ninja
 "$VPY" -m pip install -q --disable-pip-version-check -r requirements.txt
+if [ "$WITH_DEV" = 1 ]; then
+    "$VPY" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+fi
 # mmcv 2.1.0 with its compiled ops (mmdet 3.3 and mmseg 1.2 need mmcv._ext and accept mmcv<2.2 only).
 # PyPI has only the sdist for this torch: build it once (~12 min on 2 cores) and cache the wheel,
 # keyed by the torch version, so re-runs take seconds. mmcv puts -std=c++17 last on the compile
 # line while torch 2.14's headers need C++20, so the compiler is wrapped to append -std=c++20.
-# CAT_SKIP_MM=1 skips the OpenMMLab stack (classification only; the det/seg tests then skip).
-if [ "${CAT_SKIP_MM:-0}" != 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
+if [ "$WITH_MM" = 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
     TORCH_TAG=$("$VPY" -c "import torch; print(torch.__version__.replace('+', '_'))")
     WHEELS=${CAT_WHEEL_CACHE:-$HOME/.cache/cat/wheels}/torch-$TORCH_TAG
     if ! ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
@@ -40,7 +57,7 @@ if [ "${CAT_SKIP_MM:-0}" != 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1
     fi
     "$VPY" -m pip install -q --disable-pip-version-check --no-deps "$WHEELS"/mmcv-2.1.0-*.whl
 fi
-if [ "${CAT_SKIP_MM:-0}" != 1 ]; then
+if [ "$WITH_MM" = 1 ]; then
     "$VPY" -m pip install -q --disable-pip-version-check -r requirements-mm.txt
 fi
 

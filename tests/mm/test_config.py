@@ -8,8 +8,8 @@ from cat.errors import DataError
 from cat.runtime.dist import DistEnv
 from tests.conftest import compose_config
 
-pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
-pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
+pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
 
 @pytest.mark.parametrize(("task", "layout"), [("det", "COCO layout"), ("seg", "ADE20K layout")])

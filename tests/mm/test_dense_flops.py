@@ -9,8 +9,8 @@ import pytest
 
 from cat.paper import paper_table
 
-pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
-pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
+pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
 
 def _check_table(rows: list[dict]) -> None:

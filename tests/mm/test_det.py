@@ -16,7 +16,7 @@ from cat.runtime.dist import DistEnv
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
-pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
 DET_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "det" / "experiment").glob("*.yaml"))
 FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2"]
@@ -85,7 +85,7 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
 
-    from cat.mm import register_backbones
+    from cat.mm.backbone import register_backbones
     from cat.mm.det import build_det_config
 
     register_all_modules()
@@ -113,7 +113,7 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
     from mmdet.structures import DetDataSample
     from mmdet.utils import register_all_modules
 
-    from cat.mm import register_backbones
+    from cat.mm.backbone import register_backbones
     from cat.mm.det import build_det_config
 
     register_all_modules()

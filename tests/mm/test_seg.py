@@ -11,7 +11,7 @@ from cat.runtime.dist import DistEnv
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
 
-pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
 SEG_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "seg" / "experiment").glob("*.yaml"))
 FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "save.interval=3"]
@@ -94,7 +94,7 @@ def _build(experiment: str, toy_ade, tmp_path):
     from mmseg.registry import MODELS
     from mmseg.utils import register_all_modules
 
-    from cat.mm import register_backbones
+    from cat.mm.backbone import register_backbones
     from cat.mm.seg import build_seg_config
 
     register_all_modules()

@@ -144,7 +144,7 @@ def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_pat
 
 
 def test_segmentation_job_through_sbatch(slurm, toy_ade, tmp_path):
-    pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (CAT_SKIP_MM=1)")
+    pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
     job = sbatch(
         "single_node.sbatch",
         tmp_path / "job.out",

@@ -1,0 +1,132 @@
+"""cat as a library: a wheel built from the repository installs into a fresh virtual environment
+(no checkout on the path) and works there; without the OpenMMLab stack, train_det.py/train_seg.py
+say in one line how to set it up.
+
+The fresh environment gets its dependencies from this one (the ones setup already downloaded):
+a .pth file lists links to this environment's packages, all but the OpenMMLab stack, so the
+same venv also shows what a machine without `setup_env.sh --mm` sees.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+MM = ("mmcv", "mmdet", "mmseg", "mmengine", "mmsegmentation", "mmpretrain")
+
+CHECK = r"""
+import importlib.metadata as md
+import importlib.resources as resources
+import os
+import sys
+
+from packaging.requirements import Requirement
+
+import cat, timm, torch
+from cat.ops import CirculantAttention, circulant_attention
+
+assert not cat.__file__.startswith(os.environ["REPO"]), cat.__file__  # the wheel, not the checkout
+assert md.version("cat") == cat.__version__
+unmet = []
+for line in md.requires("cat"):
+    req = Requirement(line)
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        if md.version(req.name) not in req.specifier:
+            unmet.append(f"{req.name} {md.version(req.name)} not in {req.specifier}")
+assert not unmet, unmet
+assert "ca_deit_tiny" in timm.list_models("ca_*") and "ca_pvt_tiny" in timm.list_models("ca_*")
+model = timm.create_model("ca_deit_tiny", num_classes=10).eval()
+with torch.no_grad():
+    assert model(torch.randn(2, 3, 64, 96)).shape == (2, 10)
+assert cat.create_model("ca_pvt_tiny", num_classes=3)(torch.randn(1, 3, 64, 64)).shape == (1, 3)
+q = k = v = torch.randn(1, 6, 8, 4)
+assert circulant_attention(q, k, v).shape == (1, 6, 8, 4)
+assert CirculantAttention(16)(torch.randn(1, 48, 16), hw=(6, 8)).shape == (1, 48, 16)
+for package, name in (("cat", "paper_tables.yaml"), ("cat.configs", "job.yaml"), ("cat.configs", "logger/wandb.yaml"),
+                      ("cat.configs", "hydra/launcher/slurm.yaml")):
+    assert resources.files(package).joinpath(name).is_file(), (package, name)
+print("wheel OK", cat.__version__)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("install")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(root / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    venv = root / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    site = Path(
+        subprocess.check_output(
+            [venv / "bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    deps = root / "deps"  # this environment's packages, but not cat itself nor the OpenMMLab stack
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if name.startswith(("cat", "__editable__", "_cat")) or name.startswith(MM) or name.endswith(".pth"):
+            continue
+        (deps / entry.name).symlink_to(entry)
+    (site / "deps.pth").write_text(f"{deps}\n")
+    (whl,) = (root / "dist").glob("cat-*.whl")
+    subprocess.run(
+        [venv / "bin/python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return venv
+
+
+def test_wheel_installs_and_works_without_the_checkout(wheel_venv, tmp_path):
+    proc = subprocess.run(
+        [wheel_venv / "bin/python", "-c", CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"REPO": str(REPO), "PATH": "/usr/bin:/bin"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("wheel OK")
+
+
+@pytest.mark.parametrize("entry, task", [("train_det.py", "detection"), ("train_seg.py", "segmentation")])
+def test_dense_entry_points_without_the_stack_say_how_to_set_it_up(wheel_venv, entry, task):
+    proc = subprocess.run(
+        [wheel_venv / "bin/python", str(REPO / entry)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {task} needs the OpenMMLab stack (mmengine, mmcv, mm{'det' if task == 'detection' else 'seg'} "
+        "not installed); set it up with: bash scripts/setup_env.sh --mm"
+    ]
