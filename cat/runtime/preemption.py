@@ -36,9 +36,9 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signals = [signal.SIGTERM]
-        submitit = _submitit_signal()
-        if submitit is not None and submitit not in self.signals:
-            self.signals.append(submitit)
+        self.submitit = _submitit_signal()
+        if self.submitit is not None and self.submitit not in self.signals:
+            self.signals.append(self.submitit)
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
 
@@ -59,9 +59,10 @@ class StopSignals:
         _active = None
 
     def hand_back(self) -> None:
-        """Give a received signal to the handler it displaced, if that is a function (submitit's,
-        which requeues the job and exits); plain runs have the default handler and just end."""
-        for signum in dict.fromkeys(self.received):
-            handler: Callable[[int, Any], Any] | int | None = self._previous.get(signum)
+        """Give submitit's signal, if it came, to the handler it displaced (submitit's own, which
+        requeues the job and exits). SIGTERM is never handed on: the run has already stopped cleanly,
+        and whoever sent it (Slurm, the sbatch templates) requeues by itself."""
+        if self.submitit is not None and self.submitit in self.received:
+            handler: Callable[[int, Any], Any] | int | None = self._previous.get(self.submitit)
             if callable(handler):
-                handler(signum, None)
+                handler(self.submitit, None)

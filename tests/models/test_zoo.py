@@ -28,6 +28,7 @@ def test_registry_holds_the_zoo():
         "ca_deit_tiny",
         "ca_deit_small",
         "ca_deit_base",
+        "deit_small_reweight_patch16_224",  # Table 5's DeiT-S with token reweighting
     }
     assert set(OURS) == expected
 

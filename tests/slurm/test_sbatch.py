@@ -80,14 +80,19 @@ def job_field(job: str, field: str) -> str | None:
 
 
 def wait_for(job: str, timeout: float = 900) -> str:
-    """The job's final state; a requeued job is made eligible at once (Slurm delays requeued jobs)."""
+    """The job's final state. A requeued job is made eligible soon after it is requeued (Slurm
+    delays requeued jobs by minutes), but not at once: started while slurmd is still cleaning up the
+    previous run, the batch job is killed ("job credential revoked") and the job ends FAILED."""
     deadline = time.time() + timeout
+    requeued_at = None
     while time.time() < deadline:
         state = job_field(job, "JobState")
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return state
         if state == "PENDING" and int(job_field(job, "Restarts") or 0) > 0:
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+            requeued_at = requeued_at or time.time()
+            if time.time() - requeued_at > 5:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         time.sleep(1)
     raise TimeoutError(f"job {job} did not finish in {timeout} s")
 
