@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.errors import HydraException
 
 from cat.errors import DataError
 from cat.paper import available_tables, paper_table
@@ -51,15 +52,22 @@ RUN_METRICS = {
 }
 
 
+def _read(path: Path, kind: type = dict) -> Any:
+    """A run's JSON or YAML file, parsed (``kind``: what it must hold); a DataError naming the file
+    if it is not that. YAML is read with the safe loader: no file can make this run code."""
+    try:
+        value = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as error:  # json and yaml parse errors
+        raise DataError(f"{path} is not valid {path.suffix[1:].upper()} ({str(error).splitlines()[0]})") from None
+    if not isinstance(value, kind):
+        raise DataError(f"{path} does not hold a {kind.__name__}, as a cat run's file does")
+    return value
+
+
 def _run_record(folder: Path) -> dict[str, Any]:
     """What a run folder says about its run: metrics (empty if it has none yet), model and data."""
-    config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
-    metrics: dict[str, Any] = {}
-    if (folder / "metrics.json").is_file():
-        try:
-            metrics = json.loads((folder / "metrics.json").read_text())
-        except ValueError as error:
-            raise DataError(f"{folder / 'metrics.json'} is not valid JSON ({error})") from None
+    config = _read(folder / "config.yaml") if (folder / "config.yaml").is_file() else {}
+    metrics = _read(folder / "metrics.json") if (folder / "metrics.json").is_file() else {}
     model = config.get("model") or {}
     return {
         "dir": str(folder),
@@ -144,12 +152,18 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every cell the sweep launched (from ``multirun.yaml``) or has a folder for, with its status:
     finished, stopped (saved on a signal; relaunch the sweep to resume it), running, failed (a
     folder, no result, no live run) or missing (no folder: not started, or failed before it)."""
-    multirun = yaml.safe_load((sweep_dir / "multirun.yaml").read_text())["hydra"]
-    expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))
-    unnamed = set(multirun["job"]["config"]["override_dirname"].get("exclude_keys") or [])  # as in folder names
+    try:
+        multirun = _read(sweep_dir / "multirun.yaml")["hydra"]
+        expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))
+        unnamed = set(multirun["job"]["config"]["override_dirname"].get("exclude_keys") or [])  # as in folder names
+    except (KeyError, TypeError, HydraException) as error:
+        raise DataError(f"{sweep_dir / 'multirun.yaml'} is not a Hydra sweep's record ({error!r})") from None
     cells = []
     for folder in sorted(p for p in sweep_dir.iterdir() if (p / "overrides.yaml").is_file()):
-        (overrides,) = expand_sweep(yaml.safe_load((folder / "overrides.yaml").read_text()))
+        try:
+            (overrides,) = expand_sweep(_read(folder / "overrides.yaml", list))
+        except HydraException as error:
+            raise DataError(f"{folder / 'overrides.yaml'} holds no Hydra overrides ({error})") from None
         record = _run_record(folder)
         if record["metrics"]:
             status = "stopped" if record["metrics"].get("preempted") else "finished"

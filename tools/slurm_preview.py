@@ -21,6 +21,7 @@ from pathlib import Path
 
 import submitit
 from hydra import compose, initialize_config_dir
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
 
 from cat.errors import ConfigError
@@ -29,17 +30,8 @@ from cat.toolkit.sweeps import expand_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = {"train_cls.py": "cls", "train_det.py": "det", "train_seg.py": "seg"}
-# hydra-submitit-launcher's generic parameters; the others are Slurm's (slurm_ prefix in submitit).
-GENERIC = {
-    "timeout_min",
-    "cpus_per_task",
-    "gpus_per_node",
-    "tasks_per_node",
-    "mem_gb",
-    "nodes",
-    "name",
-    "stderr_to_stdout",
-}
+# hydra-submitit-launcher's generic parameters (its own list); the others are Slurm's (slurm_ prefix in submitit).
+GENERIC = set(OmegaConf.structured(BaseQueueConf).keys())
 
 
 def sbatch_script(launcher: dict, folder: str) -> str:

@@ -155,3 +155,32 @@ def test_make_tables_on_an_empty_folder_lists_every_row_as_not_run(run_tool, tmp
         for row in paper_table(number)["rows"]:
             assert _row(text, row["label"])[-1] == "not run"
     assert "0 runs found" in text
+
+
+def test_make_tables_refuses_broken_and_hostile_run_files(tmp_path):
+    """A sweep's or run's files that do not parse, hold the wrong thing or try to run code (a YAML
+    python tag) end the tool with one line naming the file; nothing runs."""
+    marker = tmp_path / "MARKER"
+    cases = {
+        "multirun.yaml": f"!!python/object/apply:os.system ['touch {marker}']\n",
+        "config.yaml": "model: [unclosed\n",
+        "overrides.yaml": "{not: a list}\n",
+        "metrics.json": "{'top1': 1}",
+    }
+    for name, text in cases.items():
+        sweep = tmp_path / name.split(".")[0]
+        cell = sweep / "cell"
+        cell.mkdir(parents=True)
+        good_multirun = "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
+        (sweep / "multirun.yaml").write_text(text if name == "multirun.yaml" else good_multirun)
+        (cell / "overrides.yaml").write_text(text if name == "overrides.yaml" else "[seed=0]\n")
+        if name in ("config.yaml", "metrics.json"):
+            (cell / name).write_text(text)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "tools" / "make_tables.py"), str(sweep)], capture_output=True, text=True
+        )
+        broken = sweep / name if name == "multirun.yaml" else cell / name
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert str(broken) in line, (name, line)
+    assert not marker.exists()
