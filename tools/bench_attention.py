@@ -5,20 +5,28 @@ For C channels on S x S token grids it times, in one run and interleaved round b
   * ``ours``      the ``CirculantAttention`` module (``fft`` backend, and ``matmul`` with --matmul);
   * ``released``  the released CA-DeiT pipeline written literally (``cat.ops.reference``);
   * ``sdpa``      timm's softmax ``Attention`` (fused scaled_dot_product_attention), C/64 heads;
-  * ``gemm``      the module's own linear layers alone on the same tokens (gate, qkv on the
-                  spectrum's rows, proj): the floor any implementation of this module pays.
+  * ``gemm``      the module's own linear layers alone on the same tokens (gate, qkv, proj, each on
+                  N rows, as the packed spectrum has them): the floor any implementation pays.
 Forward, and forward+backward with --backward. Then the cost-growth exponent of ours vs softmax
 attention over larger grids (slope of log time vs log N), and whole models (CA-DeiT-T vs DeiT-T,
-images/s, batch 1) at the --models-res resolutions.
+images/s, forward) at the --models-res resolutions and --models-batches batches.
+
+Memory mode (--memory-res): the peak memory of one training forward+backward of each model of the
+--memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
+peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
+A model named ``ca_deit_tiny+released`` runs its attention through the released pipeline,
+``ca_deit_tiny+autograd`` through autograd instead of the lean function (``set_lean_attention``).
 
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
+    python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,21 +38,20 @@ import torch.nn.functional as F
 from timm.layers import Attention
 
 import cat  # noqa: F401  (registers cat's models with timm)
-from cat.ops import CirculantAttention
+from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import interleaved_medians
+from cat.toolkit import interleaved_medians, peak_growth_mib
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
     ours = CirculantAttention(dim)
     softmax = Attention(dim, num_heads=max(dim // 64, 1), qkv_bias=True)
     x = torch.randn(batch, side * side, dim, requires_grad=backward)
-    spectral_rows = torch.randn(batch, 2 * side * (side // 2 + 1), dim, requires_grad=backward)
     hw = (side, side)
 
     def gemm_floor() -> torch.Tensor:
-        return ours.gate(x).sum() + F.linear(spectral_rows, ours.qkv.weight).sum() + ours.proj(x).sum()
+        return ours.gate(x).sum() + F.linear(x, ours.qkv.weight).sum() + ours.proj(x).sum()
 
     fns = {
         "ours": lambda: ours(x, hw),
@@ -88,12 +95,13 @@ def growth_exponent(dim: int, sides: list[int], rounds: int, min_block_s: float)
     return {k: float(np.polyfit(log_n, np.log(v), 1)[0]) for k, v in times.items()}
 
 
-def whole_models(resolutions: list[int], rounds: int, min_block_s: float) -> list[dict[str, float]]:
+def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_block_s: float) -> list[dict[str, float]]:
     rows = []
-    for res in resolutions:
+    for i, res in enumerate(resolutions):
+        batch = batches[min(i, len(batches) - 1)]
         ca = timm.create_model("ca_deit_tiny", img_size=res).eval()
         deit = timm.create_model("deit_tiny_patch16_224", img_size=res).eval()
-        x = torch.randn(1, 3, res, res)
+        x = torch.randn(batch, 3, res, res)
 
         def run(model, x=x):
             def call():
@@ -106,11 +114,64 @@ def whole_models(resolutions: list[int], rounds: int, min_block_s: float) -> lis
         rows.append(
             {
                 "resolution": res,
-                "ca_deit_tiny_img_s": 1 / t["ca_deit_tiny"],
-                "deit_tiny_img_s": 1 / t["deit_tiny"],
+                "batch": batch,
+                "ca_deit_tiny_img_s": batch / t["ca_deit_tiny"],
+                "deit_tiny_img_s": batch / t["deit_tiny"],
                 "speedup": t["deit_tiny"] / t["ca_deit_tiny"],
             }
         )
+    return rows
+
+
+def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
+    """MiB one training forward+backward adds to the peak (call in a fresh process)."""
+    name, _, variant = model_name.partition("+")
+    if variant not in ("", "released", "autograd"):
+        raise ValueError(f"unknown model variant +{variant} in {model_name!r} (known: +released, +autograd)")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = timm.create_model(name, img_size=res).train()
+        x = torch.randn(batch, 3, res, res)
+    set_lean_attention(model, variant != "autograd")
+    if variant == "released":
+        for module in model.modules():
+            if isinstance(module, CirculantAttention):
+                module.forward = lambda x, hw, m=module: released_circulant_attention(m, x, hw)
+
+    def step() -> None:
+        model(x).logsumexp(-1).mean().backward()
+
+    return peak_growth_mib(step, device)
+
+
+def memory_table(pairs: list[str], resolutions: list[int], batch: int, device: str) -> list[dict[str, object]]:
+    """Every model of every ``model:baseline`` pair at every resolution, each in a fresh process."""
+
+    def isolated(model: str, res: int) -> float:
+        cmd = [sys.executable, __file__, "--device", device, "--memory-worker", model, str(res), str(batch)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory worker failed for {model} at {res}:\n{proc.stderr[-2000:]}")
+        return float(proc.stdout.strip().splitlines()[-1])
+
+    rows = []
+    for res in resolutions:
+        for pair in pairs:
+            model, _, baseline = pair.partition(":")
+            if not baseline:
+                raise ValueError(f"--memory-pairs takes MODEL:BASELINE; got {pair!r}")
+            mib, base_mib = isolated(model, res), isolated(baseline, res)
+            rows.append(
+                {
+                    "model": model,
+                    "baseline": baseline,
+                    "resolution": res,
+                    "batch": batch,
+                    "model_mib": mib,
+                    "baseline_mib": base_mib,
+                    "ratio": mib / base_mib if base_mib > 0 else float("nan"),
+                }
+            )
     return rows
 
 
@@ -131,7 +192,9 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
     if args.growth:
         result["growth_exponent"] = growth_exponent(args.dim, args.growth, max(3, args.rounds // 2), args.min_block)
     if args.models_res:
-        result["models"] = whole_models(args.models_res, max(3, args.rounds // 2), args.min_block)
+        result["models"] = whole_models(args.models_res, args.models_batches, max(3, args.rounds // 2), args.min_block)
+    if args.memory_res:
+        result["train_memory"] = memory_table(args.memory_pairs, args.memory_res, args.memory_batch, args.device)
     return result
 
 
@@ -166,9 +229,17 @@ def report(args: argparse.Namespace, result: dict) -> None:
         )
     for r in result.get("models", []):
         print(
-            f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch 1: {r['ca_deit_tiny_img_s']:.2f} vs "
+            f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch {r['batch']}: {r['ca_deit_tiny_img_s']:.2f} vs "
             f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x"
         )
+    if result.get("train_memory"):
+        print("\npeak memory of one training forward+backward (MiB, each in a fresh process)")
+        print(f"{'model':>24} {'baseline':>24} {'res':>5} {'B':>2} {'model':>9} {'baseline':>9} {'ratio':>6}")
+        for r in result["train_memory"]:
+            print(
+                f"{r['model']:>24} {r['baseline']:>24} {r['resolution']:>5} {r['batch']:>2} "
+                f"{r['model_mib']:>9.0f} {r['baseline_mib']:>9.0f} {r['ratio']:>6.2f}"
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matmul", action="store_true", help="also time the matmul DFT backend")
     parser.add_argument("--growth", type=int, nargs="*", default=[], help="grid sides for the cost-growth fit")
     parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
+    parser.add_argument(
+        "--models-batches", type=int, nargs="*", default=[1], help="batch per resolution (last repeats)"
+    )
+    parser.add_argument("--memory-res", type=int, nargs="*", default=[], help="resolutions for the memory mode")
+    parser.add_argument(
+        "--memory-pairs",
+        nargs="*",
+        default=["ca_deit_tiny:deit_tiny_patch16_224", "ca_pvt_tiny:pvt_tiny"],
+        help="MODEL:BASELINE pairs for the memory mode",
+    )
+    parser.add_argument("--memory-batch", type=int, default=1)
+    parser.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)  # internal: MODEL RES BATCH
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
@@ -197,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.memory_worker:
+        model, res, batch = args.memory_worker
+        print(train_memory(model, int(res), int(batch), args.device))
+        return 0
     torch.set_default_device(args.device)
     with autocast_for(args.device, args.amp is not None, args.amp):
         result = measure(args)

@@ -4,8 +4,10 @@
 For every resolution, each model is measured in turn in a fresh worker process (so peak memory
 belongs to that configuration alone): warm-up iterations, then timed ones, reporting the median
 and the 25-75% spread of images/s for forward (inference) and forward+backward (training step),
-and the peak memory (CUDA: allocated; CPU: the worker's peak resident set). FLOPs come from
-``cat.flops``. Writes ``benchmark.csv``, ``benchmark.json`` and ``fig4_efficiency.png/.pdf``.
+and the peak memory (CUDA: allocated; CPU: the worker's peak resident set). Before any of it, the
+worker measures what its first training forward+backward adds to the peak (``train_peak_mib``,
+the memory curve of the figure; as ``tools/bench_attention.py``'s memory mode takes it). FLOPs come
+from ``cat.flops``. Writes ``benchmark.csv``, ``benchmark.json`` and ``fig4_efficiency.png/.pdf``.
 
     python tools/benchmark.py --out runs/bench                               # DeiT-T vs CA-DeiT-T, 224 and 512
     python tools/benchmark.py --models deit_tiny_patch16_224 ca_deit_tiny --res 224 512 1024 1536 --out docs/bench
@@ -27,7 +29,7 @@ import torch
 import cat
 from cat.flops import model_cost
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import peak_memory_mib, reset_peak_memory, save_figure, time_calls
+from cat.toolkit import peak_growth_mib, peak_memory_mib, reset_peak_memory, save_figure, time_calls
 
 
 def measure_one(cfg: dict) -> dict:
@@ -53,6 +55,9 @@ def measure_one(cfg: dict) -> dict:
         model.zero_grad(set_to_none=True)
 
     result = {}
+    if not cfg["forward_only"]:  # first, before anything else raises the process's peak
+        model.train()
+        result["train_peak_mib"] = peak_growth_mib(train_step, device)
     modes = (("fwd", forward),) if cfg["forward_only"] else (("fwd", forward), ("fwd_bwd", train_step))
     for mode, step in modes:
         model.train(mode == "fwd_bwd")
@@ -80,18 +85,29 @@ def plot(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_flops, ax_fps) = plt.subplots(1, 2, figsize=(9, 3.6))
+    memory = "train_peak_mib" in rows[0]
+    fig, axes = plt.subplots(1, 3 if memory else 2, figsize=(13.5 if memory else 9, 3.6))
+    ax_flops, ax_fps = axes[:2]
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == name]
         res = [r["res"] for r in mine]
         ax_flops.plot(res, [r["gflops"] for r in mine], "o-", label=name)
         ax_fps.plot(res, [r["fwd_img_s"] for r in mine], "o-", label=name)
         ax_fps.fill_between(res, [r["fwd_img_s_p25"] for r in mine], [r["fwd_img_s_p75"] for r in mine], alpha=0.2)
+        if memory:
+            axes[2].plot(res, [r["train_peak_mib"] for r in mine], "o-", label=name)
     ax_flops.set(xlabel="resolution", ylabel="GFLOPs", yscale="log", title="FLOPs")
     ax_fps.set(
         xlabel="resolution", ylabel="images / s (forward)", yscale="log", title=f"throughput ({rows[0]['device']})"
     )
-    for ax in (ax_flops, ax_fps):
+    if memory:
+        axes[2].set(
+            xlabel="resolution",
+            ylabel="MiB",
+            yscale="log",
+            title=f"peak memory, training step (batch {rows[0]['batch']})",
+        )
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_figure(fig, out, "fig4_efficiency", dpi=120)
@@ -138,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             }
             row = {**cfg, "gflops": model_cost(name, (res, res))[1] / 1e9, **run_isolated(cfg)}
             rows.append(row)
-            train = "" if args.forward_only else f"  fwd+bwd {row['fwd_bwd_img_s']:>9.2f} img/s"
+            train = (
+                ""
+                if args.forward_only
+                else f"  fwd+bwd {row['fwd_bwd_img_s']:>9.2f} img/s  train peak {row['train_peak_mib']:>7.0f} MiB"
+            )
             print(
                 f"{name:>24} {res:>5}²  {row['gflops']:>8.2f} GFLOPs  fwd {row['fwd_img_s']:>9.2f} img/s{train}",
                 flush=True,
@@ -154,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nforward speed-up of {other} over {base}:")
         for res in args.res:
             a, b = (next(r for r in rows if r["model"] == m and r["res"] == res) for m in (base, other))
-            train = "" if args.forward_only else f" (fwd+bwd {b['fwd_bwd_img_s'] / a['fwd_bwd_img_s']:.2f}x)"
+            train = (
+                ""
+                if args.forward_only
+                else f" (fwd+bwd {b['fwd_bwd_img_s'] / a['fwd_bwd_img_s']:.2f}x,"
+                f" train memory {b['train_peak_mib'] / max(a['train_peak_mib'], 1e-9):.2f}x)"
+            )
             print(f"  {res:>5}²: {b['fwd_img_s'] / a['fwd_img_s']:.2f}x{train}")
     print(f"wrote {out / 'benchmark.csv'}, benchmark.json and fig4_efficiency.png")
     return 0

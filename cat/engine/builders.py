@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 import cat
 from cat.data import build_dataset
 from cat.errors import ConfigError
+from cat.ops import set_lean_attention
 from cat.runtime import DistEnv
 
 from .state import TrainState
@@ -73,7 +74,8 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
     kwargs.setdefault("img_size", cfg.data.img_size)
     if cfg.model.drop_path_rate is not None:  # else the model factory's value
         kwargs["drop_path_rate"] = cfg.model.drop_path_rate
-    return cat.create_model(cfg.model.name, checkpoint=checkpoint, strict=strict, num_classes=num_classes, **kwargs)
+    model = cat.create_model(cfg.model.name, checkpoint=checkpoint, strict=strict, num_classes=num_classes, **kwargs)
+    return set_lean_attention(model, cfg.model.lean_attention)
 
 
 def num_classes_of(cfg: DictConfig, dataset: Dataset) -> int:

@@ -30,7 +30,7 @@ __all__ = ["fit", "RESUME_FIXED_KEYS", "resume_changes"]
 # A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
 # resumed step on); these would make it a different run, so resuming with them changed is refused.
 RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "seed", "optim.opt", "ema.enabled")
-RESUME_FREE_KEYS = ("data.root",)  # the same data may move
+RESUME_FREE_KEYS = ("data.root", "model.lean_attention")  # the same data may move; the same math
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:

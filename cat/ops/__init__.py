@@ -7,6 +7,7 @@ from .circulant import (
     circulant_attention,
     circulant_attention_flops,
     set_fft_backend,
+    set_lean_attention,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "bccb_project",
     "circulant_attention_flops",
     "set_fft_backend",
+    "set_lean_attention",
 ]

@@ -14,7 +14,6 @@ precision for non-power-of-two grids, and the softmax logits need the range.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Literal
 
@@ -23,56 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dft import irfft2_matmul, rfft2_matmul
+from .fused import lean_circulant_attention
+from .spectral import attend_spectra, fft_dtype, no_autocast
 
 Reweight = Literal["post", "pre", "none"]
 FFTBackend = Literal["fft", "matmul", "auto"]
-
-
-def fft_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The real dtype FFTs run in for inputs of ``dtype``."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    if not torch.amp.is_autocast_available(device.type):  # e.g. the meta device
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, enabled=False)
-
-
-def attend_spectra(
-    q_f: Tensor,
-    k_f: Tensor,
-    v_f: Tensor,
-    hw: tuple[int, int],
-    head_dim: int,
-    scale: float,
-    return_weights: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Circulant attention given the rfft2 spectra of q, k and v, channels first.
-
-    ``q_f``, ``k_f``, ``v_f``: (B, C, H, W//2+1) complex, the unnormalised ``rfft2`` over the last two
-    dims. Returns the real output (B, C, H, W) and, with ``return_weights``, the attention weights
-    (B, heads, H, W): weights[..., dy, dx] is the weight of the key at offset (dy, dx) from every
-    query. Channels form heads of ``head_dim`` channels; the caller handles dtypes and autocast.
-    """
-    B, C, Hf, Wf = q_f.shape
-    H, W = hw
-    heads = C // head_dim
-    # Cross-correlation theorem: F(sum_i q_i k_{i+d}) = conj(F q) * F k; summing the products of
-    # a head's channels in the frequency domain gives the head's logits with one inverse FFT.
-    prod = torch.conj(q_f) * k_f
-    if head_dim > 1:
-        prod = prod.view(B, heads, head_dim, Hf, Wf).sum(2)
-    logits = torch.fft.irfft2(prod, s=(H, W))
-    weights = (logits.view(B, heads, H * W) * scale).softmax(dim=-1).view(B, heads, H, W)
-    # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
-    a_f = torch.conj(torch.fft.rfft2(weights))
-    if head_dim > 1:
-        out_f = (a_f.unsqueeze(2) * v_f.view(B, heads, head_dim, Hf, Wf)).view(B, C, Hf, Wf)
-    else:
-        out_f = a_f * v_f
-    out = torch.fft.irfft2(out_f, s=(H, W))
-    return (out, weights) if return_weights else out
 
 
 def _attend_pairs(
@@ -169,7 +123,7 @@ def circulant_attention(
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
     backend = resolve_fft_backend(fft_backend, (H, W), q.device)
-    with _no_autocast(q.device):
+    with no_autocast(q.device):
         q_f, k_f, v_f = (spectrum(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
         out, _ = attend(q_f, k_f, v_f, (H, W), head_dim, scale, backend)
     return out.permute(0, 2, 3, 1).to(out_dtype)
@@ -183,7 +137,13 @@ class CirculantAttention(nn.Module):
     ``proj.{weight,bias}``.
 
     The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
-    so this equals projecting before the FFT while taking one FFT instead of three.
+    so this equals projecting before the FFT while taking one FFT instead of three
+    (``pack_spectrum=True``: to the spectrum's N independent reals, measured slower on CPU).
+    With ``lean`` (default), the FFT backend and post- or no reweighting, gate, attention and
+    projection run as one autograd function (:mod:`cat.ops.fused`) that keeps only x and the
+    gate's pre-activation for the backward and recomputes the rest: training stores less than
+    softmax attention, and a training step takes ~10% longer than through autograd
+    (``lean=False``, or :func:`set_lean_attention` on a whole model; docs/perf.md).
     With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
     convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
@@ -200,6 +160,8 @@ class CirculantAttention(nn.Module):
         proj_drop: float = 0.0,
         scale: float | None = None,
         fft_backend: FFTBackend = "fft",
+        pack_spectrum: bool = False,
+        lean: bool = True,
     ) -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
@@ -211,6 +173,8 @@ class CirculantAttention(nn.Module):
         self.scale = scale
         resolve_fft_backend(fft_backend, (1, 1), torch.device("cpu"))  # validate early
         self.fft_backend = fft_backend
+        self.pack_spectrum = pack_spectrum
+        self.lean = lean
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
@@ -220,7 +184,10 @@ class CirculantAttention(nn.Module):
         self.last_weights: Tensor | None = None
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}, fft_backend={self.fft_backend!r}"
+        return (
+            f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}, "
+            f"fft_backend={self.fft_backend!r}, lean={self.lean}"
+        )
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
@@ -232,31 +199,51 @@ class CirculantAttention(nn.Module):
         if H * W != N:
             raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
         scale = 1.0 / math.sqrt(N * self.head_dim) if self.scale is None else self.scale
+        backend = resolve_fft_backend(self.fft_backend, hw, x.device)
+        if self.lean and backend == "fft" and self.reweight != "pre":
+            gate_pre = F.linear(x, self.gate[0].weight, self.gate[0].bias) if self.gate is not None else None
+            out, weights = lean_circulant_attention(
+                x,
+                self.qkv.weight,
+                gate_pre,
+                self.proj.weight,
+                self.proj.bias,
+                hw,
+                self.head_dim,
+                scale,
+                self.keep_weights,
+            )
+        else:
+            out, weights = self._forward_autograd(x, hw, scale, backend)
+        if self.keep_weights:
+            self.last_weights = weights.detach()
+        return self.proj_drop(out)
+
+    def _forward_autograd(self, x: Tensor, hw: tuple[int, int], scale: float, backend: str) -> tuple[Tensor, Tensor]:
+        """The same computation through autograd: for pre-reweighting (v, not the output, is gated),
+        the matmul backend (export) and ``lean=False``; training stores every intermediate spectrum."""
+        B, N, C = x.shape
+        H, W = hw
         gate = self.gate(x) if self.gate is not None else None
         work = fft_dtype(x.dtype)
-        backend = resolve_fft_backend(self.fft_backend, hw, x.device)
-        # Channels first, so every transform runs over contiguous trailing dims and the spectrum's
-        # (re, im) pairs form one contiguous matrix the qkv weight multiplies without copies.
-        with _no_autocast(x.device):
+        with no_autocast(x.device):
             x_f = spectrum(x.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
         Wf = x_f.shape[-2]
         flat = x_f.view(B, C, H * Wf * 2)
         if self.reweight == "pre":
             q_f, k_f = torch.matmul(self.qkv.weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
             v = F.linear(x, self.qkv.weight[2 * C :]) * gate
-            with _no_autocast(x.device):
+            with no_autocast(x.device):
                 v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
         else:
             qkv = torch.matmul(self.qkv.weight, flat)  # one GEMM; autocast may run it in bf16/fp16
             q_f, k_f, v_f = qkv.to(work).view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
-        with _no_autocast(x.device):
+        with no_autocast(x.device):
             y, weights = attend(q_f, k_f, v_f, hw, self.head_dim, scale, backend)
-        if self.keep_weights:
-            self.last_weights = weights.detach()
         y = y.view(B, C, N).transpose(1, 2)
         if self.reweight == "post":
             y = y * gate
-        return self.proj_drop(self.proj(y))
+        return self.proj(y), weights
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:
@@ -303,4 +290,13 @@ def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     for module in model.modules():
         if isinstance(module, CirculantAttention):
             module.fft_backend = backend
+    return model
+
+
+def set_lean_attention(model: nn.Module, lean: bool) -> nn.Module:
+    """Train every :class:`CirculantAttention` in ``model`` through the lean function (``True``:
+    less memory) or through autograd (``False``: faster steps, more memory); returns ``model``."""
+    for module in model.modules():
+        if isinstance(module, CirculantAttention):
+            module.lean = lean
     return model

@@ -72,9 +72,10 @@ def test_benchmark(run_tool, tmp_path):
     ]
     for r in rows:
         assert float(r["fwd_img_s"]) > 0 and float(r["fwd_bwd_img_s"]) > 0 and float(r["peak_rss_mib"]) > 50
+        assert float(r["train_peak_mib"]) >= 0
         assert float(r["fwd_img_s_p25"]) <= float(r["fwd_img_s"]) <= float(r["fwd_img_s_p75"])
     assert (tmp_path / "fig4_efficiency.png").stat().st_size > 0
-    assert "forward speed-up of ca_deit_tiny" in text
+    assert "forward speed-up of ca_deit_tiny" in text and "train memory" in text
 
 
 def _train_cls(*overrides: str) -> None:

@@ -1,0 +1,181 @@
+"""The lean circulant attention: its hand-written backward, the packed spectrum, and what it saves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cat.ops import CirculantAttention, circulant_attention, fused, set_lean_attention
+from cat.ops.fused import channel_groups, lean_circulant_attention, spectrum_rows
+from cat.ops.spectral import pack_spectrum, parseval_weights, unpack_spectrum
+from tests.ops.test_circulant import dense_bccb_attention
+
+GRIDS = [(1, 1), (1, 7), (2, 2), (3, 5), (4, 6), (7, 3), (6, 4), (5, 5), (8, 1)]
+
+
+@pytest.mark.parametrize("hw", GRIDS)
+def test_packed_spectrum_is_exact_and_has_n_reals(hw):
+    H, W = hw
+    x = torch.randn(2, 3, H, W, dtype=torch.float64)
+    spectrum = torch.fft.rfft2(x)
+    packed = pack_spectrum(spectrum, W)
+    assert packed.shape == (2, 3, H, W)  # N reals per map, not 2 * H * (W // 2 + 1)
+    torch.testing.assert_close(unpack_spectrum(packed, W), spectrum, rtol=0, atol=1e-12)
+    # Packing acts per map, so a channel mix commutes with it: the qkv GEMM can run on packed rows.
+    mix = torch.randn(5, 3, dtype=torch.float64)
+    mixed = unpack_spectrum(torch.einsum("oc,bchw->bohw", mix, packed), W)
+    torch.testing.assert_close(mixed, torch.fft.rfft2(torch.einsum("oc,bchw->bohw", mix, x)), rtol=0, atol=1e-12)
+    # N reals determine the map: the packing of a random real array unpacks to a spectrum whose
+    # inverse packs back to the same array (pack is a bijection of R^N).
+    arbitrary = torch.randn(2, 3, H, W, dtype=torch.float64)
+    roundtrip = pack_spectrum(torch.fft.rfft2(torch.fft.irfft2(unpack_spectrum(arbitrary, W), s=hw)), W)
+    torch.testing.assert_close(roundtrip, arbitrary, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
+@pytest.mark.parametrize("hw", GRIDS)
+def test_parseval_weights_give_inner_products_of_maps(hw, packed):
+    """The backward takes the qkv weight's gradient as a product of spectra: it must equal the
+    product of the maps, for the (re, im) rows and for the packed ones."""
+    a, b = torch.randn(2, 3, *hw, dtype=torch.float64).unbind(0)
+    rows_a, rows_b = (spectrum_rows(torch.fft.rfft2(t.unsqueeze(0)), hw, packed) for t in (a, b))
+    weights = parseval_weights(hw, packed, torch.float64, a.device)
+    assert weights.shape == rows_a.shape[-1:]
+    torch.testing.assert_close((rows_a * weights * rows_b).sum(-1)[0], (a * b).sum((-2, -1)), rtol=1e-12, atol=1e-12)
+
+
+def autograd_module(
+    attn: CirculantAttention, x: torch.Tensor, hw: tuple[int, int], operator=circulant_attention
+) -> torch.Tensor:
+    """The module's computation through autograd on a (q, k, v) operator: the functional FFT one
+    (the pre-lean path) or the dense O(N^2) BCCB reference."""
+    B, N, C = x.shape
+    q, k, v = F.linear(x, attn.qkv.weight).view(B, *hw, 3 * C).chunk(3, dim=-1)
+    y = operator(q, k, v, head_dim=attn.head_dim).reshape(B, N, C)
+    if attn.gate is not None:
+        y = y * attn.gate(x)
+    return attn.proj(y)
+
+
+CASES = [  # (B, hw, dim, head_dim, reweight)
+    (2, (3, 4), 4, 1, "post"),
+    (1, (5, 3), 6, 2, "post"),
+    (2, (2, 5), 4, 4, "none"),
+    (1, (4, 4), 3, 1, "none"),
+    (1, (1, 6), 2, 1, "post"),
+]
+
+
+@pytest.fixture(params=["one group", "groups of one head"])
+def grouping(request, monkeypatch):
+    """Run the lean function with all channels in one group, and with a group per head."""
+    if request.param != "one group":
+        monkeypatch.setattr(fused, "GROUP_FLOATS", 1)
+    return request.param
+
+
+def test_channel_groups_cover_whole_heads():
+    assert channel_groups(192, 1, 8 * 196) == [(0, 96), (96, 192)]
+    assert channel_groups(8, 1, 12) == [(0, 8)]
+    groups = channel_groups(12, 4, 10**6)
+    assert groups == [(0, 4), (4, 8), (8, 12)]
+    assert all((hi - lo) % 4 == 0 for lo, hi in channel_groups(24, 4, 3 * 2**18))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
+@pytest.mark.parametrize("case", CASES)
+def test_lean_backward_passes_gradcheck(case, packed, grouping):
+    B, hw, dim, head_dim, reweight = case
+    torch.manual_seed(0)
+    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight).double()
+    x = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64, requires_grad=True)
+    params = [attn.qkv.weight, attn.proj.weight, attn.proj.bias]
+    gate_pre = None
+    if attn.gate is not None:
+        gate_pre = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64)  # a generic output gradient
+
+    def fn(x, qkv_w, proj_w, proj_b, *gate):
+        gate_pre = gate[0] if gate else None
+        out, _ = lean_circulant_attention(x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, packed=packed)
+        return (out * weight).sum()
+
+    inputs = (x, *(p.detach().clone().requires_grad_() for p in params), *([gate_pre] if gate_pre is not None else []))
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("reference", [circulant_attention, dense_bccb_attention], ids=["functional", "dense"])
+@pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
+@pytest.mark.parametrize("case", CASES)
+def test_lean_module_equals_autograd_path_in_values_and_gradients(case, packed, grouping, reference):
+    B, hw, dim, head_dim, reweight = case
+    torch.manual_seed(1)
+    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, pack_spectrum=packed).double()
+    x = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64)
+    params = [x, *attn.parameters()]
+    lean_out = attn(x, hw)
+    lean_grads = torch.autograd.grad((lean_out * g).sum(), params)
+    ref_out = autograd_module(attn, x, hw, reference)
+    ref_grads = torch.autograd.grad((ref_out * g).sum(), params)
+    torch.testing.assert_close(lean_out, ref_out, rtol=1e-10, atol=1e-12)
+    for lean, ref in zip(lean_grads, ref_grads, strict=True):
+        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+
+
+def test_lean_backward_under_bf16_autocast_keeps_dtypes():
+    torch.manual_seed(2)
+    attn = CirculantAttention(16)
+    x = torch.randn(2, 35, 16, requires_grad=True)
+    ref = attn(x, (5, 7))
+    ref_grad = torch.autograd.grad(ref.sum(), x)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(x, (5, 7))
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad.dtype == torch.float32
+    assert (x.grad - ref_grad).norm() / ref_grad.norm() < 5e-2
+    assert all(p.grad.dtype == torch.float32 for p in attn.parameters())
+
+
+def saved_bytes(fn, leaves) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of ``fn()``, minus ``leaves``'."""
+    held = {t.untyped_storage().data_ptr() for t in leaves}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in held:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def test_lean_attention_saves_one_token_map_of_its_own():
+    """The budget of docs/perf.md: x (shared with the gate's linear) and the gate's pre-activation;
+    autograd through the plain ops keeps far more."""
+    B, hw, dim = 2, (8, 8), 16
+    attn = CirculantAttention(dim)
+    x = torch.randn(B, 64, dim, requires_grad=True)
+    unit = B * 64 * dim * 4
+    leaves = [x, *attn.parameters()]
+    lean = saved_bytes(lambda: attn(x, hw), leaves)
+    plain = saved_bytes(lambda: autograd_module(attn, x, hw), leaves)
+    assert lean == unit  # the gate's pre-activation; x is the caller's, the rest is recomputed
+    assert plain >= 10 * lean
+
+
+def test_set_lean_attention_switches_to_autograd_with_the_same_result():
+    torch.manual_seed(3)
+    model = torch.nn.ModuleList([CirculantAttention(8), CirculantAttention(8)]).double()
+    x = torch.randn(2, 12, 8, dtype=torch.float64, requires_grad=True)
+    run = lambda: model[1](model[0](x, (3, 4)), (3, 4))  # noqa: E731
+    leaves = [x, *model.parameters()]
+    lean_out, lean_saved = run(), saved_bytes(run, leaves)
+    assert set_lean_attention(model, False) is model
+    assert not any(m.lean for m in model)
+    torch.testing.assert_close(run(), lean_out, rtol=1e-10, atol=1e-12)
+    assert saved_bytes(run, leaves) > 5 * lean_saved
