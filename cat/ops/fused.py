@@ -107,6 +107,37 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
+def lean_forward(
+    x: Tensor,
+    qkv_weight: Tensor,
+    gate_pre: Tensor | None,
+    proj_weight: Tensor,
+    proj_bias: Tensor | None,
+    hw: tuple[int, int],
+    head_dim: int,
+    scale: float,
+    keep_weights: bool,
+    packed: bool,
+) -> tuple[Tensor, Tensor]:
+    """The forward of :func:`lean_circulant_attention`, without autograd."""
+    B, N, C = x.shape
+    spectrum = input_spectrum(x, hw, packed)
+    y = spectrum.new_empty(B, C, *hw)
+    weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
+    for lo, hi in channel_groups(C, head_dim, B * N):
+        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed)
+        with no_autocast(x.device):
+            _, w = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True, out=y[:, lo:hi])
+        if keep_weights:
+            weights[:, lo // head_dim : hi // head_dim] = w
+        del q_f, k_f, v_f, w
+    del spectrum
+    y = y.view(B, C, N).transpose(1, 2)
+    # The gate multiplied into its own fresh buffer: one token-major transient, not two.
+    u = F.silu(gate_pre).mul_(y) if gate_pre is not None else y
+    return F.linear(u, proj_weight, proj_bias), weights
+
+
 class _LeanCirculantAttention(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -122,22 +153,9 @@ class _LeanCirculantAttention(torch.autograd.Function):
         keep_weights: bool,
         packed: bool,
     ) -> tuple[Tensor, Tensor]:
-        B, N, C = x.shape
-        spectrum = input_spectrum(x, hw, packed)
-        y = spectrum.new_empty(B, C, *hw)
-        weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
-        for lo, hi in channel_groups(C, head_dim, B * N):
-            q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed)
-            with no_autocast(x.device):
-                y[:, lo:hi], w = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True)
-            if keep_weights:
-                weights[:, lo // head_dim : hi // head_dim] = w
-            del q_f, k_f, v_f, w
-        del spectrum
-        y = y.view(B, C, N).transpose(1, 2)
-        # The gate multiplied into its own fresh buffer: one token-major transient, not two.
-        u = F.silu(gate_pre).mul_(y) if gate_pre is not None else y
-        out = F.linear(u, proj_weight, proj_bias)
+        out, weights = lean_forward(
+            x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed
+        )
         ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight)
         ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
         ctx.has_bias = proj_bias is not None
@@ -242,6 +260,7 @@ def lean_circulant_attention(
     N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output (slower
     on the CPUs measured, docs/perf.md). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
-    return _LeanCirculantAttention.apply(
-        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed
-    )
+    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:5]):
+        return _LeanCirculantAttention.apply(*args)
+    return lean_forward(*args)  # inference: no autograd.Function overhead

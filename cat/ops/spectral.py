@@ -81,6 +81,7 @@ def attend_spectra(
     head_dim: int,
     scale: float,
     return_weights: bool = False,
+    out: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Circulant attention given the rfft2 spectra of q, k and v, channels first.
 
@@ -88,10 +89,11 @@ def attend_spectra(
     dims. Returns the real output (B, C, H, W) and, with ``return_weights``, the attention weights
     (B, heads, H, W): weights[..., dy, dx] is the weight of the key at offset (dy, dx) from every
     query. Channels form heads of ``head_dim`` channels; the caller handles dtypes and autocast.
+    ``out``: a (B, C, H, W) tensor to write the output into.
     """
     weights = circulant_weights(q_f, k_f, hw, head_dim, scale)
     # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
-    out = torch.fft.irfft2(per_head(torch.conj(torch.fft.rfft2(weights)), v_f, head_dim), s=hw)
+    out = torch.fft.irfft2(per_head(torch.conj(torch.fft.rfft2(weights)), v_f, head_dim), s=hw, out=out)
     return (out, weights) if return_weights else out
 
 
