@@ -107,18 +107,7 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def lean_forward(
-    x: Tensor,
-    qkv_weight: Tensor,
-    gate_pre: Tensor | None,
-    proj_weight: Tensor,
-    proj_bias: Tensor | None,
-    hw: tuple[int, int],
-    head_dim: int,
-    scale: float,
-    keep_weights: bool,
-    packed: bool,
-) -> tuple[Tensor, Tensor]:
+def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed):
     """The forward of :func:`lean_circulant_attention`, without autograd."""
     B, N, C = x.shape
     spectrum = input_spectrum(x, hw, packed)
@@ -140,22 +129,9 @@ def lean_forward(
 
 class _LeanCirculantAttention(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        x: Tensor,
-        qkv_weight: Tensor,
-        gate_pre: Tensor | None,
-        proj_weight: Tensor,
-        proj_bias: Tensor | None,
-        hw: tuple[int, int],
-        head_dim: int,
-        scale: float,
-        keep_weights: bool,
-        packed: bool,
-    ) -> tuple[Tensor, Tensor]:
-        out, weights = lean_forward(
-            x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed
-        )
+    def forward(ctx, *args) -> tuple[Tensor, Tensor]:  # the arguments of _forward
+        out, weights = _forward(*args)
+        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed = args
         ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight)
         ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
         ctx.has_bias = proj_bias is not None
@@ -263,4 +239,4 @@ def lean_circulant_attention(
     args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:5]):
         return _LeanCirculantAttention.apply(*args)
-    return lean_forward(*args)  # inference: no autograd.Function overhead
+    return _forward(*args)  # inference: no autograd.Function overhead
