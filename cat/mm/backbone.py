@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 import cat
 from cat.models import load_backbone_checkpoint
+from cat.ops import set_lean_attention
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_channels"]
 
@@ -31,6 +32,8 @@ class TimmBackbone(BaseModule):
         pretrained: an ImageNet checkpoint (release format, bare state dict or cat's); the classifier
             is dropped and position tables resized; whatever does not load is logged.
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
+        lean_attention: train circulant attention through its memory-lean function (``False``:
+            through autograd, faster steps, more memory; :func:`cat.ops.set_lean_attention`).
     """
 
     def __init__(
@@ -40,10 +43,13 @@ class TimmBackbone(BaseModule):
         out_norm: bool = True,
         pretrained: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
+        lean_attention: bool = True,
         init_cfg: dict | None = None,
     ) -> None:
         super().__init__(init_cfg=init_cfg)
-        self.model = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
+        self.model = set_lean_attention(
+            cat.create_model(model_name, num_classes=0, **(model_kwargs or {})), lean_attention
+        )
         self.out_indices = tuple(out_indices)
         # The classifier's final norm feeds nothing here; DDP rejects parameters without gradients.
         self.model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)

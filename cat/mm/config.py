@@ -76,6 +76,7 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
         "model_name": model.backbone.name,
         "out_indices": out_indices,
         "out_norm": model.backbone.out_norm,
+        "lean_attention": model.backbone.lean_attention,
         "pretrained": model.pretrained,
         "model_kwargs": kwargs,
     }

@@ -106,6 +106,24 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
         assert mm.train_cfg.max_epochs == 36 and mm.train_pipeline[2]["type"] == "RandomChoiceResize"
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_backbone_lean_attention_switch_reaches_every_attention(lean, toy_coco, tmp_path):
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+
+    from cat.mm.backbone import register_backbones
+    from cat.mm.det import build_det_config
+    from cat.ops import CirculantAttention
+
+    register_all_modules()
+    register_backbones()
+    overrides = [f"data.root={toy_coco}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled"]
+    cfg = compose_config("det", "experiment=toy_mask_rcnn_ca_pvt", *overrides, f"model.backbone.lean_attention={lean}")
+    detector = MODELS.build(build_det_config(cfg, DistEnv(), str(tmp_path)).model)
+    attentions = [m for m in detector.backbone.modules() if isinstance(m, CirculantAttention)]
+    assert attentions and all(m.lean is lean for m in attentions)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["mask_rcnn_ca_pvt_t_1x", "mask_rcnn_ca_swin_t_1x"])
 def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
