@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .dft import irfft2_matmul, rfft2_matmul
 from .fused import lean_circulant_attention
-from .spectral import attend_spectra, fft_dtype, no_autocast
+from .spectral import attend_spectra, fft_dtype, head_sum, no_autocast
 
 Reweight = Literal["post", "pre", "none"]
 FFTBackend = Literal["fft", "matmul", "auto"]
@@ -37,9 +37,7 @@ def _attend_pairs(
     B, C, Hf, Wf, _ = q.shape
     heads = C // head_dim
     (qr, qi), (kr, ki), (vr, vi) = q.unbind(-1), k.unbind(-1), v.unbind(-1)
-    prod = torch.stack((qr * kr + qi * ki, qr * ki - qi * kr), dim=-1)  # conj(q) * k
-    if head_dim > 1:
-        prod = prod.view(B, heads, head_dim, Hf, Wf, 2).sum(2)
+    prod = head_sum(torch.stack((qr * kr + qi * ki, qr * ki - qi * kr), dim=-1), head_dim)  # conj(q) * k
     logits = irfft2_matmul(prod.flatten(-3), hw)
     weights = (logits.reshape(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
     ar, ai = rfft2_matmul(weights).view(B, heads, 1, Hf, Wf, 2).unbind(-1)
