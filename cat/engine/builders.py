@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 import cat
 from cat.data import build_dataset
 from cat.errors import ConfigError
+from cat.models import adapt_state_dict, extract_state_dict, load_checkpoint_file
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv
 
@@ -70,11 +71,30 @@ class ShardSampler(Sampler[int]):
 
 
 def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None, strict: bool = True) -> nn.Module:
+    """The model of ``cfg.model``: created, its ``checkpoint`` loaded, converted to circulant attention
+    when ``model.convert`` is set. A checkpoint of the unconverted model loads before the conversion
+    (fine-tuning a softmax model as a circulant one), a converted model's after it."""
     kwargs = dict(OmegaConf.to_container(cfg.model.kwargs, resolve=True))
-    kwargs.setdefault("img_size", cfg.data.img_size)
     if cfg.model.drop_path_rate is not None:  # else the model factory's value
         kwargs["drop_path_rate"] = cfg.model.drop_path_rate
-    model = cat.create_model(cfg.model.name, checkpoint=checkpoint, strict=strict, num_classes=num_classes, **kwargs)
+    try:
+        model = cat.create_model(cfg.model.name, num_classes=num_classes, **{"img_size": cfg.data.img_size, **kwargs})
+    except TypeError as error:  # timm models that take any size have no img_size argument (e.g. pvt_v2)
+        if "img_size" not in str(error) or "img_size" in kwargs:
+            raise
+        model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
+    conversion = cfg.model.get("convert")
+    if conversion is None:
+        if checkpoint is not None:
+            cat.load_checkpoint(model, checkpoint, strict=strict)
+        return set_lean_attention(model, cfg.model.lean_attention)
+    state_dict = extract_state_dict(load_checkpoint_file(checkpoint)) if checkpoint is not None else {}
+    converted_checkpoint = not state_dict.keys() <= model.state_dict().keys()
+    if state_dict and not converted_checkpoint:
+        cat.load_state_dict(model, adapt_state_dict(model, state_dict), strict=strict, source=checkpoint)
+    cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
+    if converted_checkpoint:
+        cat.load_state_dict(model, state_dict, strict=strict, source=checkpoint)
     return set_lean_attention(model, cfg.model.lean_attention)
 
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from timm.layers import DropPath, Mlp, trunc_normal_
+import torch
+from timm.layers import DropPath, Mlp, register_notrace_module, trunc_normal_
 from torch import Tensor, nn
 
 from cat.ops import CirculantAttention
 from cat.ops.circulant import Reweight
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)
+
+# The FFT attention checks shapes and picks its path from them: FX (torchvision's and timm's feature
+# extraction) keeps it as one leaf call, differentiable like any module.
+register_notrace_module(CirculantAttention)
 
 
 def init_vit_weights(m: nn.Module) -> None:
@@ -51,12 +56,19 @@ class CirculantBlock(nn.Module):
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.num_prefix_tokens = 0  # leading tokens not on the grid, left as they are
         self.apply(init_vit_weights)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        P = self.num_prefix_tokens
+        if P > 0:  # tokens off the grid (PVT's class token) pass by
+            return torch.cat([x[:, :P], self.forward_tokens(x[:, P:], hw)], dim=1)
+        return self.forward_tokens(x, hw)
+
+    def forward_tokens(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
         # A channels-last view in and out: the depthwise conv then needs no layout copies (2x here).
-        pe = self.cpe(x.reshape(B, *hw, C).permute(0, 3, 1, 2))
+        pe = self.cpe(x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2))
         x = x + pe.permute(0, 2, 3, 1).reshape(B, N, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
@@ -67,4 +79,4 @@ class CirculantBlockNHWC(CirculantBlock):
 
     def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
         B, H, W, C = x.shape
-        return super().forward(x.reshape(B, H * W, C), (H, W)).reshape(B, H, W, C)
+        return self.forward_tokens(x.reshape(B, H * W, C), (H, W)).reshape(B, H, W, C)

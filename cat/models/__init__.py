@@ -1,6 +1,7 @@
 """Model families (registered in timm on import), their creation and safe checkpoint loading."""
 
 from . import cat_transformer, deit, pvt, swin  # noqa: F401  (register the model families with timm)
+from .convert import convert
 from .deit import CirculantVisionTransformer
 from .factory import adapt_state_dict, create_model, load_backbone_checkpoint, load_checkpoint, parse_model_args
 from .loading import (
@@ -13,6 +14,7 @@ from .loading import (
 )
 
 __all__ = [
+    "convert",
     "create_model",
     "parse_model_args",
     "load_checkpoint",

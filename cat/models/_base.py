@@ -15,12 +15,12 @@ from torch import Tensor, nn
 
 from cat.layers import init_vit_weights
 
-__all__ = ["TimmApiMixin", "family_cfg", "build_family_model", "run_blocks"]
+__all__ = ["TimmApiMixin", "family_cfg", "build_family_model", "checkpoint_blocks"]
 
 
 def family_cfg(first_conv: str, classifier: str = "head", **kwargs: Any) -> dict[str, Any]:
-    """A pretrained config with ImageNet-1K defaults. No download URLs: weights come from local
-    files through ``cat.create_model(checkpoint=...)``."""
+    """A pretrained config with ImageNet-1K defaults; ``url``/``file`` where released weights exist
+    (CA-DeiT), else local files through ``cat.create_model(checkpoint=...)``."""
     return {
         "num_classes": 1000,
         "input_size": (3, 224, 224),
@@ -38,28 +38,24 @@ def family_cfg(first_conv: str, classifier: str = "head", **kwargs: Any) -> dict
 
 
 def build_family_model(
-    cls: type[nn.Module], variant: str, pretrained: bool, hierarchical: bool = True, **kwargs: Any
+    cls: type[nn.Module],
+    variant: str,
+    pretrained: bool,
+    default_out_indices: int | Sequence[int] = (0, 1, 2, 3),
+    **kwargs: Any,
 ) -> nn.Module:
-    """``timm.build_model_with_cfg`` for a cat family; hierarchical families give timm's
-    ``features_only`` maps through their ``forward_intermediates``."""
-    if not hierarchical:
-        if kwargs.get("features_only"):
-            raise ValueError(f"{variant} is isotropic and has no multi-scale features; use forward_features")
-        return build_model_with_cfg(cls, variant, pretrained, **kwargs)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    """``timm.build_model_with_cfg`` for a cat family; ``features_only`` maps come from its
+    ``forward_intermediates`` (at ``out_indices``, by default ``default_out_indices``)."""
+    out_indices = kwargs.pop("out_indices", default_out_indices)
     return build_model_with_cfg(
         cls, variant, pretrained, feature_cfg={"feature_cls": "getter", "out_indices": out_indices}, **kwargs
     )
 
 
-def run_blocks(blocks: Sequence[Callable[..., Tensor]], x: Tensor, hw: tuple[int, int], checkpointing: bool) -> Tensor:
-    """Run blocks that take ``(tokens, hw)`` in order; with ``checkpointing``, through timm's
-    ``checkpoint_seq`` (activations recomputed in the backward pass)."""
-    if checkpointing and not torch.jit.is_scripting():
-        return checkpoint_seq([partial(block, hw=hw) for block in blocks], x, use_reentrant=False)
-    for block in blocks:
-        x = block(x, hw)
-    return x
+def checkpoint_blocks(blocks: Sequence[Callable[..., Tensor]], x: Tensor, hw: tuple[int, int]) -> Tensor:
+    """Run blocks that take ``(tokens, hw)`` in order through timm's ``checkpoint_seq``
+    (activations recomputed in the backward pass). Callers keep it out of TorchScript."""
+    return checkpoint_seq([partial(block, hw=hw) for block in blocks], x, use_reentrant=False)
 
 
 class TimmApiMixin:
@@ -70,15 +66,7 @@ class TimmApiMixin:
     for timm's layer grouping) and calls :meth:`init_head` last in ``__init__``.
     """
 
-    layer_groups: dict[str, str]
-    feature_info: list[dict]
-    num_classes: int
-    num_features: int
-    norm: nn.Module
-    global_pool: str
-    head: nn.Module
-    head_drop: nn.Module
-    grad_checkpointing: bool
+    # No class-level annotations: TorchScript would read them as attribute types it cannot resolve.
 
     def init_head(self, num_classes: int, drop_rate: float, global_pool: str, init: bool = True) -> None:
         """``head_drop`` and ``head``; ``init=False`` for families that initialise every module last."""
@@ -96,9 +84,14 @@ class TimmApiMixin:
     def forward_features(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _stage_maps(self, x: Tensor, take: list[int], last: int, norm: bool) -> tuple[Tensor, list[Tensor]]:
-        """Hierarchical families: run stages 0..``last``; return the final normalised tokens and the
-        NCHW maps of the stages in ``take`` (the last stage's normalised when ``norm``)."""
+    # What forward_intermediates can return: NCHW maps, and for CA-DeiT also tokens (NLC).
+    intermediate_formats = ("NCHW",)
+
+    def _stage_maps(
+        self, x: Tensor, take: list[int], last: int, norm: bool, output_fmt: str
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Run stages (CA-DeiT: blocks) 0..``last``; return what forward_features returns and the
+        outputs of the stages in ``take`` in ``output_fmt`` (the last stage's normalised when ``norm``)."""
         raise NotImplementedError
 
     def forward_intermediates(
@@ -110,15 +103,13 @@ class TimmApiMixin:
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
-        """Stage outputs as NCHW maps at strides 4/8/16/32 (timm's feature API)."""
-        if not hasattr(self, "feature_info"):
-            raise NotImplementedError(
-                f"{type(self).__name__} is isotropic, no multi-scale features; use forward_features"
-            )
-        if output_fmt != "NCHW":
-            raise ValueError(f"{type(self).__name__} intermediates are NCHW")
+        """The outputs of the stages of ``feature_info`` (timm's feature API): NCHW maps at strides
+        4/8/16/32, or CA-DeiT's per-block stride-16 maps."""
+        if output_fmt not in self.intermediate_formats:
+            raise ValueError(f"{type(self).__name__} intermediates are {' or '.join(self.intermediate_formats)}")
         take, max_index = feature_take_indices(len(self.feature_info), indices)
-        final, intermediates = self._stage_maps(x, take, max_index if stop_early else len(self.feature_info) - 1, norm)
+        last = max_index if stop_early else len(self.feature_info) - 1
+        final, intermediates = self._stage_maps(x, take, last, norm, output_fmt)
         return intermediates if intermediates_only else (final, intermediates)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

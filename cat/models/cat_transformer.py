@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from timm.models import generate_default_cfgs, register_model
 from torch import Tensor, nn
 
 from cat.layers import CirculantBlock, LayerNorm6
 
-from ._base import TimmApiMixin, build_family_model, family_cfg, run_blocks
+from ._base import TimmApiMixin, build_family_model, checkpoint_blocks, family_cfg
 
 __all__ = ["CirculantAttentionTransformer"]
 
@@ -79,9 +80,12 @@ class CATStage(nn.Module):
         """NCHW in, NCHW out."""
         x = self.downsample(x)
         B, C, H, W = x.shape
-        tokens = run_blocks(
-            self.blocks, x.flatten(2).transpose(1, 2), (H, W), self.grad_checkpointing and self.training
-        )
+        tokens = x.flatten(2).transpose(1, 2)
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            tokens = checkpoint_blocks(self.blocks, tokens, (H, W))
+        else:
+            for block in self.blocks:
+                tokens = block(tokens, (H, W))
         return tokens.transpose(1, 2).reshape(B, C, H, W)
 
 
@@ -116,22 +120,29 @@ class CirculantAttentionTransformer(TimmApiMixin, nn.Module):
         self.norm = LayerNorm6(dims[-1])
         self.init_head(num_classes, drop_rate, global_pool)
 
-    def _stage_maps(self, x: Tensor, take: list[int], last: int, norm: bool) -> tuple[Tensor, list[Tensor]]:
+    def _stage_maps(
+        self, x: Tensor, take: list[int], last: int, norm: bool, output_fmt: str
+    ) -> tuple[Tensor, list[Tensor]]:
         x = self.stem(x)
         intermediates = []
         for i, stage in enumerate(self.stages[: last + 1]):
             x = stage(x)
             if i in take:
                 intermediates.append(self._norm_map(x) if (norm and i == len(self.stages) - 1) else x)
-        return self.norm(x.flatten(2).transpose(1, 2)), intermediates
+        return self._norm_map(x), intermediates
 
     def _norm_map(self, x: Tensor) -> Tensor:
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images -> normalised tokens (B, N, C) of the last stage."""
-        x = self.stages(self.stem(x))
-        return self.norm(x.flatten(2).transpose(1, 2))
+        """Images -> the last stage's normalised map (B, C, H/32, W/32), like timm's pvt_v2."""
+        return self._norm_map(self.stages(self.stem(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        if self.global_pool == "avg":
+            x = x.mean(dim=(2, 3))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
 
 
 default_cfgs = generate_default_cfgs(

@@ -17,9 +17,23 @@ from torch import Tensor, nn
 from cat.errors import ConfigError
 
 from . import pvt
-from .loading import LoadReport, extract_state_dict, load_checkpoint_file, load_state_dict
+from .loading import (
+    CheckpointMismatchError,
+    LoadReport,
+    check_name_hash,
+    extract_state_dict,
+    load_checkpoint_file,
+    load_state_dict,
+)
 
-__all__ = ["create_model", "parse_model_args", "load_checkpoint", "load_backbone_checkpoint", "adapt_state_dict"]
+__all__ = [
+    "create_model",
+    "parse_model_args",
+    "load_checkpoint",
+    "load_backbone_checkpoint",
+    "load_pretrained_file",
+    "adapt_state_dict",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -50,20 +64,46 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
     return report
 
 
+def _without_classifier(model: nn.Module, state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
+    """``state_dict`` less its classifier entries, and the classifier's name."""
+    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
+    return {k: v for k, v in state_dict.items() if not k.startswith(f"{classifier}.")}, classifier
+
+
 def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
     """Load an ImageNet classification checkpoint into a model used as a backbone.
 
     The classifier is dropped, position embeddings are resized to the model's grids and Swin's
     relative-position tables kept; the returned report lists everything that did not load.
     """
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
-    state_dict = {
-        k: v for k, v in extract_state_dict(load_checkpoint_file(path)).items() if not k.startswith(f"{classifier}.")
-    }
+    state_dict, classifier = _without_classifier(model, extract_state_dict(load_checkpoint_file(path)))
     report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=False, source=str(path))
     report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
     if not report.clean:
         _logger.warning("backbone weights from %s:\n%s", path, report)
+    return report
+
+
+def load_pretrained_file(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
+    """timm's ``load_pretrained`` hook (``custom_load`` configs): a release file, downloaded by timm
+    into its cache or given as ``pretrained_cfg_overlay=dict(file=...)``, read by the safe loader after
+    its name's hash is checked. Everything must match except a classifier of another class count
+    (``num_classes=``), which keeps its fresh initialisation."""
+    check_name_hash(path)
+    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path)))
+    own = model.state_dict()
+    without_classifier, classifier = _without_classifier(model, state_dict)
+    other_classifier = any(
+        k not in own or own[k].shape != v.shape for k, v in state_dict.items() if k not in without_classifier
+    )
+    if other_classifier:
+        _logger.info("pretrained %s: classifier %r not loaded (another class count)", path, classifier)
+        state_dict = without_classifier
+    report = load_state_dict(model, state_dict, strict=False, source=str(path))
+    if other_classifier:
+        report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
+    if not report.clean:
+        raise CheckpointMismatchError(report, str(path))
     return report
 
 

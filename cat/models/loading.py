@@ -12,8 +12,10 @@ an untrusted file reaches ``pickle.load``. Every failure names the file.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import pickle
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 from cat.errors import CheckpointError, UserError
 
 __all__ = [
+    "check_name_hash",
     "load_checkpoint_file",
     "extract_state_dict",
     "load_state_dict",
@@ -127,6 +130,29 @@ def load_checkpoint_file(
             f"checkpoint {path} is unreadable ({type(error).__name__}: {error}; the "
             f"weights-only reader said: {first_line})"
         ) from None
+
+
+# torch.hub's convention: a file name may end in "-<first hex digits of its sha256>" before the suffix.
+_HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.")
+
+
+def check_name_hash(path: str | os.PathLike[str]) -> None:
+    """Refuse a file whose name declares a sha256 prefix (torch.hub's ``name-<hash>.pth``) that its
+    contents do not have: a corrupt or substituted download. Names without a hash pass."""
+    declared = _HASH_IN_NAME.search(os.path.basename(path))
+    if declared is None:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    actual = digest.hexdigest()
+    if not actual.startswith(declared.group(1)):
+        raise CheckpointError(
+            f"checkpoint {path} fails its hash check: the name declares sha256 {declared.group(1)}..., the "
+            f"contents hash to {actual[: len(declared.group(1))]}...; the file is corrupt or not the one "
+            "published: delete it and download it again"
+        )
 
 
 def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:

@@ -1,16 +1,18 @@
 """PVT v1 (Wang et al., 2021) and CA-PVT.
 
-timm has no PVT v1, so it is written here with the parameter names of the PVT v1 release
-(``patch_embed{s}``, ``pos_embed{s}``, ``block{s}.{j}.attn.q/.kv/.sr/.norm``, ``cls_token``, ...), so
-its checkpoints load into the ``SSSS`` model. ``attn_pattern`` picks, per stage, circulant blocks
-(``C``), PVT's spatial-reduction attention blocks (``S``) or a mix (``M<k>``); CA-PVT is ``CCSS``,
-keeping PVT's per-stage absolute position embeddings.
+timm has no PVT v1, so it is written here. Inside, the model is a list of stages (scriptable,
+traceable); its state dicts carry the parameter names of the PVT v1 release (``patch_embed{s}``,
+``pos_embed{s}``, ``block{s}.{j}.attn.q/.kv/.sr/.norm``, ``cls_token``, ...), so the release's
+checkpoints load into the ``SSSS`` model and this project's files keep the release format.
+``attn_pattern`` picks, per stage, circulant blocks (``C``), PVT's spatial-reduction attention
+blocks (``S``) or a mix (``M<k>``); CA-PVT is ``CCSS``, keeping PVT's per-stage absolute position
+embeddings.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights, parse_attn_pattern
 
-from ._base import TimmApiMixin, build_family_model, family_cfg, run_blocks
+from ._base import TimmApiMixin, build_family_model, checkpoint_blocks, family_cfg
 
 __all__ = ["PyramidVisionTransformer", "resize_pos_embed"]
 
@@ -65,18 +67,17 @@ class SpatialReductionAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        if sr_ratio > 1:
-            self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
-            self.norm = nn.LayerNorm(dim)
+        self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio) if sr_ratio > 1 else None
+        self.norm = nn.LayerNorm(dim) if sr_ratio > 1 else None
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
         h = self.num_heads
         q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
-        if self.sr_ratio > 1:
-            grid = x.transpose(1, 2).reshape(B, C, *hw)
+        if self.sr is not None and self.norm is not None:
+            grid = x.transpose(1, 2).reshape(B, C, hw[0], hw[1])
             x = self.norm(self.sr(grid).flatten(2).transpose(1, 2))
-        k, v = self.kv(x).reshape(B, -1, 2, h, C // h).permute(2, 0, 3, 1, 4)
+        k, v = self.kv(x).reshape(B, -1, 2, h, C // h).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
@@ -109,26 +110,93 @@ def resize_pos_embed(
     pos_embed: Tensor, old_hw: tuple[int, int], new_hw: tuple[int, int], num_prefix: int = 0
 ) -> Tensor:
     """Bilinearly resample a (1, prefix + H*W, C) position embedding to another grid."""
-    if tuple(old_hw) == tuple(new_hw):
+    if old_hw[0] == new_hw[0] and old_hw[1] == new_hw[1]:
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
-    grid = grid.reshape(1, *old_hw, -1).permute(0, 3, 1, 2)
+    grid = grid.reshape(1, old_hw[0], old_hw[1], -1).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=new_hw, mode="bilinear", align_corners=False)
     return torch.cat([prefix, grid.flatten(2).transpose(1, 2)], dim=1)
 
 
-def _bypass_class_token(block: CirculantBlock, x: Tensor, hw: tuple[int, int]) -> Tensor:
-    # Circulant attention runs on the token grid; the class token passes by it.
-    return torch.cat([x[:, :1], block(x[:, 1:], hw)], dim=1)
+torch.fx.wrap("resize_pos_embed")  # it branches on the grid: a leaf call for every FX tracer
+
+
+class PVTStage(nn.Module):
+    """Patch embedding, position embedding (resampled to the input's grid) and blocks; the last stage
+    of a model with a class token carries it. Takes an NCHW map, returns tokens and their grid."""
+
+    def __init__(
+        self,
+        patch_size: int,
+        in_chans: int,
+        dim: int,
+        grid_size: tuple[int, int],
+        blocks: list[nn.Module],
+        cls_token: bool,
+        drop_rate: float,
+    ) -> None:
+        super().__init__()
+        self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
+        self.num_prefix_tokens = int(cls_token)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls_token else None
+        self.grid_size = grid_size
+        self.pos_embed = nn.Parameter(torch.zeros(1, grid_size[0] * grid_size[1] + self.num_prefix_tokens, dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList(blocks)
+        self.grad_checkpointing = False
+
+    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        x, hw = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.grid_size, hw, self.num_prefix_tokens))
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return checkpoint_blocks(self.blocks, x, hw), hw
+        for block in self.blocks:
+            x = block(x, hw)
+        return x, hw
+
+    def grid_map(self, tokens: Tensor, hw: tuple[int, int]) -> Tensor:
+        """Tokens (B, [cls +] N, C) as an NCHW map, the class token dropped."""
+        tokens = tokens[:, self.num_prefix_tokens :]
+        return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, hw[0], hw[1])
+
+
+# Internal parameter names -> the release's: stages.{s}.patch_embed -> patch_embed{s+1}, ....
+_RELEASE_NAMES = (
+    (re.compile(r"stages\.(\d)\.(patch_embed|pos_embed)"), lambda m: f"{m[2]}{int(m[1]) + 1}"),
+    (re.compile(r"stages\.(\d)\.blocks"), lambda m: f"block{int(m[1]) + 1}"),
+    (re.compile(r"stages\.3\.cls_token"), lambda m: "cls_token"),
+)
+_INTERNAL_NAMES = (
+    (re.compile(r"(patch_embed|pos_embed)(\d)"), lambda m: f"stages.{int(m[2]) - 1}.{m[1]}"),
+    (re.compile(r"block(\d)"), lambda m: f"stages.{int(m[1]) - 1}.blocks"),
+    (re.compile(r"cls_token"), lambda m: "stages.3.cls_token"),
+)
+
+
+def _renamed(state_dict: dict[str, Tensor], prefix: str, rules: tuple) -> None:
+    """Rename the keys under ``prefix`` in place by the first rule matching right after it."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        for pattern, name in rules:
+            match = pattern.match(key, len(prefix))
+            if match:
+                state_dict[prefix + name(match) + key[match.end() :]] = state_dict.pop(key)
+                break
+
+
+def _to_release_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: Any) -> None:
+    _renamed(state_dict, prefix, _RELEASE_NAMES)
+
+
+def _to_internal_names(module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: Any) -> None:
+    _renamed(state_dict, prefix, _INTERNAL_NAMES)
 
 
 class PyramidVisionTransformer(TimmApiMixin, nn.Module):
     """PVT v1 with per-stage choice of circulant or spatial-reduction attention."""
 
-    layer_groups = {
-        "stem": r"^cls_token|^pos_embed1|^patch_embed1",
-        "blocks": r"^(?:block|patch_embed|pos_embed)(\d+)",
-    }  # timm's group_matcher
+    layer_groups = {"stem": r"^stages\.0\.(?:patch|pos)_embed", "blocks": r"^stages\.(\d+)"}  # timm's group_matcher
 
     def __init__(
         self,
@@ -156,95 +224,76 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
         self.circulant_blocks = parse_attn_pattern(attn_pattern, depths)
         # The class token lives in the last stage; a fully circulant last stage has no place for it.
         self.has_cls_token = self.circulant_blocks[-1] < depths[-1]
-        self.grad_checkpointing = False
         img_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         patch_sizes = (4, 2, 2, 2)
         dpr = [drop_path_rate * i / max(sum(depths) - 1, 1) for i in range(sum(depths))]
         self.feature_info = []
         self.grid_sizes = []
-        reduction, cursor, in_ch = 1, 0, in_chans
+        stages, reduction, cursor, in_ch = [], 1, 0, in_chans
         for s in range(4):
             reduction *= patch_sizes[s]
             grid = (img_hw[0] // reduction, img_hw[1] // reduction)
             self.grid_sizes.append(grid)
-            prefix = 1 if (s == 3 and self.has_cls_token) else 0
-            setattr(self, f"patch_embed{s + 1}", PatchEmbed(patch_sizes[s], in_ch, embed_dims[s]))
-            setattr(self, f"pos_embed{s + 1}", nn.Parameter(torch.zeros(1, grid[0] * grid[1] + prefix, embed_dims[s])))
+            cls_token = s == 3 and self.has_cls_token
             blocks = []
             for j in range(depths[s]):
                 if j < self.circulant_blocks[s]:
-                    blocks.append(
-                        CirculantBlock(
-                            embed_dims[s], mlp_ratio=mlp_ratios[s], proj_drop=proj_drop_rate, drop_path=dpr[cursor + j]
-                        )
+                    block = CirculantBlock(
+                        embed_dims[s], mlp_ratio=mlp_ratios[s], proj_drop=proj_drop_rate, drop_path=dpr[cursor + j]
                     )
+                    block.num_prefix_tokens = int(cls_token)  # the class token passes by circulant attention
                 else:
-                    blocks.append(
-                        PVTBlock(
-                            embed_dims[s],
-                            num_heads[s],
-                            mlp_ratios[s],
-                            qkv_bias,
-                            sr_ratios[s],
-                            proj_drop_rate,
-                            attn_drop_rate,
-                            dpr[cursor + j],
-                        )
+                    block = PVTBlock(
+                        embed_dims[s],
+                        num_heads[s],
+                        mlp_ratios[s],
+                        qkv_bias,
+                        sr_ratios[s],
+                        proj_drop_rate,
+                        attn_drop_rate,
+                        dpr[cursor + j],
                     )
-            setattr(self, f"block{s + 1}", nn.ModuleList(blocks))
+                blocks.append(block)
+            stages.append(PVTStage(patch_sizes[s], in_ch, embed_dims[s], grid, blocks, cls_token, drop_rate))
             cursor += depths[s]
             in_ch = embed_dims[s]
-            self.feature_info.append({"num_chs": embed_dims[s], "reduction": reduction, "module": f"block{s + 1}"})
-        self.pos_drop = nn.Dropout(drop_rate)
-        if self.has_cls_token:
-            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims[3]))
+            self.feature_info.append({"num_chs": embed_dims[s], "reduction": reduction, "module": f"stages.{s}"})
+        self.stages = nn.ModuleList(stages)
         self.norm = LayerNorm6(embed_dims[3])
         self.init_head(num_classes, drop_rate, global_pool if self.has_cls_token else "avg", init=False)  # see below
-        for s in range(4):
-            trunc_normal_(getattr(self, f"pos_embed{s + 1}"), std=0.02)
-        if self.has_cls_token:
-            trunc_normal_(self.cls_token, std=0.02)
+        for stage in self.stages:
+            trunc_normal_(stage.pos_embed, std=0.02)
+            if stage.cls_token is not None:
+                trunc_normal_(stage.cls_token, std=0.02)
         self.apply(init_vit_weights)
+        self.register_state_dict_post_hook(
+            lambda module, state_dict, prefix, _: _renamed(state_dict, prefix, _RELEASE_NAMES)
+        )
+        self.register_load_state_dict_pre_hook(
+            lambda module, state_dict, prefix, *_: _renamed(state_dict, prefix, _INTERNAL_NAMES)
+        )
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {f"pos_embed{s + 1}" for s in range(4)} | ({"cls_token"} if self.has_cls_token else set())
+        return {f"stages.{s}.pos_embed" for s in range(4)} | ({"stages.3.cls_token"} if self.has_cls_token else set())
 
-    def _stage(self, s: int, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Stage s (0-based) on an NCHW map; returns tokens (B, [cls +] N, C) and the grid."""
-        x, hw = getattr(self, f"patch_embed{s + 1}")(x)
-        prefix = 1 if (s == 3 and self.has_cls_token) else 0
-        if prefix:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        pos = resize_pos_embed(getattr(self, f"pos_embed{s + 1}"), self.grid_sizes[s], hw, prefix)
-        x = self.pos_drop(x + pos)
-        blocks = [
-            partial(_bypass_class_token, blk) if prefix and isinstance(blk, CirculantBlock) else blk
-            for blk in getattr(self, f"block{s + 1}")
-        ]
-        return run_blocks(blocks, x, hw, self.grad_checkpointing and self.training), hw
-
-    def _grid_map(self, s: int, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        if s == 3 and self.has_cls_token:
-            x = x[:, 1:]
-        return x.transpose(1, 2).reshape(x.shape[0], -1, *hw)
-
-    def _stage_maps(self, x: Tensor, take: list[int], last: int, norm: bool) -> tuple[Tensor, list[Tensor]]:
+    def _stage_maps(
+        self, x: Tensor, take: list[int], last: int, norm: bool, output_fmt: str
+    ) -> tuple[Tensor, list[Tensor]]:
         intermediates = []
-        for s in range(last + 1):
-            tokens, hw = self._stage(s, x)
+        for s, stage in enumerate(self.stages[: last + 1]):
+            tokens, hw = stage(x)
             if s in take:
-                out = self.norm(tokens) if (norm and s == 3) else tokens
-                intermediates.append(self._grid_map(s, out, hw))
-            if s < 3:
-                x = self._grid_map(s, tokens, hw)
+                intermediates.append(stage.grid_map(self.norm(tokens) if (norm and s == 3) else tokens, hw))
+            x = stage.grid_map(tokens, hw)
         return self.norm(tokens), intermediates
 
     def forward_features(self, x: Tensor) -> Tensor:
-        for s in range(4):
-            tokens, hw = self._stage(s, x)
-            if s < 3:
-                x = self._grid_map(s, tokens, hw)
+        """Images -> normalised tokens of the last stage, the class token first (as timm's ViT)."""
+        tokens = x
+        for stage in self.stages:
+            tokens, hw = stage(x)
+            x = stage.grid_map(tokens, hw)
         return self.norm(tokens)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -267,9 +316,11 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTran
     return out
 
 
+# pool_size: the last stage's grid. forward_features returns tokens, the class token first, as timm's
+# ViT does: PVT v1 classifies through its class token, which an NCHW map cannot carry.
 default_cfgs = generate_default_cfgs(
     {
-        f"{prefix}pvt_{size}": family_cfg("patch_embed1.proj")
+        f"{prefix}pvt_{size}": family_cfg("patch_embed1.proj", pool_size=(7, 7))
         for size in ("tiny", "small", "medium", "large")
         for prefix in ("", "ca_")
     }

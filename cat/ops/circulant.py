@@ -15,6 +15,8 @@ precision for non-power-of-two grids, and the softmax logits need the range.
 from __future__ import annotations
 
 import math
+import typing
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -77,6 +79,13 @@ def attend(
         return _attend_pairs(q, k, v, hw, head_dim, scale)
     q_f, k_f, v_f = (torch.view_as_complex(t) for t in (q, k, v))
     return attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True)
+
+
+def _evaluated_annotations(fn: Callable) -> Callable:
+    """``fn`` with its annotations evaluated: TorchScript reads those of an ignored function as they
+    are, and this module's are strings (``from __future__ import annotations``)."""
+    fn.__annotations__ = typing.get_type_hints(fn)
+    return fn
 
 
 def _check_head_dim(channels: int, head_dim: int) -> None:
@@ -188,60 +197,94 @@ class CirculantAttention(nn.Module):
         )
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(
-                f"CirculantAttention(dim={self.dim}) expects x shaped (B, N, {self.dim}); got {tuple(x.shape)}"
-            )
-        B, N, C = x.shape
-        H, W = hw
-        if H * W != N:
-            raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
-        scale = 1.0 / math.sqrt(N * self.head_dim) if self.scale is None else self.scale
-        backend = resolve_fft_backend(self.fft_backend, hw, x.device)
-        if self.lean and backend == "fft" and self.reweight != "pre":
-            gate_pre = F.linear(x, self.gate[0].weight, self.gate[0].bias) if self.gate is not None else None
-            out, weights = lean_circulant_attention(
-                x,
-                self.qkv.weight,
-                gate_pre,
-                self.proj.weight,
-                self.proj.bias,
-                hw,
-                self.head_dim,
-                scale,
-                self.keep_weights,
-            )
-        else:
-            out, weights = self._forward_autograd(x, hw, scale, backend)
-        if self.keep_weights:
+        gate_weight: Tensor | None = None
+        gate_bias: Tensor | None = None
+        if self.gate is not None:
+            gate_weight, gate_bias = self.gate[0].weight, self.gate[0].bias
+        out, weights = circulant_attention_layer(
+            x,
+            hw,
+            self.qkv.weight,
+            gate_weight,
+            gate_bias,
+            self.proj.weight,
+            self.proj.bias,
+            self.head_dim,
+            self.scale,
+            self.reweight,
+            self.fft_backend,
+            self.lean,
+            self.keep_weights,
+            self.pack_spectrum,
+        )
+        if self.keep_weights and not torch.jit.is_scripting():
             self.last_weights = weights.detach()
         return self.proj_drop(out)
 
-    def _forward_autograd(self, x: Tensor, hw: tuple[int, int], scale: float, backend: str) -> tuple[Tensor, Tensor]:
-        """The same computation through autograd: for pre-reweighting (v, not the output, is gated),
-        the matmul backend (export) and ``lean=False``; training stores every intermediate spectrum."""
-        B, N, C = x.shape
-        H, W = hw
-        gate = self.gate(x) if self.gate is not None else None
-        work = fft_dtype(x.dtype)
+
+# TorchScript calls this as Python: the FFT attention (an autograd.Function, complex spectra,
+# autocast scopes) is not scriptable, so a scripted model runs but cannot be saved; torch.export
+# gives a serialised program.
+@torch.jit.ignore
+@_evaluated_annotations
+def circulant_attention_layer(
+    x: Tensor,
+    hw: tuple[int, int],
+    qkv_weight: Tensor,
+    gate_weight: Tensor | None,
+    gate_bias: Tensor | None,
+    proj_weight: Tensor,
+    proj_bias: Tensor,
+    head_dim: int,
+    scale: float | None,
+    reweight: str,
+    fft_backend: str,
+    lean: bool,
+    keep_weights: bool,
+    pack_spectrum: bool,
+) -> tuple[Tensor, Tensor]:
+    """:class:`CirculantAttention`'s computation on its weights: the output (B, N, C) before the
+    dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights`` or
+    computed anyway)."""
+    C = qkv_weight.shape[1]
+    if x.dim() != 3 or x.shape[-1] != C:
+        raise ValueError(f"CirculantAttention(dim={C}) expects x shaped (B, N, {C}); got {tuple(x.shape)}")
+    B, N, C = x.shape
+    H, W = hw
+    if H * W != N:
+        raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
+    # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
+    scale = (N * head_dim) ** -0.5 if scale is None else scale
+    backend = resolve_fft_backend(fft_backend, hw, x.device)
+    # Exported programs take the plain autograd ops: the lean function's channel groups depend on
+    # B*N and would pin the exported batch and resolution.
+    if lean and backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting():
+        gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
+        return lean_circulant_attention(
+            x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, pack_spectrum
+        )
+    # Through autograd (pre-reweighting, the matmul backend, export, lean=False): training stores
+    # every intermediate spectrum.
+    gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
+    work = fft_dtype(x.dtype)
+    with no_autocast(x.device):
+        x_f = spectrum(x.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
+    Wf = W // 2 + 1  # from the grid, not the spectrum: ONNX export cannot read a complex tensor's size
+    flat = x_f.view(B, C, H * Wf * 2)
+    if reweight == "pre":  # v, not the output, is gated
+        q_f, k_f = torch.matmul(qkv_weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
+        v = F.linear(x, qkv_weight[2 * C :]) * gate
         with no_autocast(x.device):
-            x_f = spectrum(x.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
-        Wf = x_f.shape[-2]
-        flat = x_f.view(B, C, H * Wf * 2)
-        if self.reweight == "pre":
-            q_f, k_f = torch.matmul(self.qkv.weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
-            v = F.linear(x, self.qkv.weight[2 * C :]) * gate
-            with no_autocast(x.device):
-                v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
-        else:
-            qkv = torch.matmul(self.qkv.weight, flat)  # one GEMM; autocast may run it in bf16/fp16
-            q_f, k_f, v_f = qkv.to(work).view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
-        with no_autocast(x.device):
-            y, weights = attend(q_f, k_f, v_f, hw, self.head_dim, scale, backend)
-        y = y.view(B, C, N).transpose(1, 2)
-        if self.reweight == "post":
-            y = y * gate
-        return self.proj(y), weights
+            v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
+    else:
+        qkv = torch.matmul(qkv_weight, flat)  # one GEMM; autocast may run it in bf16/fp16
+        q_f, k_f, v_f = qkv.to(work).view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
+    with no_autocast(x.device):
+        y, weights = attend(q_f, k_f, v_f, hw, head_dim, scale, backend)
+    y = y.view(B, C, N).transpose(1, 2)
+    if reweight == "post":
+        y = y * gate
+    return F.linear(y, proj_weight, proj_bias), weights
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:

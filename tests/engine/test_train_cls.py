@@ -264,3 +264,30 @@ def test_empty_class_folder_is_named(tmp_path):
     )
     with pytest.raises(DataError, match=r"train/dog holds no images"):
         run(cfg)
+
+
+def test_model_convert_fine_tunes_a_softmax_checkpoint(tmp_path):
+    """model.convert: a softmax DeiT's checkpoint loads, the model converts, trains, and its converted
+    checkpoint evaluates with the same setting."""
+    deit = ["model.name=deit_tiny_patch16_224", "model.kwargs={embed_dim:24,depth:1,patch_size:8}", "epochs=1"]
+    run(compose_config("cls", *TINY, *deit, f"output_dir={tmp_path / 'softmax'}"))
+    softmax = cat.models.extract_state_dict(cat.models.load_checkpoint_file(tmp_path / "softmax" / "best.pth"))
+    converted = [
+        *TINY,
+        *deit,
+        "model.convert={}",
+        f"checkpoint={tmp_path / 'softmax' / 'best.pth'}",
+        "lr=1e-12",  # the loaded weights stay (to rounding) as they were: the conversion must keep them
+        "schedule.warmup_epochs=0",
+    ]
+    trained = run(compose_config("cls", *converted, f"output_dir={tmp_path / 'converted'}"))
+    state = cat.models.extract_state_dict(cat.models.load_checkpoint_file(tmp_path / "converted" / "best.pth"))
+    assert "blocks.0.attn.gate.0.weight" in state
+    torch.testing.assert_close(state["blocks.0.attn.qkv.weight"], softmax["blocks.0.attn.qkv.weight"])
+    evaluated = run(
+        compose_config(
+            "cls", *converted[:-3], "mode=eval", f"checkpoint={tmp_path / 'converted' / 'best.pth'}",
+            f"output_dir={tmp_path / 'eval'}",
+        )
+    )  # fmt: skip
+    assert evaluated["top1"] == pytest.approx(trained["best_top1"])

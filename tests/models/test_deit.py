@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import timm
 import torch
 
 import cat
+from cat.errors import CheckpointError
+from tests.hostile import write_hostile_files
 
 # Parameter counts of the released CA-DeiT models at 1000 classes.
 RELEASED_PARAMS = {"ca_deit_tiny": 6_140_200, "ca_deit_small": 23_780_968, "ca_deit_base": 93_567_208}
@@ -60,9 +64,11 @@ def test_timm_api():
     assert cfg["interpolation"] == "bicubic" and cfg["crop_pct"] == 0.875
 
 
-def test_features_only_is_refused_with_a_reason():
-    with pytest.raises(ValueError, match="isotropic"):
-        timm.create_model("ca_deit_tiny", features_only=True)
+def test_features_only_gives_stride_16_maps_of_the_last_blocks():
+    model = small(features_only=True, out_indices=(0, 1)).eval()
+    maps = model(torch.randn(2, 3, 48, 80))
+    assert [m.shape for m in maps] == [(2, 32, 3, 5)] * 2
+    assert model.feature_info.reduction() == [16, 16]
 
 
 def test_unknown_model_names_close_matches():
@@ -84,3 +90,60 @@ def test_official_checkpoint_logits(official_ca_deit):
     with torch.no_grad():
         logits = model(io["input"])
     torch.testing.assert_close(logits, io["logits"], rtol=1e-5, atol=1e-5)
+
+
+FIXTURE_ARGS = {"embed_dim": 64, "depth": 2, "patch_size": 8, "img_size": 64, "num_classes": 10}
+
+
+def fixture_logits(official_ca_deit, model):
+    io = torch.load(official_ca_deit / "small_p8_64.io.pth", weights_only=True)
+    with torch.no_grad():
+        return model.eval()(io["input"]), io["logits"]
+
+
+def test_pretrained_config_points_at_the_release():
+    for name in ("ca_deit_tiny", "ca_deit_small", "ca_deit_base"):
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg.custom_load and cfg.url[0].startswith("https://cloud.tsinghua.edu.cn/f/")
+        assert cfg.url[1] == f"{name}_release.pth"
+    assert set(timm.list_pretrained("ca_deit_*")) == {"ca_deit_tiny", "ca_deit_small", "ca_deit_base"}
+
+
+def test_pretrained_file_overlay_gives_the_release_logits(official_ca_deit):
+    overlay = {"file": str(official_ca_deit / "small_p8_64.pth")}
+    model = timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay=overlay, **FIXTURE_ARGS)
+    torch.testing.assert_close(*fixture_logits(official_ca_deit, model), rtol=1e-5, atol=1e-5)
+    # Another class count: everything but the classifier loads.
+    other = timm.create_model(
+        "ca_deit_tiny", pretrained=True, pretrained_cfg_overlay=overlay, **{**FIXTURE_ARGS, "num_classes": 3}
+    )
+    torch.testing.assert_close(other.blocks[1].attn.qkv.weight, model.blocks[1].attn.qkv.weight)
+
+
+def test_pretrained_url_downloads_into_timms_cache_and_checks_the_hash(official_ca_deit, tmp_path):
+    release = official_ca_deit / "small_p8_64.pth"
+    digest = hashlib.sha256(release.read_bytes()).hexdigest()
+    hub = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    try:
+        url = (release.as_uri(), f"ca_deit_fixture-{digest[:10]}.pth")
+        model = timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": url}, **FIXTURE_ARGS)
+        torch.testing.assert_close(*fixture_logits(official_ca_deit, model), rtol=1e-5, atol=1e-5)
+        assert (tmp_path / "hub" / "checkpoints" / url[1]).is_file()
+        wrong = (release.as_uri(), "ca_deit_fixture-0123abcd.pth")
+        with pytest.raises(CheckpointError, match="fails its hash check.*0123abcd"):
+            timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": wrong}, **FIXTURE_ARGS)
+    finally:
+        torch.hub.set_dir(hub)
+
+
+def test_pretrained_refuses_corrupt_and_hostile_files(official_ca_deit, tmp_path):
+    truncated = tmp_path / "truncated.pth"
+    truncated.write_bytes((official_ca_deit / "small_p8_64.pth").read_bytes()[:100_000])
+    with pytest.raises(CheckpointError, match="truncated.pth is unreadable"):
+        timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"file": str(truncated)})
+    marker = tmp_path / "MARKER"
+    hostile = write_hostile_files(tmp_path / "hostile", marker)["yacs_config_payload"]
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"file": str(hostile)})
+    assert not marker.exists()

@@ -101,7 +101,9 @@ def test_ca_pvt_keeps_position_embeddings_and_circulant_stages():
     assert {"pos_embed1", "pos_embed2", "pos_embed3", "pos_embed4", "cls_token"} <= names
     assert "block1.0.attn.gate.0.weight" in names and "block2.1.cpe.weight" in names
     assert "block3.0.attn.sr.weight" in names and "block1.0.attn.sr.weight" not in names
-    assert model.no_weight_decay() >= {"pos_embed1", "cls_token"}
+    assert model.no_weight_decay() >= {"stages.0.pos_embed", "stages.3.cls_token"}
+    params = dict(model.named_parameters())
+    assert all(name in params for name in model.no_weight_decay())
 
 
 def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
@@ -110,8 +112,8 @@ def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
     backbone = timm.create_model("ca_pvt_tiny", img_size=320, num_classes=0)
     report = load_backbone_checkpoint(backbone, tmp_path / "cls.pth")
     assert report.clean, str(report)
-    assert backbone.pos_embed1.shape == (1, 80 * 80, 64)
-    torch.testing.assert_close(backbone.block1[0].attn.qkv.weight, source.block1[0].attn.qkv.weight)
+    assert backbone.stages[0].pos_embed.shape == (1, 80 * 80, 64)
+    torch.testing.assert_close(backbone.stages[0].blocks[0].attn.qkv.weight, source.stages[0].blocks[0].attn.qkv.weight)
 
     swin = timm.create_model("ca_swin_tiny", num_classes=10)
     torch.save(swin.state_dict(), tmp_path / "swin.pth")

@@ -1,19 +1,28 @@
-"""ONNX export of CA-DeiT through the matmul DFT backend, and the attention benchmark script."""
+"""ONNX export of CA-DeiT (ONNX DFT at any resolution, or the matmul DFT backend), and the attention
+benchmark script."""
 
 from __future__ import annotations
 
 import onnx
 
 
-def test_export_ca_deit_tiny(run_tool, tmp_path):
+def test_export_ca_deit_tiny_matmul(run_tool, tmp_path):
     path = tmp_path / "ca_deit_tiny.onnx"
-    text = run_tool("export_onnx", "--out", str(path), "--img-size", "64")
+    text = run_tool("export_onnx", "--backend", "matmul", "--out", str(path), "--img-size", "64")
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
     ops = {node.op_type for node in model.graph.node}
     assert "MatMul" in ops and not any("FFT" in op or "DFT" in op for op in ops)
-    error = float(text.split("max relative difference ")[1].split()[0])
-    assert error < 1e-4
+    assert float(text.split("64x64 ")[1].split()[0]) < 1e-4
+
+
+def test_export_dft_any_resolution(run_tool, tmp_path):
+    path = tmp_path / "ca_deit_tiny.onnx"
+    text = run_tool("export_onnx", "--out", str(path), "--img-size", "64")
+    model = onnx.load(str(path))
+    assert "DFT" in {node.op_type for node in model.graph.node}
+    errors = [float(text.split(f"{size} ")[1].split(",")[0]) for size in ("64x64", "96x80")]
+    assert max(errors) < 1e-4
 
 
 def test_bench_attention_runs(run_tool):

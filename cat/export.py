@@ -1,0 +1,70 @@
+"""One exported program for every batch size and resolution: torch.export and ONNX (the FFTs as
+ONNX ``DFT``), for cat's models and any timm model.
+
+    program = cat.export.export_program(model, torch.randn(2, 3, 224, 224))
+    onnx_model = cat.export.export_onnx(model, torch.randn(2, 3, 224, 224), "model.onnx")
+
+Height and width are exported as multiples of the model's output stride (its last feature map's
+reduction), at least twice it: a dimension of size 1 broadcasts differently, so an example's
+grids of 2 or more make the program valid for every grid of 2 or more.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["image_shapes", "export_program", "export_onnx"]
+
+
+def image_shapes(model: nn.Module, max_side: int = 4096, dynamic_size: bool = True) -> tuple[dict[int, Any]]:
+    """``dynamic_shapes`` for a model's one image argument (B, C, H, W): any batch, and (with
+    ``dynamic_size``) H and W any multiple of the output stride from twice it to ``max_side``."""
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    if not dynamic_size:
+        return ({0: batch},)
+    feature_info = getattr(model, "feature_info", None)
+    stride = feature_info[-1]["reduction"] if feature_info else 32
+    height, width = (torch.export.Dim(side, min=2, max=max_side // stride) for side in ("height", "width"))
+    return ({0: batch, 2: stride * height, 3: stride * width},)
+
+
+def export_program(model: nn.Module, example: Tensor, dynamic_size: bool = True) -> torch.export.ExportedProgram:
+    """``torch.export.export`` of ``model`` (in eval mode) with :func:`image_shapes`; ``example``'s
+    sides must be multiples of the output stride, at least twice it."""
+    return torch.export.export(model.eval(), (example,), dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size))
+
+
+def export_onnx(
+    model: nn.Module,
+    example: Tensor,
+    path: str | os.PathLike[str] | None = None,
+    opset: int = 20,
+    dynamic_size: bool = True,
+) -> Any:
+    """The ONNX model (an ``onnx.ModelProto``; written to ``path`` if given) of :func:`export_program`
+    by torch's default exporter (needs ``onnxscript``): circulant attention's FFTs become ``DFT`` nodes.
+
+    The exporter annotates the outputs of the inverse real DFTs with the one-sided length where the
+    two-sided one is meant; onnxruntime plans buffers from such annotations and fails at any other
+    resolution than the example's. The intermediate shape annotations are therefore dropped: the
+    runtime infers them from the graph when it loads it.
+    """
+    onnx_program = torch.onnx.export(
+        model.eval(),
+        (example,),
+        dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size),
+        dynamo=True,
+        opset_version=opset,
+        verbose=False,
+        optimize=True,
+    )
+    proto = onnx_program.model_proto
+    del proto.graph.value_info[:]
+    if path is not None:
+        with open(path, "wb") as file:
+            file.write(proto.SerializeToString())
+    return proto

@@ -1,0 +1,95 @@
+"""cat.convert: timm's ViT/DeiT/EVA, Swin and PVT v2 with circulant attention, still timm models."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from torch import nn
+
+import cat
+from cat.models.convert import GATE_IDENTITY_BIAS, PluginCirculantAttention
+from cat.ops import circulant_attention
+
+# Small widths and depths keep the CPU tests fast; the conversion sees the same block types.
+SOURCES = {
+    "deit_tiny_patch16_224": {"img_size": (64, 96), "depth": 2},
+    "swin_tiny_patch4_window7_224": {"img_size": (64, 96), "depths": (2, 2, 2, 2), "window_size": 4},
+    "pvt_v2_b0": {},
+    "eva02_tiny_patch14_224": {"img_size": (56, 84), "depth": 2},
+}
+NON_SQUARE = {"deit_tiny_patch16_224": (64, 96), "swin_tiny_patch4_window7_224": (64, 96), "pvt_v2_b0": (64, 96)}
+NON_SQUARE["eva02_tiny_patch14_224"] = (56, 84)
+
+
+def source(name: str, **kwargs) -> nn.Module:
+    return timm.create_model(name, **{"num_classes": 5, **SOURCES[name], **kwargs})
+
+
+def test_gate_starts_at_one():
+    assert torch.nn.functional.silu(torch.tensor(GATE_IDENTITY_BIAS, dtype=torch.float64)).item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_converted_model_trains_at_a_non_square_input(name):
+    model = source(name)
+    params_before = sum(p.numel() for p in model.parameters())
+    cat.convert(model)
+    assert model.circulant_blocks
+    plugins = [m for m in model.modules() if isinstance(m, PluginCirculantAttention)]
+    assert len(plugins) == len(model.circulant_blocks)
+    added = sum(p.numel() for m in plugins for p in m.gate.parameters())
+    print(f"{name}: {params_before} -> {sum(p.numel() for p in model.parameters())} parameters ({added} gate)")
+    x = torch.randn(2, 3, *NON_SQUARE[name])
+    out = model.train()(x)
+    assert out.shape == (2, 5)
+    out.logsumexp(1).sum().backward()
+    assert all(p.grad is not None for m in plugins for p in m.parameters())
+
+
+def test_vit_conversion_reuses_weights_and_matches_the_definition():
+    model = source("deit_tiny_patch16_224").eval()
+    qkv, proj = model.blocks[1].attn.qkv, model.blocks[1].attn.proj
+    cat.convert(model, blocks="blocks.1")
+    assert model.circulant_blocks == ["blocks.1"]
+    assert not isinstance(model.blocks[0].attn, PluginCirculantAttention)
+    attn = model.blocks[1].attn
+    assert attn.qkv is qkv and attn.proj is proj and attn.num_prefix_tokens == 1
+    # The grid tokens: circulant attention of the block's own q, k, v (gate = 1), then its projection.
+    tokens = torch.randn(2, 1 + 4 * 6, 192)
+    attn.grid = (4, 6)
+    q, k, v = (t[:, 1:].reshape(2, 4, 6, 192) for t in qkv(tokens).chunk(3, dim=-1))
+    expected = proj(circulant_attention(q, k, v).reshape(2, 24, 192))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(tokens)[:, 1:], expected)
+    with pytest.raises(ValueError, match="do not fit the grid"):
+        attn(torch.randn(2, 20, 192))
+
+
+def test_swin_and_pvt_stage_choice():
+    swin = cat.convert(source("swin_tiny_patch4_window7_224"), stages=[1])
+    assert swin.circulant_blocks == ["layers.1.blocks.0", "layers.1.blocks.1"]
+    pvt = cat.convert(source("pvt_v2_b0"))  # the paper's CCSS
+    assert {n.split(".")[1] for n in pvt.circulant_blocks} == {"0", "1"}
+    assert pvt.stages[2].blocks[0].attn.sr is not None  # stage 3 keeps spatial-reduction attention
+    with pytest.raises(ValueError, match="nothing converted"):
+        cat.convert(source("pvt_v2_b0"), blocks="no.such.*")
+
+
+@pytest.mark.parametrize("name", ["deit_tiny_patch16_224", "pvt_v2_b0", "swin_tiny_patch4_window7_224"])
+def test_save_load_and_features_only(name, tmp_path):
+    model = cat.convert(source(name)).eval()
+    torch.save(model.state_dict(), tmp_path / "converted.pth")
+    again = cat.convert(source(name)).eval()
+    report = cat.load_checkpoint(again, tmp_path / "converted.pth")
+    assert report.clean
+    x = torch.randn(1, 3, *NON_SQUARE[name])
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x))
+    shallow = {"out_indices": (0, 1)} if name.startswith("deit") else {}  # of its two blocks
+    features = cat.convert(source(name, features_only=True, **shallow)).eval()
+    with torch.no_grad():
+        maps = features(x)
+    channels = [m.shape[-1 if name.startswith("swin") else 1] for m in maps]  # timm's Swin maps are NHWC
+    assert channels == features.feature_info.channels()
+    assert all(m.dim() == 4 for m in maps)
