@@ -17,7 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["image_shapes", "export_program", "export_onnx"]
+from cat.runtime.io import atomic_write_bytes
+
+__all__ = ["output_stride", "image_shapes", "export_program", "export_onnx"]
+
+
+def output_stride(model: nn.Module) -> int:
+    """The reduction of the model's last feature map (32 where it declares none)."""
+    feature_info = getattr(model, "feature_info", None)
+    return feature_info[-1]["reduction"] if feature_info else 32
 
 
 def image_shapes(model: nn.Module, max_side: int = 4096, dynamic_size: bool = True) -> tuple[dict[int, Any]]:
@@ -26,8 +34,7 @@ def image_shapes(model: nn.Module, max_side: int = 4096, dynamic_size: bool = Tr
     batch = torch.export.Dim("batch", min=1, max=1024)
     if not dynamic_size:
         return ({0: batch},)
-    feature_info = getattr(model, "feature_info", None)
-    stride = feature_info[-1]["reduction"] if feature_info else 32
+    stride = output_stride(model)
     height, width = (torch.export.Dim(side, min=2, max=max_side // stride) for side in ("height", "width"))
     return ({0: batch, 2: stride * height, 3: stride * width},)
 
@@ -65,6 +72,5 @@ def export_onnx(
     proto = onnx_program.model_proto
     del proto.graph.value_info[:]
     if path is not None:
-        with open(path, "wb") as file:
-            file.write(proto.SerializeToString())
+        atomic_write_bytes(os.fspath(path), proto.SerializeToString())
     return proto

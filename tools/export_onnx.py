@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [size]
     else:
         cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out)
-        step = model.feature_info[-1]["reduction"] if hasattr(model, "feature_info") else 32
+        step = cat.export.output_stride(model)
         sizes = [size, (args.img_size + 2 * step, args.img_size + step)]  # and a second, non-square one
     errors = [check(model, args.out, s) for s in sizes]
     shown = ", ".join(f"{h}x{w} {e:.2e}" for (h, w), e in zip(sizes, errors, strict=True))

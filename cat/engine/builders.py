@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 import cat
 from cat.data import build_dataset
 from cat.errors import ConfigError
-from cat.models import adapt_state_dict, extract_state_dict, load_checkpoint_file
+from cat.models import extract_state_dict, load_checkpoint_file, load_weights
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv
 
@@ -84,17 +84,17 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
             raise
         model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
-    if conversion is None:
-        if checkpoint is not None:
-            cat.load_checkpoint(model, checkpoint, strict=strict)
-        return set_lean_attention(model, cfg.model.lean_attention)
-    state_dict = extract_state_dict(load_checkpoint_file(checkpoint)) if checkpoint is not None else {}
-    converted_checkpoint = not state_dict.keys() <= model.state_dict().keys()
-    if state_dict and not converted_checkpoint:
-        cat.load_state_dict(model, adapt_state_dict(model, state_dict), strict=strict, source=checkpoint)
-    cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
-    if converted_checkpoint:
-        cat.load_state_dict(model, state_dict, strict=strict, source=checkpoint)
+    state_dict = extract_state_dict(load_checkpoint_file(checkpoint)) if checkpoint is not None else None
+    # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
+    convert_first = (
+        conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
+    )
+    if convert_first:
+        cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
+    if state_dict is not None:
+        load_weights(model, state_dict, strict, checkpoint)
+    if conversion is not None and not convert_first:
+        cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
     return set_lean_attention(model, cfg.model.lean_attention)
 
 

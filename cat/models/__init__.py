@@ -3,7 +3,14 @@
 from . import cat_transformer, deit, pvt, swin  # noqa: F401  (register the model families with timm)
 from .convert import convert
 from .deit import CirculantVisionTransformer
-from .factory import adapt_state_dict, create_model, load_backbone_checkpoint, load_checkpoint, parse_model_args
+from .factory import (
+    adapt_state_dict,
+    create_model,
+    load_backbone_checkpoint,
+    load_checkpoint,
+    load_weights,
+    parse_model_args,
+)
 from .loading import (
     CheckpointMismatchError,
     LoadReport,
@@ -18,6 +25,7 @@ __all__ = [
     "create_model",
     "parse_model_args",
     "load_checkpoint",
+    "load_weights",
     "load_backbone_checkpoint",
     "adapt_state_dict",
     "CirculantVisionTransformer",

@@ -138,8 +138,8 @@ def _plugin(attn: nn.Module, head_dim: int, num_prefix_tokens: int = 0) -> Plugi
 
 
 # Block names of hierarchical models, as the model or a features_only wrapper (which flattens
-# "layers.1" to "layers_1") names them: the stage index and the block index.
-_STAGE_BLOCK = re.compile(r"(?:layers|stages)[._](\d+)\.blocks\.(\d+)$")
+# "layers.1" to "layers_1") names them; group 1 is the stage index.
+_STAGE_BLOCK = re.compile(r"(?:layers|stages)[._](\d+)\.blocks\.\d+$")
 PAPER_STAGES = (0, 1)  # the paper's CCSS
 _BLOCK_LISTS = (nn.Sequential, nn.ModuleList)  # a ViT's blocks (EVA: a ModuleList)
 
@@ -173,9 +173,7 @@ def convert(
     converted = []
     for name, module in list(model.named_modules()):
         prefix = f"{name}." if name else ""
-        if hasattr(module, "patch_embed") and isinstance(
-            getattr(module, "blocks", None), nn.Sequential | nn.ModuleList
-        ):
+        if hasattr(module, "patch_embed") and isinstance(getattr(module, "blocks", None), _BLOCK_LISTS):
             attentions = []
             for i, block in enumerate(module.blocks):
                 if isinstance(block.attn, VitAttention | EvaAttention) and wanted(f"{prefix}blocks.{i}", None):

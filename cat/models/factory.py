@@ -30,6 +30,7 @@ __all__ = [
     "create_model",
     "parse_model_args",
     "load_checkpoint",
+    "load_weights",
     "load_backbone_checkpoint",
     "load_pretrained_file",
     "adapt_state_dict",
@@ -57,10 +58,14 @@ def adapt_state_dict(model: nn.Module, state_dict: dict[str, Tensor]) -> dict[st
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadReport:
     """Load the weights in ``path`` (release format, bare state dict, or cat's own) into ``model``."""
-    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path)))
-    report = load_state_dict(model, state_dict, strict=strict, source=str(path))
+    return load_weights(model, extract_state_dict(load_checkpoint_file(path)), strict, str(path))
+
+
+def load_weights(model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "") -> LoadReport:
+    """Load a checkpoint's ``state_dict`` (read from ``source``) into ``model``, adapted to its resolution."""
+    report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=strict, source=source)
     if not report.clean:
-        _logger.warning("partially loaded %s:\n%s", path, report)
+        _logger.warning("partially loaded %s:\n%s", source, report)
     return report
 
 

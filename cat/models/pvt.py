@@ -228,12 +228,10 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
         patch_sizes = (4, 2, 2, 2)
         dpr = [drop_path_rate * i / max(sum(depths) - 1, 1) for i in range(sum(depths))]
         self.feature_info = []
-        self.grid_sizes = []
         stages, reduction, cursor, in_ch = [], 1, 0, in_chans
         for s in range(4):
             reduction *= patch_sizes[s]
             grid = (img_hw[0] // reduction, img_hw[1] // reduction)
-            self.grid_sizes.append(grid)
             cls_token = s == 3 and self.has_cls_token
             blocks = []
             for j in range(depths[s]):
@@ -266,12 +264,8 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
             if stage.cls_token is not None:
                 trunc_normal_(stage.cls_token, std=0.02)
         self.apply(init_vit_weights)
-        self.register_state_dict_post_hook(
-            lambda module, state_dict, prefix, _: _renamed(state_dict, prefix, _RELEASE_NAMES)
-        )
-        self.register_load_state_dict_pre_hook(
-            lambda module, state_dict, prefix, *_: _renamed(state_dict, prefix, _INTERNAL_NAMES)
-        )
+        self.register_state_dict_post_hook(_to_release_names)
+        self.register_load_state_dict_pre_hook(_to_internal_names)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -305,13 +299,13 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTransformer) -> dict[str, Tensor]:
     """Resize position embeddings of a checkpoint trained at another resolution to ``model``'s grids."""
     state_dict = state_dict.get("model", state_dict)
+    own = model.state_dict()
     out = {}
     for k, v in state_dict.items():
-        if k.startswith("pos_embed") and k in model.state_dict() and v.shape != model.state_dict()[k].shape:
-            s = int(k[len("pos_embed") :]) - 1
-            prefix = 1 if (s == 3 and model.has_cls_token) else 0
-            side = int(round((v.shape[1] - prefix) ** 0.5))
-            v = resize_pos_embed(v, (side, side), model.grid_sizes[s], prefix)
+        if k.startswith("pos_embed") and k in own and v.shape != own[k].shape:
+            stage = model.stages[int(k[len("pos_embed") :]) - 1]
+            side = int(round((v.shape[1] - stage.num_prefix_tokens) ** 0.5))
+            v = resize_pos_embed(v, (side, side), stage.grid_size, stage.num_prefix_tokens)
         out[k] = v
     return out
 
