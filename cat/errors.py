@@ -6,7 +6,7 @@ else is a bug and keeps its traceback. The base imports nothing so every layer c
 
 from __future__ import annotations
 
-__all__ = ["UserError", "ConfigError", "CheckpointError", "DataError", "RunDirLockedError"]
+__all__ = ["UserError", "ConfigError", "CheckpointError", "DataError", "OutputError", "RunDirLockedError"]
 
 
 class UserError(Exception):
@@ -31,6 +31,10 @@ class CheckpointError(UserError):
 
 class DataError(UserError):
     """A dataset file or folder is missing or unreadable; the message names it."""
+
+
+class OutputError(UserError):
+    """A run's output cannot be written (full disk) or its record in the folder is damaged."""
 
 
 class RunDirLockedError(UserError):

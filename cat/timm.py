@@ -6,7 +6,8 @@
 SCRIPT is one of timm's command-line scripts (``train.py``, ``validate.py``, ``benchmark.py``,
 ``inference.py`` of a pytorch-image-models checkout; the pip package does not ship them). They
 build models by name with ``timm.create_model`` but do not import this package, and timm has no
-plugin hook; this launcher imports ``cat`` (which registers its models with timm) and then runs
+plugin hook; this launcher imports ``cat`` (which registers its models with timm), registers cat's
+Pillow-13-safe posterize in timm's augmentation table (:mod:`cat.data.augment`), and then runs
 SCRIPT as ``__main__`` with ARGS, exactly as ``python SCRIPT ARGS`` would. Example:
 
     python -m cat.timm validate.py /data/imagenet --model ca_deit_small --pretrained
@@ -19,6 +20,7 @@ import runpy
 import sys
 
 import cat  # noqa: F401  (registers cat's models with timm)
+from cat.data.augment import install_timm_augment_fixes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     script = argv[0]
     if not os.path.isfile(script):
         raise SystemExit(f"cat.timm: no script {script!r}; pass the path of a timm script such as validate.py")
+    install_timm_augment_fixes()  # timm's RandAugment posterize on Pillow 13 (see cat.data.augment)
     sys.argv = [script, *argv[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as python SCRIPT would
     runpy.run_path(script, run_name="__main__")

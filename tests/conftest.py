@@ -23,6 +23,31 @@ TINY_CLS = [
 ]
 
 
+def pytest_report_header() -> str:
+    """The versions this run tests (the pins in requirements*.txt are the set CI runs)."""
+    import importlib.metadata as md
+
+    names = (
+        "torch",
+        "torchvision",
+        "timm",
+        "pillow",
+        "numpy",
+        "hydra-core",
+        "mmengine",
+        "mmcv",
+        "mmdet",
+        "mmsegmentation",
+    )
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            found.append(f"{name} -")
+    return "cat test stack: " + ", ".join(found)
+
+
 def compose_config(task: str, *overrides: str):
     """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
     from hydra import compose, initialize_config_dir
@@ -61,14 +86,20 @@ def run_tool(capsys):
     return run
 
 
-def _toy_dataset(tmp_path_factory, tool: str) -> Path:
+def _toy_dataset(tmp_path_factory, tool: str, *args: str) -> Path:
     root = tmp_path_factory.mktemp(tool)
     subprocess.run(
-        [sys.executable, str(REPO / "tools" / f"make_{tool}.py"), str(root), "--train", "8", "--val", "4"],
+        [sys.executable, str(REPO / "tools" / f"make_{tool}.py"), str(root), *(args or ("--train", "8", "--val", "4"))],
         check=True,
         capture_output=True,
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def toy_imagenet(tmp_path_factory) -> Path:
+    """A user's first real folder: 6 classes, 300 train / 60 val JPEGs of ~500x375."""
+    return _toy_dataset(tmp_path_factory, "toy_imagenet", "--train", "50", "--val", "10")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ absence as well as by the refusal message.
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import pickle
@@ -79,7 +80,8 @@ def _zip_with_pickle(data_pkl: bytes) -> bytes:
 
 
 def write_hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
-    """The suite: name -> file. Each would run ``touch marker`` if loaded unsafely."""
+    """The suite: name -> file. Each would run ``touch marker`` (``build_on_class``: write
+    ``marker.patch``; ``build_on_tensor``: set a tensor's backward hooks) if loaded unsafely."""
     folder.mkdir(parents=True, exist_ok=True)
     command = f"touch {marker}"
     files = {}
@@ -101,4 +103,90 @@ def write_hostile_files(folder: Path, marker: Path) -> dict[str, Path]:
     nested = torch.nn.Module().state_dict()
     nested["layer"] = [{"inner": (_RunsCommand(command),)}]
     torch.save({"model": nested}, path("nested_reducers"))
+    write_build_on_class(path("build_on_class"), str(marker))  # its payload writes f"{marker}.patch"
+    write_build_on_tensor(path("build_on_tensor"))
     return files
+
+
+# -- BUILD on allow-listed objects (second pass) ---------------------------------------------------
+
+
+def _unicode(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + len(data).to_bytes(4, "little") + data
+
+
+def _legacy_file(main_pickle: bytes) -> bytes:
+    """A torch legacy-format checkpoint (magic, protocol, sys info, object, storage keys) around
+    ``main_pickle``, which holds no storages."""
+    out = io.BytesIO()
+    pickle.dump(0x1950A86A20F9469CFC6C, out, protocol=2)
+    pickle.dump(1001, out, protocol=2)
+    pickle.dump(
+        {"protocol_version": 1001, "little_endian": True, "type_sizes": {"short": 2, "int": 4, "long": 4}},
+        out,
+        protocol=2,
+    )
+    out.write(main_pickle)
+    pickle.dump([], out, protocol=2)
+    return out.getvalue()
+
+
+class _BuildState:
+    """Pickles as ``func(*args)`` followed by BUILD ``state``."""
+
+    def __init__(self, func, args, state) -> None:
+        self.func, self.args, self.state = func, args, state
+
+    def __reduce__(self):
+        return (self.func, self.args, self.state)
+
+
+def write_build_on_tensor(path: Path) -> None:
+    """A release-style file (a yacs config, so torch's weights-only reader refuses it and cat's
+    restricted reader reads it) whose tensor gets BUILD ``(False, None, {0: set})``: Tensor.__setstate__
+    sets ``_backward_hooks`` after the rebuild function checked there were none."""
+    rebuild, args = torch.zeros(2).__reduce_ex__(2)[:2]
+    hooks = collections.OrderedDict({0: set})
+    torch.save(
+        {"config": _fake_yacs_cfgnode({}), "model": {"w": _BuildState(rebuild, args, (False, None, hooks))}}, path
+    )
+
+
+def write_build_on_class(path: Path, patch_stem: str) -> None:
+    """A legacy-format file that BUILDs ``(None, {dump_patches: True, __name__: patch_stem})`` onto
+    the allow-listed yacs stand-in *class*, then names that class in a 'module' persistent id:
+    torch's legacy source check then writes ``patch_stem + '.patch'`` with the file's text."""
+    main = (
+        b"\x80\x02cyacs.config\nCfgNode\nq\x00N}("
+        + _unicode("dump_patches")
+        + b"\x88"
+        + _unicode("__name__")
+        + _unicode(patch_stem)
+        + b"u\x86b0("
+        + _unicode("module")
+        + b"h\x00"
+        + _unicode("evil.py")
+        + _unicode("attacker's text\n")
+        + b"tQ."
+    )
+    path.write_bytes(_legacy_file(main))
+
+
+def load_with_pickles_own_build(path: Path):
+    """Read ``path`` the way cat's restricted reader did before BUILD was checked: the same global
+    allow-list, pickle's own BUILD. For proving that the BUILD payloads fire."""
+    from cat.models.loading import RestrictedUnpickler
+
+    class OwnBuild(pickle.Unpickler):
+        find_class = RestrictedUnpickler.find_class
+
+    class PickleModule:
+        Unpickler = OwnBuild
+        UnpicklingError = pickle.UnpicklingError
+
+        @staticmethod
+        def load(file, **kwargs):
+            return OwnBuild(file, **kwargs).load()
+
+    return torch.load(path, weights_only=False, pickle_module=PickleModule)

@@ -9,6 +9,7 @@ same venv also shows what a machine without `setup_env.sh --mm` sees.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -130,3 +131,32 @@ def test_dense_entry_points_without_the_stack_say_how_to_set_it_up(wheel_venv, e
         f"error: {task} needs the OpenMMLab stack (mmengine, mmcv, mm{'det' if task == 'detection' else 'seg'} "
         "not installed); set it up with: bash scripts/setup_env.sh --mm"
     ]
+
+
+def pinned_versions() -> dict[str, str]:
+    """``name -> version`` of every ``name==version`` line in requirements*.txt."""
+    pins = {}
+    for path in sorted(REPO.glob("requirements*.txt")):
+        for line in path.read_text().splitlines():
+            spec = line.split("#", 1)[0].strip()
+            if "==" in spec:
+                name, version = spec.split("==", 1)
+                pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CI"), reason="CI checks that it runs the pinned set; a developer's venv may differ"
+)
+def test_ci_runs_the_pinned_set():
+    import importlib.metadata as md
+
+    wrong = []
+    for name, version in pinned_versions().items():
+        try:
+            installed = md.version(name)
+        except md.PackageNotFoundError:
+            installed = "missing"
+        if installed.split("+")[0] != version:
+            wrong.append(f"{name} {installed} (pinned {version})")
+    assert not wrong, "requirements*.txt pins what CI tests; installed differently: " + ", ".join(wrong)

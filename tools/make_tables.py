@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from hydra.errors import HydraException
 
-from cat.errors import DataError
+from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock, report_user_errors
 from cat.toolkit.sweeps import expand_sweep
@@ -57,18 +57,32 @@ def _read(path: Path, kind: type = dict) -> Any:
     if it is not that. YAML is read with the safe loader: no file can make this run code."""
     try:
         value = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (ValueError, yaml.YAMLError) as error:  # json and yaml parse errors
+    except (ValueError, yaml.YAMLError) as error:  # json and yaml parse errors (and non-UTF-8 text)
         raise DataError(f"{path} is not valid {path.suffix[1:].upper()} ({str(error).splitlines()[0]})") from None
+    except RecursionError:
+        raise DataError(f"{path} is nested too deeply to be a cat run's file") from None
     if not isinstance(value, kind):
         raise DataError(f"{path} does not hold a {kind.__name__}, as a cat run's file does")
     return value
 
 
+def _section(config: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
+    value = config.get(key) or {}
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: '{key}' is a {type(value).__name__}, not a mapping as in a cat run's config")
+    return value
+
+
 def _run_record(folder: Path) -> dict[str, Any]:
     """What a run folder says about its run: metrics (empty if it has none yet), model and data."""
-    config = _read(folder / "config.yaml") if (folder / "config.yaml").is_file() else {}
-    metrics = _read(folder / "metrics.json") if (folder / "metrics.json").is_file() else {}
-    model = config.get("model") or {}
+    config_path, metrics_path = folder / "config.yaml", folder / "metrics.json"
+    config = _read(config_path) if config_path.is_file() else {}
+    metrics = _read(metrics_path) if metrics_path.is_file() else {}
+    for key in (k for keys, _ in RUN_METRICS.values() for k in keys):
+        value = metrics.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise DataError(f"{metrics_path}: {key} is {value!r:.60}, not a number")
+    model, data = _section(config, "model", config_path), _section(config, "data", config_path)
     return {
         "dir": str(folder),
         "mode": config.get("mode", "train"),
@@ -76,8 +90,8 @@ def _run_record(folder: Path) -> dict[str, Any]:
         "name": config.get("name"),
         "model": model.get("name"),
         "model_args": model.get("kwargs") or {},
-        "img_size": (config.get("data") or {}).get("img_size"),
-        "dataset": (config.get("data") or {}).get("name"),
+        "img_size": data.get("img_size"),
+        "dataset": data.get("name"),
     }
 
 
@@ -156,25 +170,32 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
         multirun = _read(sweep_dir / "multirun.yaml")["hydra"]
         expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))
         unnamed = set(multirun["job"]["config"]["override_dirname"].get("exclude_keys") or [])  # as in folder names
-    except (KeyError, TypeError, HydraException) as error:
-        raise DataError(f"{sweep_dir / 'multirun.yaml'} is not a Hydra sweep's record ({error!r})") from None
+    except (KeyError, TypeError, AttributeError, HydraException, ConfigError) as error:
+        raise DataError(f"{sweep_dir / 'multirun.yaml'} is not a Hydra sweep's record we can read ({error})") from None
     cells = []
     for folder in sorted(p for p in sweep_dir.iterdir() if (p / "overrides.yaml").is_file()):
         try:
             (overrides,) = expand_sweep(_read(folder / "overrides.yaml", list))
-        except HydraException as error:
-            raise DataError(f"{folder / 'overrides.yaml'} holds no Hydra overrides ({error})") from None
+        except (HydraException, ConfigError, ValueError) as error:
+            raise DataError(f"{folder / 'overrides.yaml'} holds no Hydra overrides of one cell ({error})") from None
         record = _run_record(folder)
         if record["metrics"]:
             status = "stopped" if record["metrics"].get("preempted") else "finished"
         else:
-            status = "running" if RunDirLock(str(folder)).in_use() else "failed"
+            status = "running" if _live_run_in(folder) else "failed"
         cells.append({**record, "overrides": overrides, "status": status})
         expected.discard(overrides)
     cells += [{"overrides": cell, "status": "missing", "metrics": {}, "dir": None} for cell in sorted(expected)]
     for cell in cells:  # what names a cell's group: its overrides but the seed and the unnamed keys
         cell["group"] = tuple(o for o in cell["overrides"] if o.split("=")[0] not in unnamed | {"seed"})
     return cells
+
+
+def _live_run_in(folder: Path) -> bool:
+    try:
+        return RunDirLock(str(folder)).in_use()
+    except RunDirLockedError:  # a lock that is not cat's record: no run of ours holds the cell
+        return False
 
 
 def _paper_values(record: dict[str, Any], metrics: list[str]) -> dict[str, float]:

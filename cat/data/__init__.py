@@ -4,6 +4,7 @@
 ``root/val/<class>/*.jpg``) through torchvision's ``ImageFolder`` with timm's transform pipeline;
 ``digits`` (scikit-learn's bundled handwritten digits) and ``synthetic`` need no files at all.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,10 @@ from torch.utils.data import Dataset
 
 from cat.errors import ConfigError, DataError
 
+from .augment import install_timm_augment_fixes
 from .tensor_sets import digits_dataset, synthetic_dataset
 
-__all__ = ["build_dataset", "digits_dataset", "synthetic_dataset"]
+__all__ = ["build_dataset", "build_transform", "digits_dataset", "synthetic_dataset"]
 
 _IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -36,31 +38,51 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
     from torchvision.datasets import ImageFolder
 
     if data.root is None:
-        raise ConfigError(f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
-                         f"and {data.val_split}/ class folders)")
+        raise ConfigError(
+            f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
+            f"and {data.val_split}/ class folders)"
+        )
     folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
     if not os.path.isdir(folder):
-        raise DataError(f"dataset split folder not found: {folder} (data.root={data.root}; expected "
-                                f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)")
+        raise DataError(
+            f"dataset split folder not found: {folder} (data.root={data.root}; expected "
+            f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)"
+        )
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
     if not classes:
         raise DataError(f"no class folders in {folder}")
     for c in classes:
-        has_image = any(f.lower().endswith(_IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c))
-                        for f in files)
+        has_image = any(
+            f.lower().endswith(_IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
+        )
         if not has_image:
-            raise DataError(f"class folder {os.path.join(folder, c)} holds no images "
-                                    f"({', '.join(_IMAGE_EXTENSIONS)})")
+            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(_IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    is_train = split == "train"
-    transform = create_transform(
-        input_size=data.img_size, is_training=is_train, interpolation=data.interpolation,
-        mean=tuple(data.mean), std=tuple(data.std), crop_pct=data.crop_pct,
-        **({"auto_augment": aug.auto_augment, "re_prob": aug.reprob, "re_mode": aug.remode,
-            "re_count": aug.recount, "hflip": aug.hflip, "color_jitter": aug.color_jitter} if is_train else {}),
+    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=load_rgb)
+
+
+def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
+    """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
+    resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
+    install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
+    train_args = {
+        "auto_augment": aug.auto_augment,
+        "re_prob": aug.reprob,
+        "re_mode": aug.remode,
+        "re_count": aug.recount,
+        "hflip": aug.hflip,
+        "color_jitter": aug.color_jitter,
+    }
+    return create_transform(
+        input_size=data.img_size,
+        is_training=is_train,
+        interpolation=data.interpolation,
+        mean=tuple(data.mean),
+        std=tuple(data.std),
+        crop_pct=data.crop_pct,
+        **(train_args if is_train else {}),
     )
-    return ImageFolder(folder, transform=transform, loader=load_rgb)
 
 
 def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
@@ -70,8 +92,13 @@ def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
     if data.name == "digits":
         return digits_dataset(split, img_size=data.img_size)
     if data.name == "synthetic":
-        return synthetic_dataset(split, num_classes=data.num_classes, img_size=data.img_size,
-                                 samples_per_class=data.samples_per_class, seed=data.seed)
+        return synthetic_dataset(
+            split,
+            num_classes=data.num_classes,
+            img_size=data.img_size,
+            samples_per_class=data.samples_per_class,
+            seed=data.seed,
+        )
     if data.name in ("imagenet", "folder"):
         return _image_folder(data, aug, split)
     raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

@@ -1,4 +1,5 @@
 """Datasets that need no download: scikit-learn's bundled digits, and a synthetic set for tests."""
+
 from __future__ import annotations
 
 import torch
@@ -24,16 +25,23 @@ def digits_dataset(split: str, img_size: int = 32, val_fraction: float = 0.2) ->
     digits = load_digits()
     images = torch.from_numpy(digits.images).float().div_(16.0)  # (n, 8, 8) in [0, 1]
     labels = torch.from_numpy(digits.target).long()
-    train_idx, val_idx = train_test_split(torch.arange(len(labels)).numpy(), test_size=val_fraction,
-                                          random_state=0, stratify=labels.numpy())
+    train_idx, val_idx = train_test_split(
+        torch.arange(len(labels)).numpy(), test_size=val_fraction, random_state=0, stratify=labels.numpy()
+    )
     idx = torch.from_numpy(train_idx if split == "train" else val_idx)
     x = F.interpolate(images[idx, None], size=(img_size, img_size), mode="bilinear", align_corners=False)
     x = ((x - _DIGITS_MEAN) / _DIGITS_STD).expand(-1, 3, -1, -1).contiguous()
     return TensorDataset(x, labels[idx])
 
 
-def synthetic_dataset(split: str, num_classes: int = 10, img_size: int | tuple[int, int] = 32,
-                      samples_per_class: int = 16, noise: float = 0.5, seed: int = 0) -> TensorDataset:
+def synthetic_dataset(
+    split: str,
+    num_classes: int = 10,
+    img_size: int | tuple[int, int] = 32,
+    samples_per_class: int = 16,
+    noise: float = 0.5,
+    seed: int = 0,
+) -> TensorDataset:
     """Learnable random data: each class is a fixed random image plus per-sample noise.
 
     Deterministic in ``seed``; the train and val splits share the class patterns but not the noise.
@@ -44,5 +52,3 @@ def synthetic_dataset(split: str, num_classes: int = 10, img_size: int | tuple[i
     labels = torch.arange(num_classes).repeat_interleave(samples_per_class)
     x = patterns[labels] + noise * torch.randn(len(labels), 3, h, w, generator=g)
     return TensorDataset(x, labels)
-
-

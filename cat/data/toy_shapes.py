@@ -1,4 +1,5 @@
 """Random non-overlapping coloured shapes, for the toy COCO and ADE20K datasets of the tools."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,15 @@ SHAPES = ("circle", "square", "triangle")  # shape class k + 1 is SHAPES[k]
 def shape_polygon(shape: int, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
     """Vertices of a circle (as a 32-gon), a square or a triangle (shape 1, 2, 3) of circumradius ``r``."""
     sides = {1: 32, 2: 4, 3: 3}[shape]
-    return [(cx + r * math.cos(angle + 2 * math.pi * i / sides), cy + r * math.sin(angle + 2 * math.pi * i / sides))
-            for i in range(sides)]
+    return [
+        (cx + r * math.cos(angle + 2 * math.pi * i / sides), cy + r * math.sin(angle + 2 * math.pi * i / sides))
+        for i in range(sides)
+    ]
 
 
-def place_shapes(rng: np.random.Generator, size: int, max_shapes: int = 3) -> list[tuple[int, list[tuple[float, float]]]]:
+def place_shapes(
+    rng: np.random.Generator, size: int, max_shapes: int = 3
+) -> list[tuple[int, list[tuple[float, float]]]]:
     """1 to ``max_shapes`` non-overlapping shapes on a ``size`` x ``size`` canvas: (shape class, polygon)."""
     placed: list[tuple[float, float, float]] = []
     shapes = []

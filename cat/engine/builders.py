@@ -28,6 +28,7 @@ from .train import TrainOptions
 
 __all__ = [
     "build_model",
+    "build_mixup",
     "TrainData",
     "build_train_data",
     "val_loader",
@@ -84,7 +85,9 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
             raise
         model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
-    state_dict = extract_state_dict(load_checkpoint_file(checkpoint)) if checkpoint is not None else None
+    state_dict = (
+        extract_state_dict(load_checkpoint_file(checkpoint), str(checkpoint)) if checkpoint is not None else None
+    )
     # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
     convert_first = (
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
@@ -197,24 +200,26 @@ def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainSt
     return TrainState(model, optimizer, scheduler, scaler, ema)
 
 
+def build_mixup(aug: DictConfig, num_classes: int) -> Mixup | None:
+    """timm's batch mixup/cutmix (with label smoothing) of the ``aug`` recipe; None when both are off."""
+    if not (aug.mixup > 0 or aug.cutmix > 0):
+        return None
+    return Mixup(
+        mixup_alpha=aug.mixup,
+        cutmix_alpha=aug.cutmix,
+        prob=aug.mixup_prob,
+        switch_prob=aug.mixup_switch_prob,
+        mode=aug.mixup_mode,
+        label_smoothing=aug.smoothing,
+        num_classes=num_classes,
+    )
+
+
 def build_train_options(cfg: DictConfig, data: TrainData) -> TrainOptions:
     """The loss (soft targets under mixup/cutmix, else label smoothing or plain cross-entropy) and
     everything else an epoch needs to know."""
-    mixup_active = cfg.aug.mixup > 0 or cfg.aug.cutmix > 0
-    mixup_fn = (
-        Mixup(
-            mixup_alpha=cfg.aug.mixup,
-            cutmix_alpha=cfg.aug.cutmix,
-            prob=cfg.aug.mixup_prob,
-            switch_prob=cfg.aug.mixup_switch_prob,
-            mode=cfg.aug.mixup_mode,
-            label_smoothing=cfg.aug.smoothing,
-            num_classes=data.num_classes,
-        )
-        if mixup_active
-        else None
-    )
-    if mixup_active:
+    mixup_fn = build_mixup(cfg.aug, data.num_classes)
+    if mixup_fn is not None:
         criterion: nn.Module = SoftTargetCrossEntropy()
     elif cfg.aug.smoothing > 0:
         criterion = LabelSmoothingCrossEntropy(cfg.aug.smoothing)

@@ -4,15 +4,17 @@ eval and throughput modes run through cat's one job lifecycle."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from cat.data import build_dataset
 from cat.errors import ConfigError, UserError
-from cat.runtime import DistEnv, Rule, RunFolder, run_job, use_sweep_cell_dir, validate_config
+from cat.runtime import DistEnv, Rule, RunFolder, run_dir_for, run_job, use_sweep_cell_dir, validate_config
+from cat.runtime.logger import run_id_problem
 
 from .builders import build_model, num_classes_of, val_loader
 from .fit import fit
@@ -49,9 +51,12 @@ CLS_RULES = (
     Rule("data.name", "str", choices=("imagenet", "folder", "digits", "synthetic")),
     Rule("data.img_size", "int", min=1),
     Rule("data.num_classes", "int", min=1, nullable=True),
+    Rule("model.drop_path_rate", "float", min=0, max=1, nullable=True),
     Rule("optim.weight_decay", "float", min=0),
     Rule("optim.clip_grad", "float", min=0, exclusive_min=True, nullable=True),
     Rule("optim.lr_base_batch", "int", min=1, nullable=True),
+    # timm's per-step schedulers (plateau needs a metric at every step, which the trainer does not give)
+    Rule("schedule.sched", "str", choices=("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")),
     Rule("schedule.warmup_epochs", "float", min=0),
     Rule("schedule.warmup_lr", "float", min=0),
     Rule("schedule.min_lr", "float", min=0),
@@ -78,12 +83,71 @@ def _model_problems(cfg: DictConfig) -> list[str]:
             build_model(cfg, cfg.data.num_classes or 2).eval()(torch.empty(1, 3, *hw))
     except UserError as error:
         return [str(error)]
+    except TypeError as error:  # an argument the model does not take
+        return [f"model.kwargs of {cfg.model.name}: {str(error).strip().splitlines()[0]}"]
     except Exception as error:  # the model's own complaint about the input size
         return [
             f"model={cfg.model.name} does not run at {hw[0]}x{hw[1]} (data.img_size): "
             f"{str(error).strip().splitlines()[0]}"
         ]
     return []
+
+
+# model.kwargs that size the network: each value (or list entry) must be positive.
+_SIZE_KWARGS = (
+    "depth",
+    "depths",
+    "embed_dim",
+    "embed_dims",
+    "num_heads",
+    "head_dim",
+    "patch_size",
+    "mlp_ratio",
+    "mlp_ratios",
+    "window_size",
+    "sr_ratios",
+)
+
+
+def _model_kwargs_problems(cfg: DictConfig) -> list[str]:
+    problems = []
+    for key, value in (cfg.model.kwargs or {}).items():
+        values = list(value) if isinstance(value, ListConfig) else [value]
+        if key in _SIZE_KWARGS and not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+        ):
+            problems.append(f"model.kwargs.{key}={value}: sizes the network, must be positive")
+    return problems
+
+
+def _optimizer_problems(cfg: DictConfig) -> list[str]:
+    """``optim.opt`` is a timm optimizer and ``optim.kwargs`` are arguments it takes."""
+    from timm.optim import get_optimizer_class, list_optimizers
+
+    if cfg.optim.opt not in list_optimizers():
+        return [f"optim.opt={cfg.optim.opt!r}: not a timm optimizer (timm.optim.list_optimizers() lists them)"]
+    parameters = inspect.signature(get_optimizer_class(cfg.optim.opt, bind_defaults=False)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    accepted = sorted(set(parameters) - {"self", "params", "lr", "weight_decay"})
+    unknown = [key for key in cfg.optim.kwargs or {} if key not in parameters]
+    return [
+        f"optim.kwargs.{key}: not an argument of {cfg.optim.opt} (accepted: {', '.join(accepted)})" for key in unknown
+    ]
+
+
+def _memory_problems(cfg: DictConfig) -> list[str]:
+    """Inputs that cannot fit: one batch of input images alone against this machine's memory."""
+    hw = _input_size(cfg)
+    batch = cfg.throughput.batch_size if cfg.mode == "throughput" else cfg.batch_size
+    need = batch * 3 * hw[0] * hw[1] * 4
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need <= have:
+        return []
+    return [
+        f"data.img_size={hw[0]}x{hw[1]} with batch {batch}: one batch of input images alone takes {need / 1e9:.1f} GB "
+        f"({batch} x 3 x {hw[0]} x {hw[1]} x 4 bytes), more than this machine's {have / 1e9:.1f} GB of memory"
+    ]
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -106,7 +170,15 @@ def check_config(cfg: DictConfig) -> None:
         basic = error.problems
     else:
         basic = []
-    if not any(p.startswith(("data.img_size", "throughput.img_size", "data.num_classes")) for p in basic):
+    if not any(p.startswith("optim.") for p in basic):
+        basic += _optimizer_problems(cfg)
+    sizes = _model_kwargs_problems(cfg)
+    if not any(p.startswith(("data.img_size", "throughput.", "batch_size")) for p in basic):
+        sizes += _memory_problems(cfg)
+    basic += sizes
+    if cfg.logger.wandb.mode != "disabled" and (problem := run_id_problem(run_dir_for(cfg.output_dir, cfg.mode))):
+        basic.append(problem)
+    if not sizes and not any(p.startswith(("data.img_size", "throughput.img_size", "data.num_classes")) for p in basic):
         basic += _model_problems(cfg)
     if basic:
         raise ConfigError(basic)
@@ -127,12 +199,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
-    folder.write_config(cfg)
     checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
     dataset = build_dataset(cfg.data, cfg.aug, "val")
     model = build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint).to(env.device)
+    folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     metrics = evaluate(model, val_loader(cfg, dataset, env), env, cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
@@ -148,9 +220,9 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
 
 
 def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
-    folder.write_config(cfg)
     hw = _input_size(cfg)
     model = build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint).to(env.device)
+    folder.write_config(cfg)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if cfg.compile:

@@ -3,10 +3,12 @@ saves mid-epoch and ends the run cleanly. Each step is a short function over the
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,6 +65,8 @@ class ResumePoint:
 
     rng: dict[str, Any] | None = None
     carried: EpochProgress | None = None
+    resumed: bool = False
+    changed: dict[str, list] | None = None  # config changes since the checkpoint, recorded once they ran
 
 
 def _weights_finite(model: torch.nn.Module) -> bool:
@@ -73,7 +77,8 @@ def resume(
     cfg: DictConfig, env: DistEnv, folder: RunFolder, ckpt: CheckpointManager, state: TrainState, steps_per_epoch: int
 ) -> ResumePoint:
     """Load ``output_dir/last.pth`` into ``state`` if there is one; refuse config changes that would
-    make it another run, record the others in ``config_changes.jsonl``."""
+    make it another run, and return the others (:func:`record_config` writes them down once a
+    checkpoint under them is saved)."""
     saved = ckpt.load_last()
     if saved is None:
         return ResumePoint()
@@ -90,7 +95,7 @@ def resume(
             + ["start a new run in another output_dir, or pass resume=false to overwrite"]
         )
     state.load_state_dict(saved)
-    point = ResumePoint()
+    point = ResumePoint(resumed=True, changed=changed or None)
     rng, progress = saved.get("rng"), saved.get("epoch_progress")
     if state.step_in_epoch and rng is not None and len(rng) == env.world_size:
         point.rng = rng[env.rank]
@@ -104,20 +109,18 @@ def resume(
             "config changed since the checkpoint, applied from here on: %s",
             "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
         )
-        if env.is_main:
-            with open(folder.file("config_changes.jsonl"), "a") as f:
-                f.write(
-                    json.dumps(
-                        {
-                            "epoch": state.epoch + 1,
-                            "step_in_epoch": state.step_in_epoch,
-                            "changed": changed,
-                            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                        }
-                    )
-                    + "\n"
-                )
     return point
+
+
+def record_config(cfg: DictConfig, folder: RunFolder, changed: dict[str, list] | None, epoch: int, step: int) -> None:
+    """``config.yaml`` says what runs now, and ``config_changes.jsonl`` gains the resume's changes
+    (from ``epoch``/``step``, 1-based as logged). Called once the changed config has saved a
+    checkpoint, so the record never claims a change that did not train."""
+    folder.write_config(cfg)
+    if changed and folder.is_main:
+        entry = {"epoch": epoch, "step_in_epoch": step, "changed": changed, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        with open(folder.file("config_changes.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
 
 class _Checkpoints:
@@ -127,14 +130,26 @@ class _Checkpoints:
         self.manager = CheckpointManager(folder.path, keep_last=cfg.save.keep_last)
         self.config = OmegaConf.to_container(cfg, resolve=True)
         self.env = env
+        self.has_good = False  # last.pth is this run's: resumed from, or saved since
+        self.after_first_save: Callable[[], None] | None = None
 
     def kept(self) -> str:
-        last = self.manager.last
-        return f"{last} (the last good checkpoint) is kept" if os.path.isfile(last) else "nothing was saved"
+        if self.has_good:
+            return f"{self.manager.last} (the last good checkpoint) is kept"
+        return "this run saved no checkpoint" + (
+            " (the file there is an earlier run's)" if os.path.isfile(self.manager.last) else ""
+        )
+
+    def _saved(self) -> None:
+        self.has_good = True
+        if self.after_first_save is not None:
+            self.after_first_save()
+            self.after_first_save = None
 
     def save_epoch_end(self, state: TrainState, is_best: bool) -> None:
         if self.env.is_main:
             self.manager.save(self._entries(state, None, None), is_best=is_best)
+        self._saved()
 
     def save_mid_epoch(self, state: TrainState, progress: EpochProgress) -> None:
         """Every rank's RNG states and epoch totals go in, so each resumes exactly where it stopped."""
@@ -147,6 +162,7 @@ class _Checkpoints:
             rng, totals = [capture_rng_state()], [asdict(progress)]
         if self.env.is_main:
             self.manager.save(self._entries(state, rng, totals), epoch_end=False)
+        self._saved()
 
     def _entries(self, state: TrainState, rng: list | None, progress: list | None) -> dict[str, Any]:
         return {
@@ -199,7 +215,13 @@ def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     checkpoints = _Checkpoints(cfg, env, folder)
     point = resume(cfg, env, folder, checkpoints.manager, state, data.steps_per_epoch) if cfg.resume else ResumePoint()
     state.scheduler.step_update(num_updates=state.global_step(data.steps_per_epoch))
-    folder.write_config(cfg)
+    checkpoints.has_good = point.resumed
+    if point.changed:
+        checkpoints.after_first_save = functools.partial(
+            record_config, cfg, folder, point.changed, state.epoch + 1, state.step_in_epoch
+        )
+    else:
+        record_config(cfg, folder, None, state.epoch + 1, state.step_in_epoch)
     state.train_model = _wrap_for_training(cfg, env, state.model)
     wandb = WandbLogger(cfg.logger.wandb, folder.path, checkpoints.config, enabled=env.is_main)
     opts.log_fn = wandb.log

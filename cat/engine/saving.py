@@ -9,16 +9,27 @@ with ``torch.load(weights_only=True)``, and resuming reads it through cat's one 
 
 from __future__ import annotations
 
-import glob
 import os
+import re
 import shutil
 from typing import Any
+
+import torch
 
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from cat.runtime.io import atomic_save
 
 __all__ = ["CheckpointManager"]
+
+_SNAPSHOT_NAME = re.compile(r"epoch_\d+\.pth")
+
+
+def epoch_snapshots(folder: str) -> list[str]:
+    """The ``epoch_XXXX.pth`` files in ``folder``, oldest first. Names are matched literally in a
+    listing of that one folder: a glob character in ``folder`` (``run?``) never reaches other runs."""
+    names = sorted(e.name for e in os.scandir(folder) if _SNAPSHOT_NAME.fullmatch(e.name) and e.is_file())
+    return [os.path.join(folder, name) for name in names]
 
 
 def _snapshot(src: str, dst: str) -> None:
@@ -46,16 +57,22 @@ class CheckpointManager:
             _snapshot(self.last, self.best)
         if epoch_end and self.keep_last > 0:
             _snapshot(self.last, os.path.join(self.folder, f"epoch_{state['epoch']:04d}.pth"))
-            for old in sorted(glob.glob(os.path.join(self.folder, "epoch_*.pth")))[: -self.keep_last]:
+            for old in epoch_snapshots(self.folder)[: -self.keep_last]:
                 os.unlink(old)
 
     def load_last(self) -> dict[str, Any] | None:
-        if not os.path.isfile(self.last):
+        """``last.pth`` to resume from (None if there is none); a CheckpointError naming what to do
+        when it is unreadable or not a training checkpoint of cat's."""
+        if not os.path.lexists(self.last):
             return None
         try:
-            return load_checkpoint_file(self.last)
+            if not os.path.isfile(self.last):
+                raise CheckpointError(f"{self.last} is not a file")
+            saved = load_checkpoint_file(self.last)
+            _check_training_checkpoint(saved, self.last)
+            return saved
         except CheckpointError as error:
-            snapshots = sorted(glob.glob(os.path.join(glob.escape(self.folder), "epoch_*.pth")))
+            snapshots = epoch_snapshots(self.folder)
             hint = (
                 f"copy a snapshot over it (cp {snapshots[-1]} {self.last})"
                 if snapshots
@@ -64,3 +81,34 @@ class CheckpointManager:
             raise CheckpointError(
                 f"cannot resume: {error}. To go on, {hint}, or start over with resume=false (or another output_dir)"
             ) from None
+
+
+# What every checkpoint this trainer writes holds (TrainState's entries plus the run's config).
+_TRAINING_ENTRIES = ("model", "optimizer", "scheduler", "epoch", "step_in_epoch", "config")
+_MAX_CONFIG_DEPTH = 32  # cat's configs are a few levels deep; a deeper one is not one of ours
+
+
+def _nesting_depth(node: Any) -> int:
+    depth, level = 0, [node]
+    while level and depth <= _MAX_CONFIG_DEPTH:
+        depth += 1
+        level = [v for n in level if isinstance(n, (dict, list)) for v in (n.values() if isinstance(n, dict) else n)]
+    return depth
+
+
+def _check_training_checkpoint(saved: Any, path: str) -> None:
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path} holds a {type(saved).__name__}, not a training checkpoint")
+    missing = [key for key in _TRAINING_ENTRIES if key not in saved]
+    if missing:
+        what = "a bare state dict" if all(isinstance(v, torch.Tensor) for v in saved.values()) else "weights only"
+        raise CheckpointError(
+            f"{path} is {what}, not a training checkpoint (no {', '.join(missing)}); to start from its weights use "
+            "checkpoint=PATH in a new output_dir"
+        )
+    if not (isinstance(saved["epoch"], int) and isinstance(saved["step_in_epoch"], int)):
+        raise CheckpointError(f"{path}: epoch/step_in_epoch are not integers")
+    if not isinstance(saved["config"], dict) or _nesting_depth(saved["config"]) > _MAX_CONFIG_DEPTH:
+        raise CheckpointError(
+            f"{path}: its config is not a run config (not a mapping, or nested over {_MAX_CONFIG_DEPTH} levels)"
+        )

@@ -12,7 +12,7 @@ from cat.errors import ConfigError
 from cat.runtime import DistEnv, Rule, RunFolder, run_job, use_sweep_cell_dir, validate_config
 
 from .backbone import register_backbones
-from .safe_load import install_safe_checkpoint_io
+from .safe_load import check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
 
 __all__ = ["run_mm", "MM_RULES", "check_mm_config"]
 
@@ -24,7 +24,7 @@ MM_RULES = (
     Rule("device", "str", choices=("auto", "cpu", "cuda")),
     Rule("checkpoint", "str", nullable=True),
     Rule("model.pretrained", "str", nullable=True),
-    *(Rule(key, "bool") for key in ("resume", "debug", "amp.enabled", "find_unused_parameters")),
+    *(Rule(key, "bool") for key in ("resume", "debug", "amp.enabled", "find_unused_parameters", "strict_load")),
     Rule("amp.dtype", "str", choices=("bf16", "fp16")),
     Rule("save.interval", "int", min=1),
     Rule("save.keep_last", "int", min=1),
@@ -42,7 +42,9 @@ def check_mm_config(cfg: DictConfig) -> None:
         problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
     for key in ("checkpoint", "model.pretrained"):
         path = OmegaConf.select(cfg, key)
-        if isinstance(path, str) and not os.path.isfile(path):
+        # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
+        remote = key == "checkpoint" and isinstance(path, str) and "://" in path
+        if isinstance(path, str) and not remote and not os.path.isfile(path):
             problems.append(f"{key}={path}: no such file")
     if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
         problems.append(
@@ -88,10 +90,14 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         from .preemption import Preempted
 
         mm = build_config(cfg, env, folder.path)
+        if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
+            check_last_checkpoint(folder.path)
         folder.write_config(cfg)
         if env.is_main:
             mm.dump(folder.file("mm_config.py"))
         runner = Runner.from_cfg(mm)
+        if cfg.mode == "eval" and cfg.strict_load:
+            check_weights_match(runner.model, cfg.checkpoint)
         if env.is_main:  # mmengine's log lines in log.txt too, as they happen
             handler = logging.FileHandler(folder.file("log.txt"))
             handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))

@@ -1,13 +1,18 @@
-"""mmengine's checkpoints through cat's one safe loader, and written atomically.
+"""mmengine's checkpoints through cat's one safe loader, stripped of what would run, and written atomically.
 
 mmengine 0.10.7 reads checkpoints with a bare ``torch.load`` and writes them with a plain
 ``open(path, 'wb')``. Its checkpoints hold the message hub's ``HistoryBuffer`` (numpy arrays
 inside, and its statistics methods pickled as ``getattr(HistoryBuffer, 'mean')``). So:
 
-- local checkpoints are read by :func:`cat.models.load_checkpoint_file` with exactly those
-  globals allowed for that one call. ``builtins.getattr`` itself is never allowed: the name maps to
-  :func:`_history_buffer_method`, which resolves HistoryBuffer's statistics methods and nothing
-  else (a real ``getattr`` reaches ``builtins.eval`` through ``getattr.__self__``);
+- every scheme of mmengine's ``CheckpointLoader`` ends in :func:`cat.models.load_checkpoint_file`
+  with exactly those globals allowed for that one call: local paths directly, ``http(s)://`` after a
+  download into (or a look-up in) torch's hub cache, ``torchvision://``, ``open-mmlab://`` and
+  ``mmcls://`` after mmengine's name-to-URL tables; any other scheme is refused. ``builtins.getattr``
+  itself is never allowed: the name maps to :func:`_history_buffer_method`, which resolves
+  HistoryBuffer's statistics methods and nothing else (a real ``getattr`` reaches ``builtins.eval``);
+- what mmengine does with a loaded checkpoint is limited by :func:`sanitize_mm_checkpoint`: the
+  config text it would execute (``Runner.resume`` runs ``meta['config']`` as Python) never reaches it,
+  and the file paths it would delete come only from the checkpoint's own folder;
 - checkpoints and the ``last_checkpoint`` pointer are written through an atomic file backend.
 """
 
@@ -15,14 +20,29 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
+import torch
 
-from cat.models import load_checkpoint_file
+from cat.errors import CheckpointError
+from cat.models import CheckpointMismatchError, LoadReport, check_name_hash, extract_state_dict, load_checkpoint_file
 from cat.runtime.io import atomic_write_bytes
 
-__all__ = ["ATOMIC_BACKEND", "install_safe_checkpoint_io", "load_mm_checkpoint", "mmengine_safe_globals"]
+__all__ = [
+    "ATOMIC_BACKEND",
+    "MM_META_KEYS",
+    "check_last_checkpoint",
+    "check_weights_match",
+    "install_safe_checkpoint_io",
+    "load_mm_checkpoint",
+    "load_remote_checkpoint",
+    "mmengine_safe_globals",
+    "sanitize_mm_checkpoint",
+]
 
 ATOMIC_BACKEND = "cat_atomic_local"
 # HistoryBuffer's built-in statistics (its registry of them fills only once an instance exists).
@@ -57,15 +77,185 @@ def mmengine_safe_globals() -> list[Any]:
     ]
 
 
-def load_mm_checkpoint(filename: str, map_location: Any = None) -> Any:
-    """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals."""
-    return load_checkpoint_file(
-        os.path.expanduser(filename), map_location or "cpu", safe_globals=mmengine_safe_globals()
+# The ``meta`` entries mmengine may see, each used as data: the loop position (``Runner.resume``),
+# the seed it re-applies, the dataset metainfo it compares, and three informational strings. Not
+# ``config``/``cfg``: ``Runner.resume`` executes ``meta['config']`` as a Python config file.
+MM_META_KEYS = frozenset({"epoch", "iter", "seed", "experiment_name", "time", "mmengine_version", "dataset_meta"})
+# CheckpointHook deletes the file its message-hub entry ``best_ckpt*`` names when a new best arrives.
+_BEST_CHECKPOINT_NAME = re.compile(r"best_[\w.\-]+\.pth")
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _own_best_checkpoint(value: Any, folder: str) -> bool:
+    """A ``best_*.pth`` path in ``folder`` (where mmengine wrote it), not a path anywhere else."""
+    return (
+        isinstance(value, str)
+        and _BEST_CHECKPOINT_NAME.fullmatch(os.path.basename(value)) is not None
+        and os.path.realpath(os.path.dirname(value)) == os.path.realpath(folder)
     )
 
 
+def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
+    """What of a loaded mmengine checkpoint (read from ``path``) reaches mmengine.
+
+    - ``meta``: only :data:`MM_META_KEYS`; ``epoch``/``iter`` must be counts (else CheckpointError).
+    - ``message_hub.runtime_info``: ``best_ckpt*`` kept only where it names a ``best_*.pth`` beside
+      ``path``, ``keep_ckpt_ids`` only as a list of counts (CheckpointHook deletes the files these
+      name); everything else there is loop state and metrics, used as numbers.
+    - ``param_schedulers``: no ``optimizer`` entry (mmengine's schedulers ``__dict__.update`` their
+      state, and never save that one).
+    Weights, optimizer state and the rest are data (tensors, numbers, strings) and stay.
+    """
+    if not isinstance(checkpoint, dict):
+        return checkpoint
+    meta = checkpoint.get("meta")
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint {path}: 'meta' is a {type(meta).__name__}, expected a dict")
+        meta = {key: value for key, value in meta.items() if key in MM_META_KEYS}
+        for key in ("epoch", "iter"):
+            if key in meta and not _is_count(meta[key]):
+                raise CheckpointError(f"checkpoint {path}: meta.{key} is {meta[key]!r}, expected a count (int >= 0)")
+        if meta.get("seed") is not None and not (_is_count(meta["seed"]) and meta["seed"] < 2**32):
+            raise CheckpointError(f"checkpoint {path}: meta.seed is {meta['seed']!r}, expected an int in [0, 2**32)")
+        checkpoint["meta"] = meta
+    hub = checkpoint.get("message_hub")
+    if isinstance(hub, dict) and isinstance(hub.get("runtime_info"), dict):
+        folder = os.path.dirname(os.path.abspath(path))
+        info = hub["runtime_info"]
+        for key in [k for k in info if isinstance(k, str) and k.startswith("best_ckpt")]:
+            if not _own_best_checkpoint(info[key], folder):
+                del info[key]
+        ids = info.get("keep_ckpt_ids")
+        if ids is not None and not (isinstance(ids, list) and all(_is_count(i) for i in ids)):
+            del info["keep_ckpt_ids"]
+    schedulers = checkpoint.get("param_schedulers")
+    for state in schedulers.values() if isinstance(schedulers, dict) else schedulers or ():
+        for item in state if isinstance(state, list) else [state]:
+            if isinstance(item, dict):
+                item.pop("optimizer", None)
+    return checkpoint
+
+
+def load_mm_checkpoint(filename: str, map_location: Any = None) -> Any:
+    """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals,
+    then :func:`sanitize_mm_checkpoint`."""
+    path = os.path.expanduser(filename)
+    checkpoint = load_checkpoint_file(path, map_location or "cpu", safe_globals=mmengine_safe_globals())
+    return sanitize_mm_checkpoint(checkpoint, path)
+
+
+def _resolve_remote(filename: str) -> str:
+    """The URL (or, for a local ``open-mmlab`` table entry, the path) a scheme name stands for,
+    through mmengine's own tables."""
+    from mmengine.runner import checkpoint as mm_checkpoint
+
+    if filename.startswith(("http://", "https://")):
+        return filename
+    scheme, _, name = filename.partition("://")
+    if scheme in ("torchvision", "modelzoo"):
+        table = mm_checkpoint.get_torchvision_models()
+    elif scheme in ("open-mmlab", "openmmlab"):
+        name = mm_checkpoint.get_deprecated_model_names().get(name, name)
+        table = mm_checkpoint.get_external_models()
+    else:  # mmcls
+        table = mm_checkpoint.get_mmcls_models()
+    if name not in table:
+        raise CheckpointError(f"checkpoint {filename}: mmengine's {scheme}:// table has no model named {name!r}")
+    location = table[name]
+    if location.startswith(("http://", "https://")):
+        return location
+    return os.path.join(mm_checkpoint._get_mmengine_home(), location)
+
+
+def _cached_download(url: str) -> str:
+    """The file for ``url`` in torch's hub cache (where torch and mmengine keep downloads),
+    downloaded first if it is not there; the download itself runs no code."""
+    name = os.path.basename(urlparse(url).path)
+    if not name:
+        raise CheckpointError(f"checkpoint {url}: the URL names no file")
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", name)
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(url, path, progress=False)
+        except OSError as error:  # URLError, HTTPError and socket errors are OSErrors
+            raise CheckpointError(
+                f"checkpoint {url}: download failed ({error}); download it and pass its path"
+            ) from None
+    return path
+
+
+def load_remote_checkpoint(filename: str, map_location: Any = None) -> Any:
+    """mmengine's URL and model-zoo schemes, replaced: fetch (or find in the cache), check the hash a
+    torch.hub-style name declares, then read it like a local file."""
+    location = _resolve_remote(filename)
+    path = _cached_download(location) if location.startswith(("http://", "https://")) else location
+    check_name_hash(path)
+    checkpoint = load_mm_checkpoint(path, map_location)
+    if filename.startswith("mmcls://"):
+        from mmengine.runner.checkpoint import _process_mmcls_checkpoint
+
+        checkpoint = _process_mmcls_checkpoint(checkpoint)
+    return checkpoint
+
+
+def check_last_checkpoint(folder: str) -> None:
+    """Before mmengine's auto-resume reads it: ``folder/last_checkpoint`` (if any) must name a
+    checkpoint file inside ``folder``, never a URL, another folder or garbage (CheckpointError)."""
+    pointer = os.path.join(folder, "last_checkpoint")
+    if not os.path.lexists(pointer):
+        return
+    try:
+        with open(pointer, "rb") as f:
+            target = f.read(4097).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"cannot read {pointer} ({error}); delete it to start the run over") from None
+    inside = os.path.realpath(os.path.dirname(target)) == os.path.realpath(folder) if target else False
+    if "://" in target or len(target) > 4096 or not inside or not os.path.isfile(target):
+        raise CheckpointError(
+            f"{pointer} names {target[:200]!r}, not a checkpoint file in this run folder; write the path of "
+            "one of its iter_N.pth/epoch_N.pth there, or delete it to start the run over"
+        )
+
+
+def check_weights_match(model: torch.nn.Module, filename: str) -> None:
+    """Before an evaluation: ``filename``'s weights (read as mmengine will read them) cover ``model``
+    exactly, else :class:`cat.models.CheckpointMismatchError` with the report of what does not match
+    (mmengine itself loads non-strictly, warns, and evaluates a partly random model)."""
+    from mmengine.model import BaseTTAModel, is_model_wrapper
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    checkpoint = CheckpointLoader.load_checkpoint(filename, map_location="cpu")
+    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
+    state = extract_state_dict(state, filename)
+    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):  # mmengine loads into the wrapped model
+        model = model.module
+    own = model.state_dict()
+    report = LoadReport.between(own, state)
+    if not report.clean:
+        raise CheckpointMismatchError(report, filename)
+
+
+def _refuse_scheme(prefix: str) -> Callable[..., Any]:
+    def refuse(filename: str, map_location: Any = None) -> Any:
+        raise CheckpointError(
+            f"checkpoint {filename}: cat does not read the {prefix} scheme (it cannot check what it "
+            "loads); copy the file to local disk and pass its path"
+        )
+
+    return refuse
+
+
+_REMOTE_PREFIXES = ("http://", "https://", "torchvision://", "modelzoo://", "open-mmlab://", "openmmlab://", "mmcls://")
+
+
 def install_safe_checkpoint_io() -> None:
-    """Route mmengine's local checkpoint reads through :func:`load_mm_checkpoint`, and register the
+    """Route every mmengine checkpoint read through :func:`load_mm_checkpoint` (local) or
+    :func:`load_remote_checkpoint` (URLs and model zoos), refuse the other schemes, and register the
     atomic file backend (``backend_args={'backend': ATOMIC_BACKEND}``) for its writes."""
     from mmengine.fileio import LocalBackend, register_backend
     from mmengine.runner.checkpoint import CheckpointLoader
@@ -81,4 +271,10 @@ def install_safe_checkpoint_io() -> None:
             self.put(obj.encode(encoding), filepath)
 
     CheckpointLoader.register_scheme(prefixes="", loader=load_mm_checkpoint, force=True)
+    CheckpointLoader.register_scheme(prefixes=_REMOTE_PREFIXES, loader=load_remote_checkpoint, force=True)
+    # Every other scheme mmengine (or a plugin) registered, e.g. pavi:// and s3://, reads through
+    # code cat cannot vouch for: refused by name. The table is private; a test checks the result.
+    for prefix in list(CheckpointLoader._schemes):
+        if prefix not in ("", *_REMOTE_PREFIXES):
+            CheckpointLoader.register_scheme(prefixes=prefix, loader=_refuse_scheme(prefix), force=True)
     register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)

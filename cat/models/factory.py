@@ -58,7 +58,7 @@ def adapt_state_dict(model: nn.Module, state_dict: dict[str, Tensor]) -> dict[st
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadReport:
     """Load the weights in ``path`` (release format, bare state dict, or cat's own) into ``model``."""
-    return load_weights(model, extract_state_dict(load_checkpoint_file(path)), strict, str(path))
+    return load_weights(model, extract_state_dict(load_checkpoint_file(path), str(path)), strict, str(path))
 
 
 def load_weights(model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "") -> LoadReport:
@@ -81,7 +81,7 @@ def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> 
     The classifier is dropped, position embeddings are resized to the model's grids and Swin's
     relative-position tables kept; the returned report lists everything that did not load.
     """
-    state_dict, classifier = _without_classifier(model, extract_state_dict(load_checkpoint_file(path)))
+    state_dict, classifier = _without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
     report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=False, source=str(path))
     report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
     if not report.clean:
@@ -95,7 +95,7 @@ def load_pretrained_file(model: nn.Module, path: str | os.PathLike[str]) -> Load
     its name's hash is checked. Everything must match except a classifier of another class count
     (``num_classes=``), which keeps its fresh initialisation."""
     check_name_hash(path)
-    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path)))
+    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path), str(path)))
     own = model.state_dict()
     without_classifier, classifier = _without_classifier(model, state_dict)
     other_classifier = any(

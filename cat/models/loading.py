@@ -72,8 +72,23 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """Unpickler that resolves only the globals a released checkpoint needs."""
+# What BUILD (pickle's "set attributes on the object just made") may set, per type: the module
+# version table torch attaches to a state dict, and the bookkeeping fields of a yacs CfgNode.
+_BUILD_ATTRIBUTES: dict[type, frozenset[str]] = {
+    collections.OrderedDict: frozenset({"_metadata"}),
+    CfgNodeStandIn: frozenset({"__immutable__", "__deprecated_keys__", "__renamed_keys__", "__new_allowed__"}),
+}
+
+
+class RestrictedUnpickler(pickle._Unpickler):
+    """Unpickler that resolves only the globals a released checkpoint needs, and BUILDs only plain
+    instance state onto the containers that legitimately carry some.
+
+    It is pickle's Python unpickler (the C one has no per-opcode hook): the pickles it reads hold the
+    structure only, the tensor bytes are stored beside them, so its speed does not matter.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -83,6 +98,21 @@ class RestrictedUnpickler(pickle.Unpickler):
                 f"refused global '{module}.{name}': not on cat's checkpoint allow-list (tensors, plain "
                 "containers and yacs CfgNode); re-save the file as a plain state dict if you trust it"
             ) from None
+
+    def load_build(self) -> None:
+        # pickle's own BUILD would call the target's __setstate__ or setattr() any name onto it,
+        # including onto an allow-listed class or function (a process-wide change) or a tensor's
+        # hook fields. Here: a dict of known attribute names, onto an instance of a known container.
+        state = self.stack.pop()
+        target = self.stack[-1]
+        allowed = _BUILD_ATTRIBUTES.get(type(target))
+        if allowed is None or not isinstance(state, dict) or not set(state) <= allowed:
+            what = f"the class {target.__qualname__}" if isinstance(target, type) else f"a {type(target).__name__}"
+            fields = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise UnsafeCheckpointError(f"refused BUILD on {what} (state {fields}): a weights file sets no such state")
+        target.__dict__.update(state)
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 class _RestrictedPickleModule:
@@ -155,19 +185,20 @@ def check_name_hash(path: str | os.PathLike[str]) -> None:
         )
 
 
-def extract_state_dict(checkpoint: Any) -> dict[str, Tensor]:
-    """The model state dict inside a loaded checkpoint (release format, mmengine format or bare)."""
+def extract_state_dict(checkpoint: Any, source: str = "checkpoint") -> dict[str, Tensor]:
+    """The model state dict inside a loaded checkpoint (release format, mmengine format or bare);
+    a CheckpointError naming ``source`` (the file it was read from) when there is none."""
     if not isinstance(checkpoint, dict):
-        raise ValueError(f"checkpoint is a {type(checkpoint).__name__}, expected a dict")
+        raise CheckpointError(f"{source} holds a {type(checkpoint).__name__}, not a checkpoint (a dict of weights)")
     for key in ("model", "state_dict"):
         if isinstance(checkpoint.get(key), dict):
             checkpoint = checkpoint[key]
             break
-    non_tensors = [k for k, v in checkpoint.items() if not isinstance(v, Tensor)]
+    non_tensors = [str(k) for k, v in checkpoint.items() if not isinstance(v, Tensor)]
     if non_tensors:
-        raise ValueError(
-            "checkpoint holds no 'model' or 'state_dict' entry and is not a bare state dict; "
-            f"non-tensor entries: {non_tensors[:10]}"
+        raise CheckpointError(
+            f"{source} holds no 'model' or 'state_dict' entry and is not a bare state dict; "
+            f"non-tensor entries: {', '.join(non_tensors[:10])}"
         )
     # Weights saved from a DistributedDataParallel or torch.compile wrapper carry a prefix.
     for prefix in ("module.", "_orig_mod."):
@@ -183,6 +214,19 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     shape_mismatch: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+    @classmethod
+    def between(cls, own: dict[str, Tensor], state_dict: dict[str, Tensor]) -> LoadReport:
+        """What of ``state_dict`` would not load into a model whose state dict is ``own``."""
+        return cls(
+            missing=[k for k in own if k not in state_dict],
+            unexpected=[k for k in state_dict if k not in own],
+            shape_mismatch=[
+                (k, tuple(own[k].shape), tuple(v.shape))
+                for k, v in state_dict.items()
+                if k in own and own[k].shape != v.shape
+            ],
+        )
 
     @property
     def clean(self) -> bool:
@@ -214,15 +258,7 @@ def load_state_dict(
 ) -> LoadReport:
     """Load ``state_dict`` into ``model``; with ``strict`` raise on any mismatch, else load what fits."""
     own = model.state_dict()
-    report = LoadReport(
-        missing=[k for k in own if k not in state_dict],
-        unexpected=[k for k in state_dict if k not in own],
-        shape_mismatch=[
-            (k, tuple(own[k].shape), tuple(v.shape))
-            for k, v in state_dict.items()
-            if k in own and own[k].shape != v.shape
-        ],
-    )
+    report = LoadReport.between(own, state_dict)
     if strict and not report.clean:
         raise CheckpointMismatchError(report, source)
     bad = {k for k, _, _ in report.shape_mismatch}

@@ -7,15 +7,18 @@ left, and is called once a run holds its output folder.
 
 from __future__ import annotations
 
-import glob
+import errno
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from cat.errors import OutputError
 
 __all__ = [
     "atomic_write",
@@ -54,11 +57,32 @@ def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
+        # Measured before the partial file goes: torch's zip writer reports a full disk as a
+        # RuntimeError ("unexpected pos ..."), so the free space tells it apart from a bug.
+        full = isinstance(error, (OSError, RuntimeError)) and _disk_full(error, folder)
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if full:
+            raise OutputError(
+                f"cannot write {path}: no space left on the device holding {folder}; "
+                f"{'the previous file is unchanged' if os.path.exists(path) else 'nothing was written'}: "
+                "free some space and rerun the same command to resume"
+            ) from None
         raise
     _fsync_dir(folder)
+
+
+def _disk_full(error: BaseException, folder: str) -> bool:
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
@@ -81,7 +105,11 @@ def atomic_save(obj: Any, path: str) -> None:
 
 def remove_stale_temporaries(folder: str) -> list[str]:
     """Delete the temporary files killed writers left in ``folder``; returns their paths."""
-    stale = glob.glob(os.path.join(glob.escape(folder), f".*{_TMP_SUFFIX}"))
+    stale = [
+        entry.path
+        for entry in os.scandir(folder)
+        if entry.name.startswith(".") and entry.name.endswith(_TMP_SUFFIX) and entry.is_file(follow_symlinks=False)
+    ]
     for path in stale:
         os.unlink(path)
     return stale

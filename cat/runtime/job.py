@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from cat.errors import UserError
+from cat.errors import OutputError, UserError
 
 from .dist import DistEnv, barrier, broadcast_object, init_distributed
 from .io import atomic_write_json, atomic_write_text
@@ -146,7 +146,11 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     cell). The config must already be checked."""
     env = init_distributed(cfg.device)
     folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
-    finished = _finished_record(cfg, folder)
+    try:
+        finished = _finished_record(cfg, folder)
+    except UserError:
+        folder.close()
+        raise
     if finished is not None:  # e.g. a relaunched sweep: finished cells stay as they are
         folder.log.info("%s already holds this run, finished with the same config: nothing to do", folder.path)
         folder.close()
@@ -175,11 +179,16 @@ def _finished_record(cfg: DictConfig, folder: RunFolder) -> dict[str, Any] | Non
     metrics_path, config_path = folder.file("metrics.json"), folder.file("config.yaml")
     if cfg.mode != "train" or not (os.path.isfile(metrics_path) and os.path.isfile(config_path)):
         return None
-    with open(config_path) as f:
-        same_config = f.read() == OmegaConf.to_yaml(cfg, resolve=True)
-    with open(metrics_path) as f:
-        try:
+    try:  # both are written atomically: what cannot be read was damaged after the run
+        with open(config_path, encoding="utf-8") as f:
+            same_config = f.read() == OmegaConf.to_yaml(cfg, resolve=True)
+        with open(metrics_path, encoding="utf-8") as f:
             metrics = json.load(f)
-        except ValueError:
-            return None
+        if not isinstance(metrics, dict):
+            raise ValueError(f"a JSON {type(metrics).__name__}, not an object")
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise OutputError(
+            f"{folder.path} holds a damaged run record ({type(error).__name__}: {str(error)[:120]}); move the folder "
+            "aside or choose another output_dir"
+        ) from None
     return metrics if same_config and not metrics.get("preempted") else None

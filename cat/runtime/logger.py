@@ -5,11 +5,21 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import re
 import secrets
 import sys
 from typing import Any
 
-__all__ = ["setup_logging", "WandbLogger", "wandb_api_key_configured", "resolve_wandb_mode", "persistent_run_id"]
+from cat.errors import OutputError
+
+__all__ = [
+    "setup_logging",
+    "WandbLogger",
+    "wandb_api_key_configured",
+    "resolve_wandb_mode",
+    "persistent_run_id",
+    "run_id_problem",
+]
 
 
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
@@ -47,13 +57,38 @@ def resolve_wandb_mode(mode: str) -> str:
     return mode
 
 
+RUN_ID_FILE = "wandb_run_id.txt"
+_RUN_ID = re.compile(r"[0-9a-z]{1,64}")
+
+
+def run_id_problem(output_dir: str) -> str | None:
+    """What is wrong with ``output_dir``'s W&B run id file, if it exists and is not one cat wrote."""
+    path = os.path.join(output_dir, RUN_ID_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            text = f.read(256).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        return f"{path} cannot be read ({type(error).__name__}); delete it to start a new W&B run"
+    if _RUN_ID.fullmatch(text) is None:
+        return (
+            f"{path} holds {text[:40]!r}, not a W&B run id (lowercase letters and digits); "
+            "delete it to start a new W&B run"
+        )
+    return None
+
+
 def persistent_run_id(output_dir: str) -> str:
     """The W&B run id of ``output_dir``, created on first use, so resumed runs continue one W&B run."""
-    path = os.path.join(output_dir, "wandb_run_id.txt")
-    if not os.path.isfile(path):
+    path = os.path.join(output_dir, RUN_ID_FILE)
+    if not os.path.lexists(path):
         os.makedirs(output_dir, exist_ok=True)
         with open(path, "w") as f:
             f.write(secrets.token_hex(4))
+    problem = run_id_problem(output_dir)
+    if problem is not None:
+        raise OutputError(problem)
     with open(path) as f:
         return f.read().strip()
 

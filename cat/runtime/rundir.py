@@ -32,6 +32,8 @@ def check_writable(folder: str, key: str = "output_dir") -> str | None:
     for read-only or full filesystems.
     """
     probe_dir = os.path.abspath(folder)
+    if os.path.islink(probe_dir) and not os.path.exists(probe_dir):
+        return f"{key}={folder}: a symbolic link to {os.readlink(probe_dir)}, which does not exist"
     while not os.path.exists(probe_dir):  # the nearest existing ancestor decides whether it can be created
         probe_dir = os.path.dirname(probe_dir)
     if not os.path.isdir(probe_dir):
@@ -91,7 +93,7 @@ class RunDirLock:
             return f"left by an earlier run of Slurm job {job}"
         if holder.get("host") != socket.gethostname():
             return None  # another machine's process cannot be checked from here
-        pid = int(holder.get("pid", -1))
+        pid = holder["pid"]
         if not _pid_alive(pid):
             return f"its process {pid} is gone"
         if holder.get("start_time") and _process_start_time(pid) != holder["start_time"]:
@@ -100,14 +102,30 @@ class RunDirLock:
 
     def in_use(self) -> bool:
         """Whether a live run holds the folder now (a stale lock does not count)."""
-        return os.path.exists(self.path) and self._stale_reason(self._read_holder()) is None
+        return os.path.lexists(self.path) and self._stale_reason(self._read_holder()) is None
 
     def _read_holder(self) -> dict[str, Any] | None:
+        """The holder's record; None while it is empty or half-written (a writer killed between
+        creating and filling it). Anything else that is not a record of :meth:`_record`'s shape is
+        refused: it is not cat's lock, and guessing whether a run holds the folder could lose one."""
+        if os.path.islink(self.path) or not os.path.isfile(self.path):
+            kind = "symbolic link" if os.path.islink(self.path) else "folder or special file"
+            raise RunDirLockedError(
+                f"{self.path} is a {kind}, not cat's lock file; remove it if no run is using {self.folder}"
+            )
         try:
-            with open(self.path) as f:
-                return json.load(f)
+            with open(self.path, "rb") as f:
+                text = f.read(4096).decode("utf-8", errors="replace")
+            holder = json.loads(text)
         except (OSError, ValueError):
             return None
+        pid = holder.get("pid") if isinstance(holder, dict) else None
+        if not (type(pid) is int and 0 < pid < 2**31 and isinstance(holder.get("host"), str)):
+            raise RunDirLockedError(
+                f"{self.path} holds {text[:80]!r}, not cat's lock record (host, pid); remove it if no run is "
+                f"using {self.folder}"
+            )
+        return holder
 
     def acquire(self) -> RunDirLock:
         os.makedirs(self.folder, exist_ok=True)

@@ -66,7 +66,8 @@ def test_atomic_save_leaves_old_file_on_failure(tmp_path):
 def test_manager_keeps_last_k_and_best(tmp_path):
     mgr = CheckpointManager(str(tmp_path), keep_last=2)
     for epoch in range(4):
-        mgr.save({"epoch": epoch, "w": torch.tensor(float(epoch))}, is_best=epoch == 1)
+        entries = {"model": {"w": torch.tensor(float(epoch))}, "optimizer": {}, "scheduler": {}, "config": {}}
+        mgr.save({**entries, "epoch": epoch, "step_in_epoch": 0}, is_best=epoch == 1)
     assert sorted(os.listdir(tmp_path)) == ["best.pth", "epoch_0002.pth", "epoch_0003.pth", "last.pth"]
     assert torch.load(tmp_path / "best.pth", weights_only=True)["epoch"] == 1
     assert mgr.load_last()["epoch"] == 3

@@ -192,13 +192,13 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     assert json.loads((out / "metrics.json").read_text())["bbox_mAP"] is not None
 
 
-@pytest.mark.parametrize("name", ["getattr_chain", "zip_torch"])
+@pytest.mark.parametrize("name", ["getattr_chain", "zip_torch", "build_on_class"])
 def test_hostile_checkpoints_are_refused_everywhere(name, toy_coco, tmp_path):
     from tests.hostile import write_hostile_files
 
     marker = tmp_path / "MARKER"
     hostile = write_hostile_files(tmp_path / "files", marker)[name]
-    refused = "getattr" if name == "getattr_chain" else "system"
+    refused = {"getattr_chain": "getattr", "zip_torch": "system", "build_on_class": "BUILD on the class"}[name]
     resume_dir = tmp_path / "resume"
     resume_dir.mkdir()
     (resume_dir / "epoch_1.pth").write_bytes(hostile.read_bytes())
@@ -219,4 +219,4 @@ def test_hostile_checkpoints_are_refused_everywhere(name, toy_coco, tmp_path):
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2, (case, proc.stderr[-3000:])
         assert last.startswith("error: refusing to load checkpoint") and refused in last, (case, last)
-        assert not marker.exists(), case
+        assert not marker.exists() and not (tmp_path / "MARKER.patch").exists(), case

@@ -12,11 +12,22 @@ import pytest
 import cat
 from cat.engine.classification import run
 from cat.errors import CheckpointError
+from cat.models import load_checkpoint_file
 from tests.conftest import REPO, TINY_CLS, compose_config
-from tests.hostile import write_hostile_files
+from tests.hostile import load_with_pickles_own_build, write_build_on_class, write_build_on_tensor, write_hostile_files
 
-HOSTILE = ["plain_pickle", "legacy_torch", "zip_torch", "yacs_config_payload", "getattr_chain", "nested_reducers"]
-REFUSED = {"getattr_chain": "getattr"}  # the global each file's refusal names (default: os.system)
+HOSTILE = [
+    "plain_pickle",
+    "legacy_torch",
+    "zip_torch",
+    "yacs_config_payload",
+    "getattr_chain",
+    "nested_reducers",
+    "build_on_class",
+    "build_on_tensor",
+]
+# What each file's refusal names (default: the os.system global it reaches for).
+REFUSED = {"getattr_chain": "getattr", "build_on_class": "BUILD on the class", "build_on_tensor": "BUILD on a Tensor"}
 TINY = [
     *TINY_CLS,
     "epochs=1",
@@ -33,7 +44,7 @@ def hostile(tmp_path_factory) -> tuple[dict[str, Path], Path]:
 def assert_refused(message: str, path: Path, name: str, marker: Path) -> None:
     assert str(path) in message, message
     assert REFUSED.get(name, "system") in message, message
-    assert not marker.exists(), f"{name}: the payload ran"
+    assert not marker.exists() and not Path(f"{marker}.patch").exists(), f"{name}: the payload ran"
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -67,7 +78,7 @@ def test_train_cls_resume(hostile, name, tmp_path):
 
 
 @pytest.mark.parametrize("tool", ["bccb_analysis", "visualize_kernels", "export_onnx"])
-@pytest.mark.parametrize("name", ["legacy_torch", "getattr_chain", "yacs_config_payload"])
+@pytest.mark.parametrize("name", ["legacy_torch", "getattr_chain", "yacs_config_payload", "build_on_class"])
 def test_tools(hostile, tool, name, tmp_path):
     files, marker = hostile
     model = [] if tool == "bccb_analysis" else ["--model", "ca_deit_tiny"]  # bccb: its softmax default
@@ -111,3 +122,26 @@ def test_entry_point_exit_status_and_one_line(hostile, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: refusing to load checkpoint") and "posix.system" in last or "os.system" in last
     assert not marker.exists()
+
+
+def test_build_payloads_fire_without_the_build_check(tmp_path):
+    """The two BUILD files do what they claim against a reader with pickle's own BUILD."""
+    marker = tmp_path / "MARKER"
+    write_build_on_class(tmp_path / "class.pth", str(marker))
+    # A child process: the payload rewrites the stand-in class for the rest of the process.
+    code = f"from tests.hostile import load_with_pickles_own_build as load; load({str(tmp_path / 'class.pth')!r})"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, check=True)
+    assert "attacker's text" in Path(f"{marker}.patch").read_text()
+    write_build_on_tensor(tmp_path / "tensor.pth")
+    tensor = load_with_pickles_own_build(tmp_path / "tensor.pth")["model"]["w"]
+    assert dict(tensor._backward_hooks) == {0: set}
+
+
+@pytest.mark.parametrize("name", ["build_on_class", "build_on_tensor"])
+def test_build_refusals_leave_the_reader_intact(hostile, name, official_ca_deit):
+    """A refused BUILD changed nothing: the released checkpoint still loads in the same process."""
+    files, marker = hostile
+    with pytest.raises(CheckpointError):
+        load_checkpoint_file(files[name])
+    released = load_checkpoint_file(official_ca_deit / "small_p8_64.pth")
+    assert released["model"] and not Path(f"{marker}.patch").exists()

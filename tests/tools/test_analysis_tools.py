@@ -159,29 +159,56 @@ def test_make_tables_on_an_empty_folder_lists_every_row_as_not_run(run_tool, tmp
 
 
 def test_make_tables_refuses_broken_and_hostile_run_files(tmp_path):
-    """A sweep's or run's files that do not parse, hold the wrong thing or try to run code (a YAML
-    python tag) end the tool with one line naming the file; nothing runs."""
+    """A sweep's or run's files that do not parse, hold the wrong thing, ask for absurd work or try
+    to run code (a YAML python tag) end the tool with one line naming the file; nothing runs."""
     marker = tmp_path / "MARKER"
-    cases = {
-        "multirun.yaml": f"!!python/object/apply:os.system ['touch {marker}']\n",
-        "config.yaml": "model: [unclosed\n",
-        "overrides.yaml": "{not: a list}\n",
-        "metrics.json": "{'top1': 1}",
+    deep = "[" * 50_000 + "]" * 50_000
+    cases = {  # case: (file, its text, what the error line says)
+        "yaml_tag": ("multirun.yaml", f"!!python/object/apply:os.system ['touch {marker}']\n", "not valid YAML"),
+        "huge_sweep": (
+            "multirun.yaml",
+            "hydra: {overrides: {task: ['seed=range(0,100000)', 'lr=range(0,100000)']}, "
+            "job: {config: {override_dirname: {}}}}\n",
+            "asks for 10,000,000,000 cells (seed: 100000 x lr: 100000)",
+        ),
+        "config_unclosed": ("config.yaml", "model: [unclosed\n", "not valid YAML"),
+        "config_model_string": ("config.yaml", "model: ca_deit_tiny\n", "'model' is a str, not a mapping"),
+        "config_deep": ("config.yaml", f"model: {deep}\n", "nested too deeply"),
+        "overrides_mapping": ("overrides.yaml", "{not: a list}\n", "does not hold a list"),
+        "overrides_mixed": ("overrides.yaml", "[1, {a: 2}]\n", "holds no Hydra overrides of one cell"),
+        "metrics_python": ("metrics.json", "{'top1': 1}", "not valid JSON"),
+        "metrics_string": ("metrics.json", '{"top1": "high"}', "top1 is 'high', not a number"),
+        "metrics_deep": ("metrics.json", deep, "nested too deeply"),
     }
-    for name, text in cases.items():
-        sweep = tmp_path / name.split(".")[0]
+    good_multirun = "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
+    for case, (name, text, expected) in cases.items():
+        sweep = tmp_path / case
         cell = sweep / "cell"
         cell.mkdir(parents=True)
-        good_multirun = "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
         (sweep / "multirun.yaml").write_text(text if name == "multirun.yaml" else good_multirun)
         (cell / "overrides.yaml").write_text(text if name == "overrides.yaml" else "[seed=0]\n")
         if name in ("config.yaml", "metrics.json"):
             (cell / name).write_text(text)
+            (cell / ({"config.yaml": "metrics.json", "metrics.json": "config.yaml"}[name])).write_text("{}")
         proc = subprocess.run(
-            [sys.executable, str(REPO / "tools" / "make_tables.py"), str(sweep)], capture_output=True, text=True
+            [sys.executable, str(REPO / "tools" / "make_tables.py"), str(sweep)],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         broken = sweep / name if name == "multirun.yaml" else cell / name
-        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
         (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
-        assert str(broken) in line, (name, line)
+        assert str(broken) in line and expected in line, (case, line)
     assert not marker.exists()
+
+
+def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_path):
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
+    )
+    (cell / "overrides.yaml").write_text("[seed=0]\n")
+    (cell / ".lock").write_text("[]")
+    assert "1 failed" in run_tool("make_tables", str(tmp_path))

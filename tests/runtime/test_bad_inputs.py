@@ -1,0 +1,236 @@
+"""Bad inputs to train_cls.py, table-driven: each ends the run with one line (``error: ...``), exit
+status 2 and no traceback (``debug=true`` brings it back), and leaves every file it found as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS
+
+TINY = [*TINY_CLS, "epochs=1"]
+# Files a refused run may add to the folder it was pointed at, or to its eval/ subfolder: its log and
+# its command line.
+RUN_RECORD = {"log.txt", "overrides.yaml"}
+
+
+def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:
+    def setup(out: Path) -> list[str]:
+        out.mkdir(parents=True, exist_ok=True)
+        data = content.encode() if isinstance(content, str) else content
+        (out / name).write_bytes(data)
+        return []
+
+    return setup
+
+
+def _lock_link(out: Path) -> list[str]:
+    out.mkdir(parents=True)
+    (out / ".lock").symlink_to(out / "gone")
+    return []
+
+
+def _lock_folder(out: Path) -> list[str]:
+    (out / ".lock").mkdir(parents=True)
+    return []
+
+
+def _dangling_output(out: Path) -> list[str]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.symlink_to(out.parent / "nowhere")
+    return []
+
+
+def _last(payload: Callable[[], object]) -> Callable[[Path], list[str]]:
+    def setup(out: Path) -> list[str]:
+        out.mkdir(parents=True)
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(50_000)  # pickling a 5,000-deep config recurses
+        try:
+            torch.save(payload(), out / "last.pth")
+        finally:
+            sys.setrecursionlimit(limit)
+        return []
+
+    return setup
+
+
+def _release_last(out: Path) -> list[str]:
+    if not (OFFICIAL_CA_DEIT / "small_p8_64.pth").is_file():
+        pytest.skip("../shared/fixtures/official_ca_deit is not present")
+    out.mkdir(parents=True)
+    (out / "last.pth").write_bytes((OFFICIAL_CA_DEIT / "small_p8_64.pth").read_bytes())
+    return []
+
+
+def _deep(depth: int) -> dict:
+    node: dict = {}
+    root = node
+    for _ in range(depth):
+        node["x"] = {}
+        node = node["x"]
+    return root
+
+
+def _training_entries(**extra: object) -> dict:
+    return {"model": {}, "optimizer": {}, "scheduler": {}, "epoch": 0, "step_in_epoch": 0, "config": {}, **extra}
+
+
+def _checkpoint_list(out: Path) -> list[str]:
+    out.mkdir(parents=True)
+    torch.save([1, 2, 3], out / "list.pth")
+    return ["mode=eval", f"checkpoint={out / 'list.pth'}"]
+
+
+def _finished(metrics: bytes, config: bytes) -> Callable[[Path], list[str]]:
+    def setup(out: Path) -> list[str]:
+        out.mkdir(parents=True)
+        (out / "metrics.json").write_bytes(metrics)
+        (out / "config.yaml").write_bytes(config)
+        return []
+
+    return setup
+
+
+def _overrides(*overrides: str) -> Callable[[Path], list[str]]:
+    return lambda out: list(overrides)
+
+
+CASES = {
+    # the folder's lock
+    "lock_list": (_write(".lock", "[]"), "holds '[]', not cat's lock record"),
+    "lock_string": (_write(".lock", '"str"'), "not cat's lock record"),
+    "lock_pid_text": (_write(".lock", '{"pid": "abc"}'), "not cat's lock record"),
+    "lock_pid_huge": (_write(".lock", '{"pid": 1e30}'), "not cat's lock record"),
+    "lock_pid_null": (_write(".lock", '{"pid": null}'), "not cat's lock record"),
+    "lock_dangling_link": (_lock_link, ".lock is a symbolic link, not cat's lock file"),
+    "lock_folder": (_lock_folder, ".lock is a folder or special file"),
+    "output_dir_dangling_link": (_dangling_output, "a symbolic link to"),
+    # what a resume reads
+    "last_list": (_last(lambda: [1, 2]), "holds a list, not a training checkpoint"),
+    "last_bare_state_dict": (_last(lambda: {"w": torch.zeros(2)}), "is a bare state dict, not a training checkpoint"),
+    "last_release_file": (_release_last, "is weights only, not a training checkpoint"),
+    "last_deep_config": (_last(lambda: _training_entries(config=_deep(5000))), "nested over 32 levels"),
+    "checkpoint_list": (_checkpoint_list, "holds a list, not a checkpoint"),
+    "finished_metrics_list": (_finished(b"[]", b"x: 1\n"), "damaged run record (ValueError: a JSON list"),
+    "finished_config_not_utf8": (_finished(b"{}", b"\xff\xfe\x00bad"), "damaged run record (UnicodeDecodeError"),
+    "wandb_run_id": (_write("wandb_run_id.txt", "../../x; rm -rf ~"), "not a W&B run id"),
+    # config values
+    "sched_bogus": (_overrides("schedule.sched=bogus"), "schedule.sched='bogus': expected one of cosine"),
+    "optim_kwarg": (_overrides("++optim.kwargs.foo=1"), "optim.kwargs.foo: not an argument of adamw (accepted:"),
+    "drop_path_5": (_overrides("model.drop_path_rate=5"), "model.drop_path_rate=5: expected a number >= 0 and <= 1"),
+    "drop_path_negative": (_overrides("model.drop_path_rate=-1"), "model.drop_path_rate=-1"),
+    "depth_negative": (_overrides("++model.kwargs.depth=-2"), "model.kwargs.depth=-2: sizes the network"),
+    "model_kwarg_unknown": (_overrides("++model.kwargs.foo=1"), "model.kwargs of ca_deit_tiny:"),
+    "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    if not folder.is_dir() or folder.is_symlink():
+        return {}
+    return {
+        str(p.relative_to(folder)): "<dir>" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.rglob("*")
+        if not p.is_symlink()
+    }
+
+
+def _run(out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+    wandb = ["logger.wandb.mode=offline"] if (out / "wandb_run_id.txt").exists() else []
+    return subprocess.run(
+        [sys.executable, str(REPO / "train_cls.py"), *TINY, f"output_dir={out}", *overrides, *wandb],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_SILENT": "true"},
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line(case, tmp_path):
+    setup, expected = CASES[case]
+    out = tmp_path / "run"
+    overrides = setup(out)
+    before = _snapshot(out)
+    proc = _run(out, overrides)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expected in last, last
+    after = _snapshot(out)
+    added = {k for k in after.keys() - before.keys() if Path(k).name in RUN_RECORD or after[k] == "<dir>"}
+    assert {k: v for k, v in after.items() if k not in added} == before
+
+
+def test_debug_keeps_the_traceback(tmp_path):
+    proc = _run(tmp_path / "run", ["schedule.sched=bogus", "debug=true"])
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "schedule.sched='bogus'" in proc.stderr
+
+
+def test_folder_named_like_a_temporary_is_left_alone(tmp_path):
+    out = tmp_path / "run"
+    (out / ".x.tmp").mkdir(parents=True)
+    (out / ".x.tmp" / "keep").write_text("mine")
+    proc = _run(out, [])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / ".x.tmp" / "keep").read_text() == "mine" and (out / "metrics.json").is_file()
+
+
+def test_refused_resume_leaves_the_record(tmp_path):
+    """A resume with a change that diverges: nothing in the record claims the change ran."""
+    out = tmp_path / "run"
+    assert _run(out, []).returncode == 0
+    before = _snapshot(out)
+    proc = _run(out, ["lr=1e6", "epochs=4", "schedule.warmup_epochs=0"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "non-finite" in last and "the last good checkpoint) is kept" in last, last
+    after = _snapshot(out)
+    assert after.pop("log.txt") != before.pop("log.txt")
+    after.pop("overrides.yaml"), before.pop("overrides.yaml")
+    assert after == before and not (out / "config_changes.jsonl").exists()
+
+
+def test_diverging_fresh_run_does_not_claim_a_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    assert _run(out, []).returncode == 0
+    proc = _run(out, ["lr=1e6", "resume=false", "schedule.warmup_epochs=0"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "non-finite" in last and "this run saved no checkpoint (the file there is an earlier run's)" in last, last
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (root only: CI runs as root; elsewhere the test skips)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_while_saving_is_one_line_and_keeps_last(small_disk):
+    out = small_disk / "run"
+    assert _run(out, []).returncode == 0
+    kept = hashlib.sha256((out / "last.pth").read_bytes()).hexdigest()
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    (small_disk / "filler").write_bytes(b"\0" * (free - 8192))  # room for the log, not for a checkpoint
+    proc = _run(out, ["epochs=2"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"cannot write {out / 'last.pth'}: no space left on the device" in last, last
+    assert "the previous file is unchanged" in last
+    assert hashlib.sha256((out / "last.pth").read_bytes()).hexdigest() == kept
