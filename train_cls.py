@@ -15,7 +15,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from cat.engine.classification import run
+from cat.classification.job import run
 from cat.runtime import report_user_errors
 
 

@@ -54,11 +54,11 @@ def model_cost(name: str, img_size: tuple[int, int], **kwargs: Any) -> tuple[int
     """(parameters, MACs of one forward at ``img_size``) of the timm model ``name``, built on the meta
     device: no memory, no weights, no compute."""
     import cat
+    from cat.models import model_arguments
 
+    accepted = model_arguments(name)
+    if accepted is None or "img_size" in accepted:  # models without it (e.g. convnets) take any size
+        kwargs = {"img_size": img_size, **kwargs}
     with torch.device("meta"):
-        try:
-            model = cat.create_model(name, img_size=img_size, **kwargs)
-        except TypeError:  # models without an img_size argument (e.g. convnets) take any size
-            model = cat.create_model(name, **kwargs)
-        model.eval()
+        model = cat.create_model(name, **kwargs).eval()
         return sum(p.numel() for p in model.parameters()), count_macs(model, torch.empty(1, 3, *img_size))

@@ -48,6 +48,14 @@ def pytest_report_header() -> str:
     return "cat test stack: " + ", ".join(found)
 
 
+def refusal_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a refused run ends with: exit status 2, no traceback, ``error: ...`` last."""
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), last
+    return last
+
+
 def compose_config(task: str, *overrides: str):
     """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
     from hydra import compose, initialize_config_dir

@@ -14,7 +14,8 @@ table's first metric) is shown.
 A sweep folder (``train_*.py -m``; it holds Hydra's ``multirun.yaml``) gets its own table instead:
 one row per group of cells that differ only by ``seed``, with the mean ± std over the seeds that
 finished and their count, the paper's number where a table row matches, and every cell of the
-sweep accounted for (finished, stopped, running, failed, missing):
+sweep accounted for (finished, stopped, running, failed, missing); where an unfinished cell has a
+metric history (``metrics.jsonl``), the status says how far it got:
 
     python tools/make_tables.py outputs/cls/sweeps/table5_ablation --out t5.md --csv t5.csv
 """
@@ -35,6 +36,7 @@ from hydra.errors import HydraException
 from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock, report_user_errors
+from cat.runtime.metrics import METRICS_HISTORY, read_history
 from cat.toolkit.sweeps import expand_sweep
 
 # The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
@@ -93,6 +95,27 @@ def _run_record(folder: Path) -> dict[str, Any]:
         "img_size": data.get("img_size"),
         "dataset": data.get("name"),
     }
+
+
+# Validation metrics in a metrics.jsonl history (classification, detection, segmentation) and
+# their labels in a progress note.
+HISTORY_METRICS = (("val/top1", "top1"), ("coco/bbox_mAP", "box mAP"), ("coco/segm_mAP", "mask mAP"), ("mIoU", "mIoU"))
+
+
+def history_progress(folder: Path) -> str | None:
+    """How far a run's ``metrics.jsonl`` got: its last step and latest validation metric."""
+    path = folder / METRICS_HISTORY
+    if not path.is_file():
+        return None
+    history = read_history(path)
+    if not history:
+        return None
+    text = f"step {history[-1]['step']}"
+    for name, label in HISTORY_METRICS:
+        values = [e[name] for e in history if isinstance(e.get(name), (int, float))]
+        if values:
+            return f"{text}, {label} {values[-1]:.2f}"
+    return text
 
 
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
@@ -230,6 +253,13 @@ def summarize_sweep(cells: list[dict[str, Any]]) -> tuple[list[str], list[dict[s
             s: sum(c["status"] == s for c in members) for s in ("finished", "stopped", "running", "failed", "missing")
         }
         row["status"] = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        progress = [
+            f"{c['status']} at {note}"
+            for c in members
+            if c["status"] in ("stopped", "running") and (note := history_progress(Path(c["dir"])))
+        ]
+        if progress:
+            row["status"] += f" ({'; '.join(progress)})"
         rows.append(row)
     return metrics, rows
 

@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 
 from cat.errors import UserError
 
+from . import schema  # noqa: F401  (registers schema/det and schema/seg: needs none of the stack)
+
 __all__ = ["MM_SETUP", "MissingStackError", "require_stack", "run_mm"]
 
 MM_SETUP = "bash scripts/setup_env.sh --mm"

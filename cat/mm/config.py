@@ -17,9 +17,9 @@ from mmengine.config import Config, ConfigDict
 from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import DataError
+from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype
-from cat.runtime.dist import DistEnv, broadcast_object
-from cat.runtime.logger import persistent_run_id, resolve_wandb_mode
+from cat.runtime.dist import DistEnv
 
 from .backbone import backbone_channels
 from .safe_load import ATOMIC_BACKEND
@@ -68,7 +68,7 @@ def to_plain(node: Any) -> Any:
 
 def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
     """The ``TimmBackbone`` config for ``model.backbone`` and its output channels."""
-    kwargs = {"drop_path_rate": model.backbone.drop_path_rate, **to_plain(model.backbone.kwargs)}
+    kwargs = model_kwargs(model.backbone.drop_path_rate, to_plain(model.backbone.kwargs))
     out_indices = list(model.backbone.out_indices)
     channels = backbone_channels(model.backbone.name, out_indices, **kwargs)
     cfg = {
@@ -180,26 +180,10 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
         mm.train_cfg["type"] = "ResumableEpochBasedTrainLoop"
         if mm.train_dataloader.sampler.type == "DefaultSampler":
             mm.train_dataloader.sampler.type = "ResumableDefaultSampler"
-    mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval}
-    wandb = cfg.logger.wandb
-    mode = resolve_wandb_mode(wandb.mode)
-    backends: list[dict[str, Any]] = [{"type": "LocalVisBackend"}]
-    if mode != "disabled":
-        backends.append(
-            {
-                "type": "WandbVisBackend",
-                "init_kwargs": {
-                    "project": wandb.project,
-                    "entity": wandb.entity,
-                    "name": wandb.name,
-                    "tags": list(wandb.tags),
-                    "mode": mode,
-                    "dir": output_dir,
-                    "resume": "allow",
-                    "id": broadcast_object(persistent_run_id(output_dir) if env.is_main else None),
-                },
-            }
-        )
+    # Validation metrics at their iteration, as training's: one step axis in metrics.jsonl.
+    mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval, "log_metric_by_epoch": False}
+    # The run's metric sinks (metrics.jsonl, W&B), handed over when the Runner is built (cat.mm.runner).
+    backends = [{"type": "MetricSinkBackend"}]
     mm.visualizer = {"type": mm.visualizer.get("type", "Visualizer"), "name": "visualizer", "vis_backends": backends}
     mm.default_hooks.visualization = {**mm.default_hooks.get("visualization", {}), "draw": False}
     if env.device.type != "cuda":

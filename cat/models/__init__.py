@@ -4,17 +4,19 @@ from . import cat_transformer, deit, pvt, swin  # noqa: F401  (register the mode
 from .convert import convert
 from .deit import CirculantVisionTransformer
 from .factory import (
-    adapt_state_dict,
     create_model,
     load_backbone_checkpoint,
     load_checkpoint,
     load_weights,
+    model_arguments,
+    model_kwargs,
     parse_model_args,
 )
 from .loading import (
     CheckpointMismatchError,
     LoadReport,
     UnsafeCheckpointError,
+    adapt_state_dict,
     check_name_hash,
     extract_state_dict,
     load_checkpoint_file,
@@ -24,6 +26,8 @@ from .loading import (
 __all__ = [
     "convert",
     "create_model",
+    "model_arguments",
+    "model_kwargs",
     "parse_model_args",
     "load_checkpoint",
     "load_weights",

@@ -1,7 +1,8 @@
 """What every cat model family shares: timm's model API, the pretrained config, the builder, and
-gradient checkpointing of blocks that take the token grid."""
+gradient checkpointing of blocks that take the token grid.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: FX copies the root ``forward``'s annotation into
+the code it generates, and TorchScript cannot read a string one (timm's FX -> TorchScript path)."""
 
 from collections.abc import Callable, Sequence
 from functools import partial

@@ -8,9 +8,10 @@ input size divisible by the patch size works without retraining, non-square incl
 The softmax-attention baselines ``deit_tiny/small/base_patch16_224`` are timm's own models; the
 ablations of the paper's Table 5 are options of these factories (``head_dim``, ``reweight``) plus
 ``deit_small_reweight_patch16_224``, timm's DeiT-S with the token reweighting on softmax attention.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: TorchScript reads :func:`check_patch_grid`'s
+annotations when it scripts an FX graph holding that leaf call.
+"""
 
 from collections.abc import Sequence
 from typing import Any
@@ -21,17 +22,22 @@ from timm.layers import PatchEmbed
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import checkpoint_filter_fn as vit_filter
 from torch import Tensor, nn
 
 from cat.layers import CirculantBlock, LayerNorm6, TokenReweightedAttention
 from cat.ops.circulant import Reweight
 
 from ._base import TimmApiMixin, build_family_model, checkpoint_blocks, family_cfg
-from .factory import load_pretrained_file
+from .loading import load_pretrained_file, register_state_dict_adapter
 
 __all__ = ["CirculantVisionTransformer"]
 
 
+register_state_dict_adapter(VisionTransformer, vit_filter)  # timm's: position embeddings resampled
+
+
+@torch.jit.ignore  # a Python call in TorchScript (an FX graph scripted holds this leaf call)
 def check_patch_grid(x: Tensor, patch_size: tuple[int, int]) -> Tensor:
     """``x`` itself, once it is a batch of images whose sides are multiples of ``patch_size``."""
     if x.dim() != 4 or x.shape[-2] % patch_size[0] or x.shape[-1] % patch_size[1]:

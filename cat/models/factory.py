@@ -2,58 +2,38 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 from typing import Any
 
 import timm
 import yaml
-from timm.models.swin_transformer import SwinTransformer
-from timm.models.swin_transformer import checkpoint_filter_fn as swin_filter
-from timm.models.vision_transformer import VisionTransformer
-from timm.models.vision_transformer import checkpoint_filter_fn as vit_filter
 from torch import Tensor, nn
 
 from cat.errors import ConfigError
 
-from . import pvt
 from .loading import (
-    CheckpointMismatchError,
     LoadReport,
-    check_name_hash,
+    adapt_state_dict,
     extract_state_dict,
     load_checkpoint_file,
     load_state_dict,
+    without_classifier,
 )
 
 __all__ = [
     "create_model",
+    "model_arguments",
+    "model_kwargs",
     "parse_model_args",
     "load_checkpoint",
     "load_weights",
     "load_backbone_checkpoint",
-    "load_pretrained_file",
-    "adapt_state_dict",
 ]
 
 _logger = logging.getLogger(__name__)
-
-
-# Per-family fixes for weights trained at another resolution: position embeddings resampled (PVT,
-# ViT), relative-position tables resized to the window size (Swin; kept as they are when equal).
-_STATE_DICT_ADAPTERS = (
-    (pvt.PyramidVisionTransformer, pvt.checkpoint_filter_fn),
-    (SwinTransformer, swin_filter),
-    (VisionTransformer, vit_filter),
-)
-
-
-def adapt_state_dict(model: nn.Module, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``state_dict`` with resolution-dependent tensors resized to fit ``model``."""
-    for cls, adapter in _STATE_DICT_ADAPTERS:
-        if isinstance(model, cls):
-            return adapter(state_dict, model)
-    return state_dict
 
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadReport:
@@ -69,46 +49,17 @@ def load_weights(model: nn.Module, state_dict: dict[str, Tensor], strict: bool =
     return report
 
 
-def _without_classifier(model: nn.Module, state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
-    """``state_dict`` less its classifier entries, and the classifier's name."""
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
-    return {k: v for k, v in state_dict.items() if not k.startswith(f"{classifier}.")}, classifier
-
-
 def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
     """Load an ImageNet classification checkpoint into a model used as a backbone.
 
     The classifier is dropped, position embeddings are resized to the model's grids and Swin's
     relative-position tables kept; the returned report lists everything that did not load.
     """
-    state_dict, classifier = _without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
+    state_dict, classifier = without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
     report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=False, source=str(path))
     report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
     if not report.clean:
         _logger.warning("backbone weights from %s:\n%s", path, report)
-    return report
-
-
-def load_pretrained_file(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
-    """timm's ``load_pretrained`` hook (``custom_load`` configs): a release file, downloaded by timm
-    into its cache or given as ``pretrained_cfg_overlay=dict(file=...)``, read by the safe loader after
-    its name's hash is checked. Everything must match except a classifier of another class count
-    (``num_classes=``), which keeps its fresh initialisation."""
-    check_name_hash(path)
-    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path), str(path)))
-    own = model.state_dict()
-    without_classifier, classifier = _without_classifier(model, state_dict)
-    other_classifier = any(
-        k not in own or own[k].shape != v.shape for k, v in state_dict.items() if k not in without_classifier
-    )
-    if other_classifier:
-        _logger.info("pretrained %s: classifier %r not loaded (another class count)", path, classifier)
-        state_dict = without_classifier
-    report = load_state_dict(model, state_dict, strict=False, source=str(path))
-    if other_classifier:
-        report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
-    if not report.clean:
-        raise CheckpointMismatchError(report, str(path))
     return report
 
 
@@ -127,6 +78,34 @@ def create_model(
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, strict=strict)
     return model
+
+
+def model_kwargs(drop_path_rate: float | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A config's model arguments: ``kwargs``, and ``drop_path_rate`` unless it is None (which
+    means the model factory's value, in classification and in det/seg backbones alike)."""
+    return {**kwargs, **({} if drop_path_rate is None else {"drop_path_rate": drop_path_rate})}
+
+
+@functools.cache
+def model_arguments(name: str) -> frozenset[str] | None:
+    """The keyword arguments ``create_model(name, ...)`` accepts: its factory's own and its model
+    class's (through its bases while they forward ``**kwargs``); None when one takes anything.
+    The class is found by building the model on the meta device (no memory, no compute)."""
+    if not timm.is_model(name):
+        raise ConfigError(f"unknown model {name!r}")
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    accepted = {"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir"}
+    for cls in type(model).__mro__:
+        if cls is nn.Module or "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(cls.__init__).parameters
+        accepted |= {n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"self"}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return frozenset(accepted - {"kwargs"})
+    return None
 
 
 def parse_model_args(pairs: list[str]) -> dict[str, Any]:

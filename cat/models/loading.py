@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import os
 import pickle
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,10 @@ from torch import Tensor, nn
 from cat.errors import CheckpointError, UserError
 
 __all__ = [
+    "register_state_dict_adapter",
+    "adapt_state_dict",
+    "without_classifier",
+    "load_pretrained_file",
     "check_name_hash",
     "load_checkpoint_file",
     "extract_state_dict",
@@ -263,4 +268,53 @@ def load_state_dict(
         raise CheckpointMismatchError(report, source)
     bad = {k for k, _, _ in report.shape_mismatch}
     model.load_state_dict({k: v for k, v in state_dict.items() if k in own and k not in bad}, strict=False)
+    return report
+
+
+_logger = logging.getLogger(__name__)
+
+# Per-family fixes for weights trained at another resolution (position embeddings resampled, Swin's
+# relative-position tables resized), registered by each family's module for its model class.
+_STATE_DICT_ADAPTERS: list[tuple[type, Callable[[dict[str, Tensor], nn.Module], dict[str, Tensor]]]] = []
+
+
+def register_state_dict_adapter(
+    cls: type, adapter: Callable[[dict[str, Tensor], nn.Module], dict[str, Tensor]]
+) -> None:
+    """``adapter(state_dict, model)`` fits checkpoints to models of ``cls`` (and its subclasses)."""
+    _STATE_DICT_ADAPTERS.append((cls, adapter))
+
+
+def adapt_state_dict(model: nn.Module, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state_dict`` with resolution-dependent tensors resized to fit ``model``."""
+    for cls, adapter in _STATE_DICT_ADAPTERS:
+        if isinstance(model, cls):
+            return adapter(state_dict, model)
+    return state_dict
+
+
+def without_classifier(model: nn.Module, state_dict: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
+    """``state_dict`` less its classifier entries, and the classifier's name."""
+    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
+    return {k: v for k, v in state_dict.items() if not k.startswith(f"{classifier}.")}, classifier
+
+
+def load_pretrained_file(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
+    """timm's ``load_pretrained`` hook (``custom_load`` configs): a release file, downloaded by timm
+    into its cache or given as ``pretrained_cfg_overlay=dict(file=...)``, read by the safe loader after
+    its name's hash is checked. Everything must match except a classifier of another class count
+    (``num_classes=``), which keeps its fresh initialisation."""
+    check_name_hash(path)
+    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path), str(path)))
+    own = model.state_dict()
+    kept, classifier = without_classifier(model, state_dict)
+    other_classifier = any(k not in own or own[k].shape != v.shape for k, v in state_dict.items() if k not in kept)
+    if other_classifier:
+        _logger.info("pretrained %s: classifier %r not loaded (another class count)", path, classifier)
+        state_dict = kept
+    report = load_state_dict(model, state_dict, strict=False, source=str(path))
+    if other_classifier:
+        report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
+    if not report.clean:
+        raise CheckpointMismatchError(report, str(path))
     return report

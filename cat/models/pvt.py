@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from cat.layers import CirculantBlock, LayerNorm6, init_vit_weights, parse_attn_pattern
 
 from ._base import TimmApiMixin, build_family_model, checkpoint_blocks, family_cfg
+from .loading import register_state_dict_adapter
 
 __all__ = ["PyramidVisionTransformer", "resize_pos_embed"]
 
@@ -319,6 +320,9 @@ default_cfgs = generate_default_cfgs(
         for prefix in ("", "ca_")
     }
 )
+
+
+register_state_dict_adapter(PyramidVisionTransformer, checkpoint_filter_fn)
 
 
 def _create(variant: str, pretrained: bool, **kwargs: Any) -> PyramidVisionTransformer:

@@ -28,7 +28,7 @@ from .fused import lean_circulant_attention
 from .spectral import attend_spectra, fft_dtype, head_sum, no_autocast
 
 Reweight = Literal["post", "pre", "none"]
-FFTBackend = Literal["fft", "matmul", "auto"]
+FFTBackend = Literal["fft", "matmul"]
 
 
 def _attend_pairs(
@@ -48,18 +48,12 @@ def _attend_pairs(
     return irfft2_matmul(out.reshape(B, C, Hf * Wf * 2), hw), weights
 
 
-# Largest token grid for which 'auto' picks the matmul DFT, per device type. Measured with
-# tools/bench_attention.py --matmul (docs/perf.md): on CPU it was never faster than torch.fft (equal
-# at 14x14, batch 1; slower above), so 'auto' keeps the FFT there. CUDA is not measured yet.
-_MATMUL_MAX_TOKENS = {"cpu": 0, "cuda": 0}
-
-
-def resolve_fft_backend(backend: FFTBackend, hw: tuple[int, int], device: torch.device) -> str:
-    """'fft' or 'matmul' for ``backend`` on an ``hw`` grid (``'auto'`` picks the faster one measured)."""
-    if backend == "auto":
-        return "matmul" if hw[0] * hw[1] <= _MATMUL_MAX_TOKENS.get(device.type, 0) else "fft"
+def check_fft_backend(backend: FFTBackend) -> str:
+    """``backend`` if it is one cat has. There is no automatic choice ('auto' is gone: it picked
+    'fft' everywhere, docs/perf.md); 'fft' is the default and 'matmul' is chosen for what it
+    enables (ONNX without DFT ops, low-precision matrix units)."""
     if backend not in ("fft", "matmul"):
-        raise ValueError(f"fft_backend must be 'fft', 'matmul' or 'auto'; got {backend!r}")
+        raise ValueError(f"fft_backend must be 'fft' or 'matmul'; got {backend!r}")
     return backend
 
 
@@ -105,8 +99,8 @@ def circulant_attention(
         scale: multiplies the logits. ``None`` means ``1 / sqrt(N * head_dim)`` with N = H*W, the
             scale the released CA-DeiT computes; the paper writes ``1 / (N * sqrt(d))``, which can
             be passed explicitly. Any float is accepted.
-        fft_backend: ``'fft'`` (torch.fft), ``'matmul'`` (dense DFT matrices: no complex dtypes,
-            ONNX-exportable) or ``'auto'`` (the faster one measured for the grid size and device).
+        fft_backend: ``'fft'`` (torch.fft) or ``'matmul'`` (dense DFT matrices: no complex dtypes,
+            ONNX-exportable).
 
     For each batch item and head, with offsets d on the H x W torus (``+`` modulo (H, W)):
         logits[d] = scale * sum_i <q_i, k_{i+d}>      (QK^T projected onto the BCCB subspace, times N)
@@ -129,7 +123,7 @@ def circulant_attention(
         scale = 1.0 / math.sqrt(H * W * head_dim)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
-    backend = resolve_fft_backend(fft_backend, (H, W), q.device)
+    backend = check_fft_backend(fft_backend)
     with no_autocast(q.device):
         q_f, k_f, v_f = (spectrum(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
         out, _ = attend(q_f, k_f, v_f, (H, W), head_dim, scale, backend)
@@ -145,12 +139,12 @@ class CirculantAttention(nn.Module):
 
     The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
     so this equals projecting before the FFT while taking one FFT instead of three
-    (``pack_spectrum=True``: to the spectrum's N independent reals, measured slower on CPU).
+    (``pack_spectrum=True``: to the spectrum's N independent reals; docs/perf.md compares them).
     With ``lean`` (default), the FFT backend and post- or no reweighting, gate, attention and
     projection run as one autograd function (:mod:`cat.ops.fused`) that keeps only x and the
-    gate's pre-activation for the backward and recomputes the rest: training stores less than
-    softmax attention, and a training step takes ~10% longer than through autograd
-    (``lean=False``, or :func:`set_lean_attention` on a whole model; docs/perf.md).
+    gate's pre-activation for the backward and recomputes the rest: it trades a recomputation in
+    the backward for the activations autograd would store (``lean=False``, or
+    :func:`set_lean_attention` on a whole model, keeps them; docs/perf.md has the measured costs).
     With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
     convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
@@ -178,7 +172,7 @@ class CirculantAttention(nn.Module):
         self.head_dim = head_dim
         self.reweight = reweight
         self.scale = scale
-        resolve_fft_backend(fft_backend, (1, 1), torch.device("cpu"))  # validate early
+        check_fft_backend(fft_backend)  # validate early
         self.fft_backend = fft_backend
         self.pack_spectrum = pack_spectrum
         self.lean = lean
@@ -255,7 +249,7 @@ def circulant_attention_layer(
         raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
     # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
     scale = (N * head_dim) ** -0.5 if scale is None else scale
-    backend = resolve_fft_backend(fft_backend, hw, x.device)
+    backend = check_fft_backend(fft_backend)
     # Exported programs take the plain autograd ops: the lean function's channel groups depend on
     # B*N and would pin the exported batch and resolution.
     if lean and backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting():
@@ -327,7 +321,7 @@ def circulant_attention_flops(num_tokens: int, channels: int, head_dim: int = 1)
 
 def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     """Switch every :class:`CirculantAttention` in ``model`` to ``backend``; returns ``model``."""
-    resolve_fft_backend(backend, (1, 1), torch.device("cpu"))
+    check_fft_backend(backend)
     for module in model.modules():
         if isinstance(module, CirculantAttention):
             module.fft_backend = backend

@@ -233,8 +233,8 @@ def lean_circulant_attention(
     """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid,
     and, with ``keep_weights``, the attention weights (B, heads, H, W), not differentiable (else an
     empty tensor). ``gate_pre`` None: no gate. ``packed``: the qkv GEMM runs on the packed spectrum's
-    N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output (slower
-    on the CPUs measured, docs/perf.md). Checks of shapes and arguments are the caller's
+    N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output
+    (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
     args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:5]):

@@ -2,18 +2,19 @@
 atomic I/O, config checks, seeding and RNG state, mixed precision, console progress and how user
 errors end a run. Imports ``cat.models`` and below only."""
 
-from .amp import AMP_DTYPES, amp_dtype, autocast_for
+from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
 from .io import atomic_save, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from .job import RunFolder, open_run_folder, report_user_errors, run_dir_for, run_job, use_sweep_cell_dir
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .rundir import RunDirLock, check_writable
-from .validate import Rule, validate_config
+from .schema import JobConfig, key, register_schema, schema_problems, section
 
 __all__ = [
     "AMP_DTYPES",
     "amp_dtype",
     "autocast_for",
+    "Precision",
     "DistEnv",
     "all_reduce_sum",
     "barrier",
@@ -34,6 +35,9 @@ __all__ = [
     "seed_everything",
     "RunDirLock",
     "check_writable",
-    "Rule",
-    "validate_config",
+    "JobConfig",
+    "key",
+    "section",
+    "register_schema",
+    "schema_problems",
 ]

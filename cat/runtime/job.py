@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -22,6 +22,7 @@ from cat.errors import OutputError, UserError
 from .dist import DistEnv, barrier, broadcast_object, init_distributed
 from .io import atomic_write_json, atomic_write_text
 from .logger import setup_logging
+from .metrics import MetricSinks, build_metric_sinks
 from .preemption import StopSignals
 from .rng import seed_everything
 from .rundir import RunDirLock
@@ -90,6 +91,7 @@ class RunFolder:
     log: logging.Logger
     is_main: bool
     lock: RunDirLock | None = None
+    metrics: MetricSinks = field(default_factory=MetricSinks)  # metrics.jsonl (+ W&B), set by run_job
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -107,6 +109,7 @@ class RunFolder:
             atomic_write_text(self.file("overrides.yaml"), OmegaConf.to_yaml(overrides))
 
     def close(self) -> None:
+        self.metrics.finish()
         if self.lock is not None:
             self.lock.release()
 
@@ -156,6 +159,8 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
         folder.close()
         return finished
     folder.write_overrides()
+    config = OmegaConf.to_container(cfg, resolve=True)
+    folder.metrics = build_metric_sinks(cfg.logger, folder.path, config, env.is_main, cfg.mode == "train")
     with StopSignals() as signals:
         try:
             seed_everything(cfg.seed + env.rank)

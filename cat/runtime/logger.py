@@ -1,4 +1,4 @@
-"""Console logging and Weights & Biases, on rank 0 only."""
+"""Console logging, and the W&B settings a run keeps (its mode, its persistent run id)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ import os
 import re
 import secrets
 import sys
-from typing import Any
 
 from cat.errors import OutputError
 
 __all__ = [
     "setup_logging",
-    "WandbLogger",
     "wandb_api_key_configured",
     "resolve_wandb_mode",
     "persistent_run_id",
@@ -91,38 +89,3 @@ def persistent_run_id(output_dir: str) -> str:
         raise OutputError(problem)
     with open(path) as f:
         return f.read().strip()
-
-
-class WandbLogger:
-    """A W&B run in ``output_dir/wandb`` that resumes with the training run (its id is kept there).
-
-    ``mode='auto'`` is online when an API key is configured and offline otherwise.
-    """
-
-    def __init__(self, cfg: Any, output_dir: str, config: dict[str, Any], enabled: bool = True) -> None:
-        mode = resolve_wandb_mode(cfg.mode)
-        self.run = None
-        if not enabled or mode == "disabled":
-            return
-        import wandb
-
-        self.run = wandb.init(
-            mode=mode,
-            project=cfg.project,
-            entity=cfg.entity,
-            name=cfg.name,
-            tags=list(cfg.tags),
-            config=config,
-            dir=output_dir,
-            id=persistent_run_id(output_dir),
-            resume="allow",
-        )
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.run is not None:
-            self.run.log(metrics, step=step)
-
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None

@@ -18,9 +18,9 @@ from PIL import Image, ImageOps
 from timm.data import auto_augment
 from timm.data.auto_augment import RandAugment
 
+from cat.classification.builders import build_mixup
 from cat.data import build_transform
 from cat.data.augment import POSTERIZE_OPS, install_timm_augment_fixes, posterize
-from cat.engine.builders import build_mixup
 from tests.conftest import REPO, compose_config
 
 CLS_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))

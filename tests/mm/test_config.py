@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from cat.errors import DataError
 from cat.runtime.dist import DistEnv
-from tests.conftest import compose_config
+from tests.conftest import REPO, compose_config, refusal_line
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -26,29 +29,53 @@ def test_missing_data_root(task, layout, root, tmp_path):
     assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)
 
 
-@pytest.mark.parametrize("task", ["det", "seg"])
-def test_strict_load_must_be_a_bool(task, tmp_path):
-    """The det/seg key this round added: an invalid value is one line, exit 2, and no folder is made."""
-    import subprocess
-    import sys
+BAD_KEYS = [
+    ("det", "strict_load=maybe", "strict_load='maybe': expected true or false"),
+    ("seg", "strict_load=maybe", "strict_load='maybe': expected true or false"),
+    ("det", "model.backbone.drop_path_rate=2", "model.backbone.drop_path_rate=2: expected a number >= 0 and <= 1"),
+    ("seg", "model.backbone.lean_attention=maybe", "model.backbone.lean_attention='maybe': expected true or false"),
+    ("det", "++model.backbone.kwargs.foo=1", "model.backbone.kwargs.foo: not an argument of ca_pvt_tiny (accepted:"),
+]
 
-    from tests.conftest import REPO
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "override", "expected"), BAD_KEYS, ids=[f"{t}-{o}" for t, o, _ in BAD_KEYS])
+def test_bad_key_is_one_line(task, override, expected, tmp_path):
+    """An invalid value is one line, exit 2, and no folder is made."""
     out = tmp_path / "run"
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / f"train_{task}.py"),
-            f"data.root={tmp_path}",
-            f"output_dir={out}",
-            "strict_load=maybe",
-        ],
+        [sys.executable, str(REPO / f"train_{task}.py"), f"data.root={tmp_path}", f"output_dir={out}", override],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "strict_load='maybe': expected true or false" in last, last
+    assert expected in refusal_line(proc)
     assert not out.exists()
+
+
+def test_apply_common_settings(toy_coco, tmp_path):
+    """What every det/seg job shares, read off the mmengine config cat builds."""
+    from cat.mm.det import build_det_config
+
+    cfg = compose_config(
+        "det", f"data.root={toy_coco}", "seed=7", "save.keep_last=2", "log_interval=3", "++mm.train_cfg.val_interval=2"
+    )
+    mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+    assert mm.work_dir == str(tmp_path) and mm.randomness == {"seed": 7, "deterministic": False}
+    assert mm.launcher == "none" and mm.resume is True and mm.load_from is None
+    assert mm.default_hooks.checkpoint.max_keep_ckpts == 2 and mm.default_hooks.checkpoint.save_last
+    assert mm.default_hooks.logger == {"type": "LoggerHook", "interval": 3, "log_metric_by_epoch": False}
+    assert mm.visualizer.vis_backends == [{"type": "MetricSinkBackend"}]  # the run's sinks, nothing else
+    assert mm.train_cfg.type == "ResumableEpochBasedTrainLoop" and mm.train_cfg.val_interval == 2
+    assert mm.optim_wrapper.type == "OptimWrapper"  # amp is CUDA-only
+    assert "SyncBN" not in str(mm.model)  # plain BN on CPU
+
+
+@pytest.mark.parametrize(("rate", "passed"), [("null", None), ("0.3", 0.3)])
+def test_drop_path_rate_null_means_the_factory_value(rate, passed):
+    """As in classification (cat.models.model_kwargs): null passes nothing, the factory decides."""
+    from cat.mm.config import backbone_cfg
+
+    backbone, _ = backbone_cfg(compose_config("det", f"model.backbone.drop_path_rate={rate}").model)
+    assert backbone["model_kwargs"].get("drop_path_rate") == passed

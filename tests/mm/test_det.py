@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from cat.runtime.dist import DistEnv
+from cat.runtime.metrics import read_history
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
+
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
@@ -55,6 +58,13 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50", "segm_mAP_75"):
         assert 0.0 <= metrics[key] <= 1.0
+    # The metric history, through cat's sink: training losses every log_interval, the validation
+    # metrics at their iteration, and the final test, one step axis across the resume.
+    history = read_history(out / "metrics.jsonl")
+    train = [e for e in history if "loss" in e and "lr" in e]
+    val = [e for e in history if "coco/bbox_mAP" in e]
+    assert len(train) >= 2 and len(val) == 2 and val[-1]["step"] == train[-1]["step"]
+    assert history[-1]["test/bbox_mAP"] == pytest.approx(metrics["bbox_mAP"])
     # An evaluation run named like a Table 3 preset fills that row of tools/make_tables.py's Table 3.
     row_name = "mask_rcnn_ca_pvt_t_1x" if "pvt" in experiment else "mask_rcnn_ca_swin_t_1x"
     run_entry(

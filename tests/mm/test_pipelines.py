@@ -84,6 +84,7 @@ def _check_seg(sample: dict, crop: tuple[int, int]) -> None:
     assert values <= set(range(150)) | {255}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["det", "seg"])
 def test_paper_train_pipelines_at_volume(task, toy_coco, toy_ade, tmp_path):
     if task == "det":

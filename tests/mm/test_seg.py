@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from cat.runtime.dist import DistEnv
+from cat.runtime.metrics import read_history
 from tests.conftest import REPO, compose_config
 from tests.mm.conftest import run_entry
+
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
@@ -43,6 +46,10 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
     assert (out / "iter_6.pth").is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics) >= {"mIoU", "mAcc", "aAcc"} and 0 <= metrics["mIoU"] <= 100
+    history = read_history(out / "metrics.jsonl")  # through cat's sink: iterations 1-6, val at 3 and 6
+    assert sorted({e["step"] for e in history if "loss" in e}) == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in history if "mIoU" in e] == [3, 6]
+    assert history[-1]["test/mIoU"] == pytest.approx(metrics["mIoU"])
     run_entry(
         "train_seg.py",
         f"experiment={experiment}",
@@ -53,6 +60,8 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
         *FAST,
     )
     assert json.loads((out / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(metrics["mIoU"])
+    (evaluated,) = read_history(out / "eval" / "metrics.jsonl")  # an eval run's history: its one result
+    assert evaluated["test/mIoU"] == pytest.approx(metrics["mIoU"])
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
 
 

@@ -49,6 +49,7 @@ def cells(sweep_dir: Path) -> dict[str, Path]:
     return {p.name: p for p in sweep_dir.iterdir() if (p / "overrides.yaml").is_file()}
 
 
+@pytest.mark.slow
 def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
     start = time.perf_counter()
     sweep(tmp_path, "model=ca_deit_tiny,deit_tiny", "seed=0,1", "epochs=2")
@@ -73,6 +74,7 @@ def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
     assert (tmp_path / "sweep.csv").read_text().count("\n") == 3  # header + two groups
 
 
+@pytest.mark.slow
 def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     overrides = ("seed=0,1", "epochs=4", "batch_size=16")
     launcher = sweep(tmp_path, *overrides, wait=False)
@@ -88,7 +90,7 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     survivor = tmp_path / f"{KWARGS},batch_size=16,epochs=4,seed=0"
     assert json.loads((survivor / "metrics.json").read_text())["epoch"] == 4
     text = run_tool("make_tables", str(tmp_path))
-    assert "1 finished, 1 stopped" in text
+    assert "1 finished, 1 stopped (stopped at step " in text and ", top1 " in text  # from its metrics.jsonl
 
     untouched = {p.name: p.stat().st_mtime_ns for p in survivor.iterdir() if p.name != "log.txt"}
     sweep(tmp_path, *overrides)
@@ -100,6 +102,7 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     assert "2 finished" in run_tool("make_tables", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_cell_with_two_tasks_runs_distributed_without_torchrun(tmp_path):
     sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0")
     (folder,) = cells(tmp_path).values()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.classification.test_train_cls import env_single_thread, final_weights
 from tests.conftest import REPO, TINY_CLS
-from tests.engine.test_train_cls import env_single_thread, final_weights
 
 pytestmark = pytest.mark.slow
 # Long enough per epoch (179 steps of a few ms) to be signalled in the middle of one.

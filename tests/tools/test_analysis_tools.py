@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tests.conftest import REPO
@@ -60,6 +61,7 @@ def test_visualize_kernels(run_tool, tmp_path):
     assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "kernels.pdf").is_file()
 
 
+@pytest.mark.slow
 def test_benchmark(run_tool, tmp_path):
     text = run_tool("benchmark", "--out", str(tmp_path), "--res", "32", "48", "--iters", "2", "--warmup", "1")
     with open(tmp_path / "benchmark.csv") as f:
@@ -94,6 +96,7 @@ def _row(text: str, label: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_make_tables_fills_rows_from_real_runs(run_tool, tmp_path):
     """A (tiny) ImageNet-layout training run of ca_deit_tiny at 224, and an eval run of its checkpoint,
     each fill the CA-DeiT-T row of Table 2 with the paper's top-1 beside ours; a CA-DeiT-S run with
@@ -158,6 +161,7 @@ def test_make_tables_on_an_empty_folder_lists_every_row_as_not_run(run_tool, tmp
     assert "0 runs found" in text
 
 
+@pytest.mark.slow
 def test_make_tables_refuses_broken_and_hostile_run_files(tmp_path):
     """A sweep's or run's files that do not parse, hold the wrong thing, ask for absurd work or try
     to run code (a YAML python tag) end the tool with one line naming the file; nothing runs."""

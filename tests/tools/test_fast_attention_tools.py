@@ -4,6 +4,7 @@ benchmark script."""
 from __future__ import annotations
 
 import onnx
+import pytest
 
 
 def test_export_ca_deit_tiny_matmul(run_tool, tmp_path):
@@ -16,6 +17,7 @@ def test_export_ca_deit_tiny_matmul(run_tool, tmp_path):
     assert float(text.split("64x64 ")[1].split()[0]) < 1e-4
 
 
+@pytest.mark.slow
 def test_export_dft_any_resolution(run_tool, tmp_path):
     path = tmp_path / "ca_deit_tiny.onnx"
     text = run_tool("export_onnx", "--out", str(path), "--img-size", "64")
@@ -54,6 +56,7 @@ def test_bench_attention_runs(run_tool):
     assert set(result["growth_exponent"]) == {"ours", "sdpa"}
 
 
+@pytest.mark.slow
 def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_tool):
     import json
 

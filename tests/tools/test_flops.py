@@ -16,6 +16,7 @@ def run_flops(run_tool):
     return lambda *args: run_tool("flops", *args)
 
 
+@pytest.mark.slow
 def test_table2_within_tolerance(run_flops):
     rows = json.loads(run_flops("--table", "2", "--json"))
     assert len(rows) == 25

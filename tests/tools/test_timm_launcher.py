@@ -20,6 +20,8 @@ from sklearn.datasets import load_digits
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
+
 VALIDATE_LIKE = """
 import argparse, json
 import timm, torch

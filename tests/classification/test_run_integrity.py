@@ -13,8 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 from tests.conftest import REPO
-from tests.engine.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
+
+pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
 
 def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):

@@ -19,15 +19,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, capture_rng_state, restore_rng_state, seed_everything
-from cat.runtime.logger import WandbLogger
 from cat.runtime.preemption import stop_requested
 
-from .builders import TrainData, build_train_data, build_train_options, build_train_state
-from .saving import CheckpointManager
+from .builders import build_train_data, build_train_options, build_train_state
+from .checkpoints import CheckpointManager
+from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
 from .state import TrainState
-from .train import EpochProgress, EpochResult, NonFiniteLossError, TrainOptions, evaluate, train_one_epoch
 
-__all__ = ["fit", "RESUME_FIXED_KEYS", "resume_changes"]
+__all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "resume_changes"]
 
 # A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
 # resumed step on); these would make it a different run, so resuming with them changed is refused.
@@ -208,41 +207,42 @@ def _summary(state: TrainState, **extra: Any) -> dict[str, Any]:
 
 def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     """Train ``cfg`` into ``folder`` (resuming from its ``last.pth``); returns the run's metrics."""
-    log = folder.log
-    data = build_train_data(cfg, env)
-    state = build_train_state(cfg, env, data)
-    opts = build_train_options(cfg, data)
-    checkpoints = _Checkpoints(cfg, env, folder)
-    point = resume(cfg, env, folder, checkpoints.manager, state, data.steps_per_epoch) if cfg.resume else ResumePoint()
-    state.scheduler.step_update(num_updates=state.global_step(data.steps_per_epoch))
-    checkpoints.has_good = point.resumed
-    if point.changed:
-        checkpoints.after_first_save = functools.partial(
-            record_config, cfg, folder, point.changed, state.epoch + 1, state.step_in_epoch
+    return Trainer(cfg, env, folder).fit()
+
+
+class Trainer:
+    """One classification training run: its data, train state, loop options and checkpoints, built
+    once, and the epoch loop over them (:meth:`fit`)."""
+
+    def __init__(self, cfg: DictConfig, env: DistEnv, folder: RunFolder) -> None:
+        self.cfg, self.env, self.folder = cfg, env, folder
+        self.data = build_train_data(cfg, env)
+        self.state = build_train_state(cfg, env, self.data)
+        # SIGTERM (and submitit's signal) asks the loop to finish its step, save and return.
+        self.opts = build_train_options(cfg, env, self.data, folder.metrics.log, stop_requested)
+        self.precision = self.opts.precision
+        self.checkpoints = _Checkpoints(cfg, env, folder)
+
+    def fit(self) -> dict[str, Any]:
+        cfg, state, data, checkpoints, log = self.cfg, self.state, self.data, self.checkpoints, self.folder.log
+        point = self._resume()
+        state.train_model = _wrap_for_training(cfg, self.env, state.model)
+        log.info(
+            "model %s: %.2fM params; %d train / %d val images, %d classes; global batch %d, lr %.2e, %d steps/epoch",
+            cfg.model.name,
+            sum(p.numel() for p in state.model.parameters()) / 1e6,
+            len(data.train_set),
+            len(data.val_set),
+            data.num_classes,
+            data.global_batch,
+            state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
+            data.steps_per_epoch,
         )
-    else:
-        record_config(cfg, folder, None, state.epoch + 1, state.step_in_epoch)
-    state.train_model = _wrap_for_training(cfg, env, state.model)
-    wandb = WandbLogger(cfg.logger.wandb, folder.path, checkpoints.config, enabled=env.is_main)
-    opts.log_fn = wandb.log
-    log.info(
-        "model %s: %.2fM params; %d train / %d val images, %d classes; global batch %d, lr %.2e, %d steps/epoch",
-        cfg.model.name,
-        sum(p.numel() for p in state.model.parameters()) / 1e6,
-        len(data.train_set),
-        len(data.val_set),
-        data.num_classes,
-        data.global_batch,
-        state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
-        data.steps_per_epoch,
-    )
-    if state.epoch >= cfg.epochs:
-        log.info("%s already holds a finished run of %d epochs", folder.path, cfg.epochs)
-    opts.stop_requested = stop_requested  # SIGTERM (and submitit's signal): finish the step, save, return
-    try:
+        if state.epoch >= cfg.epochs:
+            log.info("%s already holds a finished run of %d epochs", self.folder.path, cfg.epochs)
         while state.epoch < cfg.epochs:
             started = time.perf_counter()
-            result = _train_epoch(cfg, env, state, data, opts, point)
+            result = self._train_epoch(point)
             point = ResumePoint()
             if result.interrupted and state.step_in_epoch < data.steps_per_epoch:
                 state.wall_time_s += time.perf_counter() - started
@@ -257,7 +257,7 @@ def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
                 )
                 return _summary(state, preempted=True)
             # A stop on the epoch's last step lets the epoch end normally (evaluated and saved) first.
-            _end_epoch(cfg, env, folder, state, data, result, checkpoints, wandb, started)
+            self._end_epoch(result, started)
             if result.interrupted:
                 log.info(
                     "stop requested (signal) on the last step of epoch %d: saved it to %s; rerun the same "
@@ -266,75 +266,76 @@ def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
                     checkpoints.manager.last,
                 )
                 return _summary(state, preempted=True)
-    finally:
-        wandb.finish()
-    return _summary(state, epoch=cfg.epochs)
+        return _summary(state, epoch=cfg.epochs)
 
+    def _resume(self) -> ResumePoint:
+        """Where training starts: ``last.pth`` if resuming, and the config record to write now or
+        once the first checkpoint under a changed config is saved."""
+        cfg, state, folder, checkpoints = self.cfg, self.state, self.folder, self.checkpoints
+        steps = self.data.steps_per_epoch
+        point = resume(cfg, self.env, folder, checkpoints.manager, state, steps) if cfg.resume else ResumePoint()
+        state.scheduler.step_update(num_updates=state.global_step(steps))
+        checkpoints.has_good = point.resumed
+        if point.changed:
+            checkpoints.after_first_save = functools.partial(
+                record_config, cfg, folder, point.changed, state.epoch + 1, state.step_in_epoch
+            )
+        else:
+            record_config(cfg, folder, None, state.epoch + 1, state.step_in_epoch)
+        return point
 
-def _train_epoch(
-    cfg: DictConfig, env: DistEnv, state: TrainState, data: TrainData, opts: TrainOptions, point: ResumePoint
-) -> EpochResult:
-    """Train the rest of epoch ``state.epoch``, with its randomness independent of how the run got here."""
-    seed_everything(_epoch_seed(cfg.seed, state.epoch, env.rank))
-    data.sampler.set_epoch(state.epoch, state.step_in_epoch * cfg.batch_size)
-    batches = iter(data.train_loader)
-    if state.step_in_epoch and point.rng is not None:
-        restore_rng_state(point.rng)  # after creating the iterator, which draws from the RNG
-    return train_one_epoch(state, batches, env, opts, carried=point.carried)
+    def _train_epoch(self, point: ResumePoint) -> EpochResult:
+        """Train the rest of epoch ``state.epoch``, with its randomness independent of how the run got here."""
+        state, data = self.state, self.data
+        seed_everything(_epoch_seed(self.cfg.seed, state.epoch, self.env.rank))
+        data.sampler.set_epoch(state.epoch, state.step_in_epoch * self.cfg.batch_size)
+        batches = iter(data.train_loader)
+        if state.step_in_epoch and point.rng is not None:
+            restore_rng_state(point.rng)  # after creating the iterator, which draws from the RNG
+        return train_one_epoch(state, batches, self.env, self.opts, carried=point.carried)
 
-
-def _end_epoch(
-    cfg: DictConfig,
-    env: DistEnv,
-    folder: RunFolder,
-    state: TrainState,
-    data: TrainData,
-    result: EpochResult,
-    checkpoints: _Checkpoints,
-    wandb: WandbLogger,
-    started: float,
-) -> None:
-    """Evaluate, refuse anything non-finite, advance to the next epoch, save, log."""
-    amp = (cfg.amp.enabled, cfg.amp.dtype, cfg.channels_last)
-    metrics = evaluate(state.train_model, data.val_loader, env, *amp)
-    _check_finite(state, checkpoints, metrics["loss"])
-    if state.ema is not None:
-        metrics["ema_top1"] = evaluate(state.ema.module, data.val_loader, env, *amp)["top1"]
-    is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
-    state.best_top1 = metrics["top1"] if is_best else state.best_top1
-    state.wall_time_s += time.perf_counter() - started
-    state.metrics = {
-        "top1": metrics["top1"],
-        "top5": metrics["top5"],
-        "val_loss": metrics["loss"],
-        "train_loss": result.loss,
-    }
-    state.epoch, state.step_in_epoch = state.epoch + 1, 0
-    checkpoints.save_epoch_end(state, is_best)
-    folder.log.info(
-        "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f  (%.1f s, %.0f img/s)",
-        state.epoch,
-        cfg.epochs,
-        result.loss,
-        result.lr,
-        metrics["top1"],
-        metrics["top5"],
-        metrics["loss"],
-        state.best_top1,
-        time.perf_counter() - started,
-        result.images_per_s,
-    )
-    wandb.log(
-        {
-            "epoch": state.epoch,
-            "train/loss": result.loss,
-            "train/lr": result.lr,
-            "train/images_per_s": result.images_per_s,
-            "val/top1": metrics["top1"],
-            "val/top5": metrics["top5"],
-            "val/loss": metrics["loss"],
-            "val/best_top1": state.best_top1,
-            **({"val/ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
-        },
-        step=state.epoch * data.steps_per_epoch,
-    )
+    def _end_epoch(self, result: EpochResult, started: float) -> None:
+        """Evaluate, refuse anything non-finite, advance to the next epoch, save, log."""
+        state, data, env = self.state, self.data, self.env
+        metrics = evaluate(state.train_model, data.val_loader, env, self.precision)
+        _check_finite(state, self.checkpoints, metrics["loss"])
+        if state.ema is not None:
+            metrics["ema_top1"] = evaluate(state.ema.module, data.val_loader, env, self.precision)["top1"]
+        is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
+        state.best_top1 = metrics["top1"] if is_best else state.best_top1
+        state.wall_time_s += time.perf_counter() - started
+        state.metrics = {
+            "top1": metrics["top1"],
+            "top5": metrics["top5"],
+            "val_loss": metrics["loss"],
+            "train_loss": result.loss,
+        }
+        state.epoch, state.step_in_epoch = state.epoch + 1, 0
+        self.checkpoints.save_epoch_end(state, is_best)
+        self.folder.log.info(
+            "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f  (%.1f s, %.0f img/s)",
+            state.epoch,
+            self.cfg.epochs,
+            result.loss,
+            result.lr,
+            metrics["top1"],
+            metrics["top5"],
+            metrics["loss"],
+            state.best_top1,
+            time.perf_counter() - started,
+            result.images_per_s,
+        )
+        self.folder.metrics.log(
+            {
+                "epoch": state.epoch,
+                "train/loss": result.loss,
+                "train/lr": result.lr,
+                "train/images_per_s": result.images_per_s,
+                "val/top1": metrics["top1"],
+                "val/top5": metrics["top5"],
+                "val/loss": metrics["loss"],
+                "val/best_top1": state.best_top1,
+                **({"val/ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
+            },
+            step=state.epoch * data.steps_per_epoch,
+        )

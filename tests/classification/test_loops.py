@@ -11,9 +11,9 @@ import torch
 from timm.scheduler import create_scheduler_v2
 from torch import nn
 
-from cat.engine.saving import CheckpointManager
-from cat.engine.state import TrainState
-from cat.engine.train import NonFiniteLossError, TrainOptions, train_one_epoch
+from cat.classification.checkpoints import CheckpointManager
+from cat.classification.loops import NonFiniteLossError, TrainOptions, train_one_epoch, train_step
+from cat.classification.state import TrainState
 from cat.runtime import capture_rng_state, restore_rng_state
 from cat.runtime.dist import DistEnv
 from cat.runtime.io import atomic_save
@@ -79,3 +79,53 @@ def test_rng_state_round_trips_through_weights_only_checkpoint(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1))
     restore_rng_state(torch.load(tmp_path / "rng.pth", weights_only=True)["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def _tiny_state(steps: int, ema: bool = False) -> TrainState:
+    from timm.utils import ModelEmaV3
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched, _ = create_scheduler_v2(opt, num_epochs=2, warmup_epochs=0, step_on_epochs=False, updates_per_epoch=steps)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    return TrainState(model, opt, sched, scaler, ModelEmaV3(model, decay=0.5) if ema else None)
+
+
+def test_train_step_advances_what_moves_with_a_step():
+    state = _tiny_state(steps=4, ema=True)
+    images, targets = torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))
+    lr_before, ema_before = state.optimizer.param_groups[0]["lr"], state.ema.module[1].weight.clone()
+    step = train_step(state, images, targets, TrainOptions(steps_per_epoch=4))
+    assert state.step_in_epoch == 1 and step.batch == 4 and not step.stop and not step.loss.requires_grad
+    assert state.optimizer.param_groups[0]["lr"] < lr_before  # the cosine schedule moved one step
+    assert not torch.equal(state.ema.module[1].weight, ema_before)
+
+
+def test_epoch_is_its_steps():
+    """train_one_epoch is train_step over the batches plus accounting: same weights, mean loss."""
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(3)]
+    by_epoch, by_steps = _tiny_state(3), _tiny_state(3)
+    by_steps.model.load_state_dict(by_epoch.model.state_dict())
+    result = train_one_epoch(by_epoch, data, DistEnv(), TrainOptions(steps_per_epoch=3))
+    losses = [train_step(by_steps, x, y, TrainOptions(steps_per_epoch=3)).loss for x, y in data]
+    for a, b in zip(by_epoch.model.parameters(), by_steps.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert result.steps == 3 and result.loss == pytest.approx(float(torch.stack(losses).mean()))
+
+
+def test_a_stop_request_ends_the_epoch_after_the_running_step():
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(5)]
+    state = _tiny_state(5)
+    result = train_one_epoch(state, data, DistEnv(), TrainOptions(steps_per_epoch=5, stop_requested=lambda: True))
+    assert result.interrupted and result.steps == 1 and state.step_in_epoch == 1
+
+
+def test_logging_every_interval_at_the_global_step():
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(4)]
+    state = _tiny_state(4)
+    state.epoch = 1
+    logged = []
+    opts = TrainOptions(steps_per_epoch=4, log_interval=2, log_fn=lambda m, s: logged.append((s, sorted(m))))
+    train_one_epoch(state, data, DistEnv(), opts)
+    assert logged == [(6, ["train/loss_step", "train/lr"]), (8, ["train/loss_step", "train/lr"])]

@@ -15,8 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 import cat
+from cat.classification.job import run
 from cat.data import synthetic_dataset
-from cat.engine.classification import run
 from cat.errors import ConfigError, DataError
 from tests.conftest import REPO, TINY_CLS, compose_config
 
@@ -66,7 +66,7 @@ def test_every_experiment_composes_and_builds(experiment):
     cfg = compose_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
     with torch.device("meta"):
-        from cat.engine.builders import build_model
+        from cat.classification.builders import build_model
 
         model = build_model(cfg, cfg.data.num_classes)
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -96,7 +96,7 @@ def test_paper_recipe_values():
         "bicubic",
     )
     # Drop path comes from the model factories (the YAML only overrides): the deepest block's rate.
-    from cat.engine.builders import build_model
+    from cat.classification.builders import build_model
 
     drop_path = {}
     for experiment in ("ca_deit_t", "ca_deit_s", "ca_deit_b", "deit_s"):
@@ -135,6 +135,7 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
     assert metrics["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
 
 
+@pytest.mark.slow
 def test_two_process_gloo_matches_single_process(tmp_path):
     single = run_train(tmp_path / "single", "epochs=2", "batch_size=16")
     ddp = run_train(tmp_path / "ddp", "epochs=2", "batch_size=8", nproc=2)
@@ -181,6 +182,7 @@ def uninterrupted(tmp_path_factory) -> tuple[dict, dict]:
     return run_train(out, *RESUME_RUN), final_weights(out)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted):
     out = tmp_path / "killed"
     proc = _start_and_signal(out, signal.SIGKILL, *RESUME_RUN)
@@ -194,6 +196,7 @@ def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted)
         assert torch.equal(got[k], v), k
 
 
+@pytest.mark.slow
 def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted):
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN)
@@ -209,6 +212,7 @@ def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted
         assert torch.equal(got[k], v), k
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_and_outputs(tmp_path):
     metrics = run_train(tmp_path, "epochs=1", "batch_size=16", "logger.wandb.mode=offline", "ema.enabled=true")
     assert set(metrics) >= {"top1", "top5", "best_top1", "epoch", "wall_time_s"}

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
@@ -19,12 +18,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 import cat
 from cat.data import build_dataset
 from cat.errors import ConfigError
-from cat.models import extract_state_dict, load_checkpoint_file, load_weights
+from cat.models import extract_state_dict, load_checkpoint_file, load_weights, model_arguments, model_kwargs
 from cat.ops import set_lean_attention
-from cat.runtime import DistEnv
+from cat.runtime import DistEnv, Precision
 
+from .loops import TrainOptions
 from .state import TrainState
-from .train import TrainOptions
 
 __all__ = [
     "build_model",
@@ -75,15 +74,11 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
     """The model of ``cfg.model``: created, its ``checkpoint`` loaded, converted to circulant attention
     when ``model.convert`` is set. A checkpoint of the unconverted model loads before the conversion
     (fine-tuning a softmax model as a circulant one), a converted model's after it."""
-    kwargs = dict(OmegaConf.to_container(cfg.model.kwargs, resolve=True))
-    if cfg.model.drop_path_rate is not None:  # else the model factory's value
-        kwargs["drop_path_rate"] = cfg.model.drop_path_rate
-    try:
-        model = cat.create_model(cfg.model.name, num_classes=num_classes, **{"img_size": cfg.data.img_size, **kwargs})
-    except TypeError as error:  # timm models that take any size have no img_size argument (e.g. pvt_v2)
-        if "img_size" not in str(error) or "img_size" in kwargs:
-            raise
-        model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
+    kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
+    accepted = model_arguments(cfg.model.name)
+    if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
+        kwargs = {"img_size": cfg.data.img_size, **kwargs}
+    model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
     state_dict = (
         extract_state_dict(load_checkpoint_file(checkpoint), str(checkpoint)) if checkpoint is not None else None
@@ -170,9 +165,8 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
 def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainState:
     """A fresh train state: the model (from ``checkpoint=`` if given), EMA, AdamW-style optimizer with
     the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
-    model = build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load).to(env.device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    precision = Precision.from_config(cfg, env.device)
+    model = precision.model(build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load))
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
     lr = cfg.lr * data.global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr
     optimizer = create_optimizer_v2(
@@ -195,9 +189,7 @@ def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainSt
         step_on_epochs=False,
         updates_per_epoch=data.steps_per_epoch,
     )
-    fp16_scaling = cfg.amp.enabled and cfg.amp.dtype == "fp16" and env.device.type == "cuda"
-    scaler = torch.amp.GradScaler(env.device.type, enabled=fp16_scaling)
-    return TrainState(model, optimizer, scheduler, scaler, ema)
+    return TrainState(model, optimizer, scheduler, precision.grad_scaler(), ema)
 
 
 def build_mixup(aug: DictConfig, num_classes: int) -> Mixup | None:
@@ -215,9 +207,15 @@ def build_mixup(aug: DictConfig, num_classes: int) -> Mixup | None:
     )
 
 
-def build_train_options(cfg: DictConfig, data: TrainData) -> TrainOptions:
+def build_train_options(
+    cfg: DictConfig,
+    env: DistEnv,
+    data: TrainData,
+    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> TrainOptions:
     """The loss (soft targets under mixup/cutmix, else label smoothing or plain cross-entropy) and
-    everything else an epoch needs to know."""
+    everything else an epoch needs to know: where step metrics go and how a stop is asked for."""
     mixup_fn = build_mixup(cfg.aug, data.num_classes)
     if mixup_fn is not None:
         criterion: nn.Module = SoftTargetCrossEntropy()
@@ -227,12 +225,12 @@ def build_train_options(cfg: DictConfig, data: TrainData) -> TrainOptions:
         criterion = nn.CrossEntropyLoss()
     return TrainOptions(
         criterion=criterion,
+        precision=Precision.from_config(cfg, env.device),
         steps_per_epoch=data.steps_per_epoch,
         num_epochs=cfg.epochs,
         mixup_fn=mixup_fn,
         clip_grad=cfg.optim.clip_grad,
-        amp=cfg.amp.enabled,
-        amp_dtype=cfg.amp.dtype,
-        channels_last=cfg.channels_last,
         log_interval=cfg.log_interval,
+        stop_requested=stop_requested,
+        log_fn=log_fn,
     )

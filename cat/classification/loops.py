@@ -1,4 +1,6 @@
-"""The classification loops: train_one_epoch, evaluate, measure_throughput (DeiT-engine plain)."""
+"""The classification loops, in small parts: :func:`forward_step` and :func:`backward_step` make
+:func:`train_step` (one optimizer step and what advances with it), :func:`train_one_epoch` adds the
+epoch's accounting and logging; :func:`evaluate` and :func:`measure_throughput`."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from cat.errors import UserError
-from cat.runtime.amp import autocast_for
+from cat.runtime.amp import Precision
 from cat.runtime.console import StepProgress, progress_bar
 from cat.runtime.dist import DistEnv, all_reduce_sum
 from cat.toolkit.timing import time_calls
@@ -20,6 +22,9 @@ from .state import TrainState
 
 __all__ = [
     "TrainOptions",
+    "forward_step",
+    "backward_step",
+    "train_step",
     "EpochProgress",
     "EpochResult",
     "NonFiniteLossError",
@@ -38,13 +43,11 @@ class TrainOptions:
     """How an epoch trains: the loss, augmentation on the batch, precision, logging, and when to stop."""
 
     criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+    precision: Precision = field(default_factory=lambda: Precision(torch.device("cpu")))
     steps_per_epoch: int = 0  # for global step numbers and "step s/T" in progress lines
     num_epochs: int = 1  # for "epoch i/N" in progress lines
     mixup_fn: Callable | None = None
     clip_grad: float | None = None
-    amp: bool = False
-    amp_dtype: str = "bf16"
-    channels_last: bool = False
     log_interval: int = 50
     stop_requested: Callable[[], bool] = lambda: False
     log_fn: Callable[[dict[str, float], int], None] | None = None
@@ -69,6 +72,65 @@ class EpochResult:
     progress: EpochProgress = field(default_factory=EpochProgress)  # this rank's totals, earlier parts included
 
 
+def forward_step(model: nn.Module, images: Tensor, targets: Tensor, opts: TrainOptions) -> tuple[Tensor, int]:
+    """The loss of one batch (moved to the device, mixed when the recipe mixes) and its size."""
+    images = opts.precision.inputs(images)
+    targets = targets.to(opts.precision.device, non_blocking=True)
+    if opts.mixup_fn is not None:
+        images, targets = opts.mixup_fn(images, targets)
+    with opts.precision.autocast():
+        return opts.criterion(model(images), targets), images.shape[0]
+
+
+def agree_on_step(loss: Tensor, opts: TrainOptions) -> tuple[bool, bool]:
+    """Whether the loss is finite on every rank, and whether any rank was asked to stop: one tiny
+    all-reduce, so all ranks leave the loop together."""
+    flags = torch.tensor(
+        [0.0 if torch.isfinite(loss.detach()) else 1.0, float(opts.stop_requested())], device=opts.precision.device
+    )
+    all_reduce_sum(flags)
+    return bool(flags[0] == 0), bool(flags[1] > 0)
+
+
+def backward_step(state: TrainState, loss: Tensor, clip_grad: float | None) -> None:
+    """Gradients of ``loss`` (scaled where fp16 needs it), clipped, and one optimizer step."""
+    optimizer, scaler = state.optimizer, state.scaler
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if clip_grad is not None:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(state.train_model.parameters(), clip_grad)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+@dataclass
+class StepResult:
+    loss: Tensor  # detached
+    batch: int
+    stop: bool  # some rank was asked to stop: leave after this step
+
+
+def train_step(state: TrainState, images: Tensor, targets: Tensor, opts: TrainOptions) -> StepResult:
+    """One optimizer step of ``state`` on a batch, and everything that advances with it (the step
+    counters, the EMA, the per-step schedule). A non-finite loss on any rank stops every rank before
+    the weights change."""
+    update = state.global_step(opts.steps_per_epoch)
+    loss, batch = forward_step(state.train_model, images, targets, opts)
+    finite, stop = agree_on_step(loss, opts)
+    if not finite:
+        raise NonFiniteLossError(
+            f"non-finite loss ({loss.item()}) at epoch {state.epoch + 1}, step {state.step_in_epoch + 1} "
+            f"(global step {update + 1}); the last good checkpoint is kept"
+        )
+    backward_step(state, loss, opts.clip_grad)
+    state.step_in_epoch += 1
+    if state.ema is not None:
+        state.ema.update(state.train_model, step=update + 1)
+    state.scheduler.step_update(num_updates=update + 1)
+    return StepResult(loss.detach(), batch, stop)
+
+
 def train_one_epoch(
     state: TrainState,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -78,80 +140,39 @@ def train_one_epoch(
 ) -> EpochResult:
     """Train ``state.train_model`` on ``batches``: epoch ``state.epoch`` (0-based; logs count from
     1), from its step ``state.step_in_epoch``, which it advances. ``carried`` is what the epoch's
-    earlier part did (a resumed epoch), so the result covers the whole epoch.
-
-    Every step, all ranks agree (one tiny all-reduce) on whether the loss is finite and whether a
-    stop was requested, so they leave the loop together.
-    """
-    model, optimizer, scaler = state.train_model, state.optimizer, state.scaler
-    model.train()
-    device = env.device
-    epoch, first_step = state.epoch, state.step_in_epoch
-    first_update = state.global_step(opts.steps_per_epoch)
+    earlier part did (a resumed epoch), so the result covers the whole epoch."""
+    state.train_model.train()
     carried = carried or EpochProgress()
-    loss_sum = torch.tensor(carried.loss_sum, dtype=torch.float64, device=device)
-    seen = carried.images
-    steps = 0
-    interrupted = False
+    loss_sum = torch.tensor(carried.loss_sum, dtype=torch.float64, device=env.device)
+    seen, steps, interrupted = carried.images, 0, False
     start = time.perf_counter()
     progress = StepProgress(
-        f"epoch {epoch + 1}/{opts.num_epochs}",
+        f"epoch {state.epoch + 1}/{opts.num_epochs}",
         opts.steps_per_epoch,
-        first_step,
+        state.step_in_epoch,
         opts.log_interval,
         env.is_main,
         logging.getLogger("cat"),
     )
     for images, targets in batches:
-        images = images.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
-        if opts.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        if opts.mixup_fn is not None:
-            images, targets = opts.mixup_fn(images, targets)
-        with autocast_for(device, opts.amp, opts.amp_dtype):
-            loss = opts.criterion(model(images), targets)
-
-        flags = torch.tensor(
-            [0.0 if torch.isfinite(loss.detach()) else 1.0, float(opts.stop_requested())], device=device
-        )
-        all_reduce_sum(flags)
-        if flags[0] > 0:
-            raise NonFiniteLossError(
-                f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step "
-                f"{first_step + steps + 1} (global step {first_update + steps + 1}); "
-                "the last good checkpoint is kept"
-            )
-
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if opts.clip_grad is not None:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), opts.clip_grad)
-        scaler.step(optimizer)
-        scaler.update()
+        step = train_step(state, images, targets, opts)
         steps += 1
-        state.step_in_epoch = first_step + steps
-        if state.ema is not None:
-            state.ema.update(model, step=first_update + steps)
-        state.scheduler.step_update(num_updates=first_update + steps)
-
-        loss_sum += loss.detach().double() * images.shape[0]
-        seen += images.shape[0]
-        lr = optimizer.param_groups[0]["lr"]
-        progress.update(lambda loss=loss, lr=lr: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
+        loss_sum += step.loss.double() * step.batch
+        seen += step.batch
+        lr = state.optimizer.param_groups[0]["lr"]
+        progress.update(lambda loss=step.loss, lr=lr: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
         if opts.log_fn is not None and steps % opts.log_interval == 0:
-            opts.log_fn({"train/loss_step": loss.item(), "train/lr": lr}, first_update + steps)
-        if flags[1] > 0:
+            opts.log_fn({"train/loss_step": step.loss.item(), "train/lr": lr}, state.global_step(opts.steps_per_epoch))
+        if step.stop:
             interrupted = True
             break
     progress.close()
     elapsed = carried.seconds + time.perf_counter() - start
     mine = EpochProgress(loss_sum=loss_sum.item(), images=seen, seconds=elapsed)
-    totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=device)]))
+    totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=env.device)]))
     return EpochResult(
         loss=(totals[0] / totals[1].clamp(min=1)).item(),
-        lr=optimizer.param_groups[0]["lr"],
+        lr=state.optimizer.param_groups[0]["lr"],
         images_per_s=totals[1].item() / max(elapsed, 1e-9),
         steps=steps,
         interrupted=interrupted,
@@ -161,23 +182,16 @@ def train_one_epoch(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
-    loader: Iterable[tuple[Tensor, Tensor]],
-    env: DistEnv,
-    amp: bool = False,
-    amp_dtype: str = "bf16",
-    channels_last: bool = False,
+    model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], env: DistEnv, precision: Precision
 ) -> dict[str, float]:
     """Top-1, top-5 (percent) and mean cross-entropy over the whole split, summed across ranks."""
     model.eval()
     criterion = nn.CrossEntropyLoss(reduction="sum")
     totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss, top1, top5, count
     for images, targets in progress_bar(loader, "eval", env.is_main):
-        images = images.to(env.device, non_blocking=True)
+        images = precision.inputs(images)
         targets = targets.to(env.device, non_blocking=True)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with autocast_for(env.device, amp, amp_dtype):
+        with precision.autocast():
             logits = model(images)
         logits = logits.float()
         k = min(5, logits.shape[1])
@@ -206,20 +220,15 @@ def measure_throughput(
     model: nn.Module,
     batch_size: int,
     img_size: tuple[int, int],
-    device: torch.device,
+    precision: Precision,
     warmup: int = 10,
     iters: int = 30,
-    amp: bool = False,
-    amp_dtype: str = "bf16",
-    channels_last: bool = False,
 ) -> dict[str, float]:
     """Forward images/s of ``model`` on random input; warm-up iterations are not timed."""
     model.eval()
-    x = torch.randn(batch_size, 3, *img_size, device=device)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    with autocast_for(device, amp, amp_dtype):
-        (elapsed,) = time_calls(lambda: model(x), iters, warmup, device)
+    x = precision.inputs(torch.randn(batch_size, 3, *img_size))
+    with precision.autocast():
+        (elapsed,) = time_calls(lambda: model(x), iters, warmup, precision.device)
     return {
         "throughput_img_s": batch_size * iters / elapsed,
         "batch_size": batch_size,

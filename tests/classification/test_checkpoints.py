@@ -5,8 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
-from cat.engine.classification import run
-from cat.engine.saving import CheckpointManager, epoch_snapshots
+from cat.classification.checkpoints import CheckpointManager, epoch_snapshots
+from cat.classification.job import run
 from tests.conftest import TINY_CLS, compose_config
 
 

@@ -1,0 +1,78 @@
+"""The classification job behind ``train_cls.py``: its config checks, and the train (:func:`fit`),
+eval and throughput modes run through cat's one job lifecycle."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from cat.data import build_dataset
+from cat.errors import ConfigError
+from cat.runtime import DistEnv, Precision, RunFolder, run_job, use_sweep_cell_dir
+
+from .builders import build_model, num_classes_of, val_loader
+from .loops import evaluate, measure_throughput
+from .schema import check_config, input_size
+from .trainer import fit
+
+__all__ = ["run"]
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run ``cfg.mode`` and return what it wrote to ``metrics.json``.
+
+    Training writes into ``output_dir``; eval and throughput into ``output_dir/eval`` and
+    ``output_dir/throughput``, so they never overwrite a training run's record.
+    """
+    use_sweep_cell_dir(cfg)
+    check_config(cfg)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    body = {"train": fit, "eval": _eval, "throughput": _throughput}[cfg.mode]
+    return run_job(cfg, functools.partial(body, cfg))
+
+
+def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
+    if not os.path.isfile(checkpoint):
+        raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
+    dataset = build_dataset(cfg.data, cfg.aug, "val")
+    precision = Precision.from_config(cfg, env.device)
+    model = precision.model(build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint))
+    folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
+    metrics = evaluate(model, val_loader(cfg, dataset, env), env, precision)
+    folder.log.info(
+        "eval %s: top1 %.2f top5 %.2f loss %.4f on %d images",
+        checkpoint,
+        metrics["top1"],
+        metrics["top5"],
+        metrics["loss"],
+        metrics["num_images"],
+    )
+    folder.metrics.log({f"eval/{k}": metrics[k] for k in ("top1", "top5", "loss")}, step=0)
+    return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
+
+
+def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    hw = input_size(cfg)
+    precision = Precision.from_config(cfg, env.device)
+    model = precision.model(build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint))
+    folder.write_config(cfg)
+    if cfg.compile:
+        model = torch.compile(model)
+    metrics = measure_throughput(
+        model, cfg.throughput.batch_size, hw, precision, cfg.throughput.warmup, cfg.throughput.iters
+    )
+    folder.log.info(
+        "%s at %dx%d, batch %d: %.1f images/s",
+        cfg.model.name,
+        *hw,
+        cfg.throughput.batch_size,
+        metrics["throughput_img_s"],
+    )
+    folder.metrics.log({f"throughput/{k}": metrics[k] for k in ("throughput_img_s", "ms_per_batch")}, step=0)
+    return {"model": cfg.model.name, "device": str(env.device), **metrics}

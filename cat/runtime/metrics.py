@@ -1,0 +1,137 @@
+"""Where a run's metrics go: a :class:`MetricSink` seam that all three trainers log through.
+
+Every run writes ``output_dir/metrics.jsonl`` (one JSON object per log call: ``step``, the metrics
+and ``logged_at``, Unix seconds), the machine-readable history ``tools/make_tables.py`` and any plot read, so no curve
+exists only inside W&B. W&B is a second sink when ``logger.wandb.mode`` is not ``disabled``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, TextIO
+
+from .logger import persistent_run_id, resolve_wandb_mode
+
+__all__ = [
+    "METRICS_HISTORY",
+    "MetricSink",
+    "JsonlSink",
+    "WandbSink",
+    "MetricSinks",
+    "build_metric_sinks",
+    "read_history",
+]
+
+METRICS_HISTORY = "metrics.jsonl"
+
+
+class MetricSink(Protocol):
+    """Somewhere a run's scalar metrics go (rank 0 only)."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class JsonlSink:
+    """Appends one line per :meth:`log` to a JSON-lines file and flushes it, so a killed run keeps
+    every line it logged. The file is opened at the first line: a run refused before it logs
+    anything leaves none. A resumed run appends after its earlier lines; where it replays steps,
+    :func:`read_history` keeps the later entry."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (open for the run, closed by finish)
+        values = {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}  # strict JSON: "nan", "inf"
+        entry = {"step": step, **values}
+        entry.update(step=step, logged_at=round(time.time(), 3))  # ours win a name clash (mmengine logs "time")
+        self._file.write(json.dumps(entry) + "\n")
+        self._file.flush()
+
+    def finish(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class WandbSink:
+    """A W&B run in ``output_dir/wandb`` that resumes with the training run (its id is kept there),
+    started at the first :meth:`log`, so a run that fails before it leaves no empty W&B run."""
+
+    def __init__(self, wandb_cfg: Any, output_dir: str, config: dict[str, Any]) -> None:
+        self.settings = {
+            "mode": resolve_wandb_mode(wandb_cfg.mode),
+            "project": wandb_cfg.project,
+            "entity": wandb_cfg.entity,
+            "name": wandb_cfg.name,
+            "tags": list(wandb_cfg.tags),
+            "config": config,
+            "dir": output_dir,
+            "resume": "allow",
+        }
+        self.run: Any = None
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self.run is None:
+            import wandb
+
+            self.run = wandb.init(id=persistent_run_id(self.settings["dir"]), **self.settings)
+        self.run.log(dict(metrics), step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+class MetricSinks:
+    """Several sinks as one; no sink at all on ranks other than 0."""
+
+    def __init__(self, sinks: Iterable[MetricSink] = ()) -> None:
+        self.sinks = list(sinks)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def finish(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.finish()
+
+
+def build_metric_sinks(
+    logger_cfg: Any, output_dir: str, config: dict[str, Any], is_main: bool, training: bool
+) -> MetricSinks:
+    """The sinks ``logger_cfg`` (a config's ``logger`` section) asks for, writing into ``output_dir``:
+    the history always, W&B for training runs (an eval's result is one line in its history)."""
+    if not is_main:
+        return MetricSinks()
+    sinks: list[MetricSink] = [JsonlSink(os.path.join(output_dir, METRICS_HISTORY))]
+    if training and resolve_wandb_mode(logger_cfg.wandb.mode) != "disabled":
+        sinks.append(WandbSink(logger_cfg.wandb, output_dir, config))
+    return MetricSinks(sinks)
+
+
+def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A ``metrics.jsonl`` history in step order, one entry per (step, metric names): where a
+    resumed run logged a step again, its later entry wins. A torn last line (a killed run) is skipped."""
+    entries: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+                names = tuple(sorted(k for k in entry if k not in ("step", "logged_at")))
+                entries[(entry["step"], names)] = entry
+    return [entries[k] for k in sorted(entries, key=lambda k: k[0])]

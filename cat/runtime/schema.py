@@ -1,0 +1,290 @@
+"""The typed configuration: one dataclass per config section, registered in Hydra's ConfigStore.
+
+A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type, its one-line doc and its
+range or choices live here, next to the field (:func:`key`). :func:`schema_problems` checks a composed
+config against its schema and names every problem on one line each, all at once: types, ranges,
+choices, keys the schema does not know and keys the config lacks. Cat checks after Hydra composes
+rather than putting the schema in Hydra's defaults list, because Hydra stops at the first mistyped
+value with a multi-line report and exit status 1, where cat's jobs end with ``error: ...`` and 2.
+
+:class:`JobConfig` holds the keys every job has; classification (``cat.classification.schema``) and
+detection/segmentation (``cat.mm.schema``) extend it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+__all__ = [
+    "key",
+    "section",
+    "JobConfig",
+    "register_schema",
+    "schema_of",
+    "schema_problems",
+    "schema_keys",
+    "schema_help",
+]
+
+_ABSENT = object()
+SCHEMA_GROUP = "schema"  # ConfigStore group: schema/cls, schema/det, schema/seg
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class _Check:
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    min: float | None = None
+    max: float | None = None
+    exclusive_min: bool = False
+    exclusive_max: bool = False
+    required: bool = True  # False: a key only some options of its group have (e.g. data.train_split)
+
+    def bounds(self) -> str:
+        text = ""
+        if self.min is not None:
+            text += f" {'>' if self.exclusive_min else '>='} {self.min:g}"
+        if self.max is not None:
+            text += f"{' and' if self.min is not None else ''} {'<' if self.exclusive_max else '<='} {self.max:g}"
+        return text
+
+    def value_problem(self, value: Any) -> str | None:
+        """What is wrong with one (non-null, well-typed) value, as the end of ``expected ...``."""
+        if self.choices is not None and value not in self.choices:
+            return f"one of {', '.join(map(str, self.choices))}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            low = self.min is not None and (value <= self.min if self.exclusive_min else value < self.min)
+            high = self.max is not None and (value >= self.max if self.exclusive_max else value > self.max)
+            if low or high:
+                return self.bounds().strip()
+        return None
+
+
+def key(
+    doc: str,
+    *,
+    choices: Sequence[Any] | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    exclusive_min: bool = False,
+    exclusive_max: bool = False,
+    required: bool = True,
+) -> Any:
+    """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices`` or
+    ``min``/``max`` bound it (for a list, each element)."""
+    check = _Check(
+        doc, tuple(choices) if choices is not None else None, min, max, exclusive_min, exclusive_max, required
+    )
+    return field(default=MISSING, metadata={"check": check})
+
+
+def section(schema: type, doc: str) -> Any:
+    """A nested section of keys, typed by the dataclass ``schema``."""
+    return field(default_factory=schema, metadata={"check": _Check(doc)})
+
+
+@dataclass
+class AmpConfig:
+    enabled: bool = key("mixed precision (autocast) for training and evaluation")
+    dtype: str = key("the autocast dtype (fp16 adds a gradient scaler on CUDA)", choices=("bf16", "fp16"))
+
+
+@dataclass
+class SaveConfig:
+    keep_last: int = key("periodic snapshots kept besides the last (and, for classification, the best)", min=0)
+
+
+@dataclass
+class ClusterConfig:
+    partition: str | None = key("Slurm partition (hydra/launcher=slurm)")
+    account: str | None = key("Slurm account")
+    constraint: str | None = key("Slurm node constraint")
+    time_min: int = key("minutes per job; near it the cell saves and submitit requeues it", min=1)
+    nodes: int = key("nodes per job", min=1)
+    gpus_per_node: int = key("GPUs per node (0 on a CPU partition)", min=0)
+    tasks_per_node: int = key("processes per node: one per GPU (1 on a CPU partition)", min=1)
+    cpus_per_task: int = key("CPU cores per process", min=1)
+    mem_gb: int | None = key("memory per node in GB; null: the partition's default", min=1)
+    max_requeues: int = key("how many times a preempted or timed-out job is requeued", min=0)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = key(
+        "auto: online with an API key, else offline; disabled: no W&B (metrics.jsonl is always written)",
+        choices=("auto", "online", "offline", "disabled"),
+    )
+    project: str = key("W&B project")
+    entity: str | None = key("W&B entity (team or user); null: the key's default")
+    tags: list[str] = key("W&B run tags")
+    name: str = key("W&B run name")
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = section(WandbConfig, "Weights & Biases, one run per output_dir (resumed with it)")
+
+
+@dataclass
+class JobConfig:
+    """The keys every cat job (train_cls.py, train_det.py, train_seg.py) has, with one meaning each."""
+
+    name: str = key("run name: names output_dir and the W&B run")
+    mode: str = key("train, or eval a checkpoint", choices=("train", "eval"))
+    output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
+    checkpoint: str | None = key("eval: the weights to evaluate; classification training: initial weights")
+    resume: bool = key("continue from output_dir's last checkpoint when there is one")
+    strict_load: bool = key("checkpoint= must match the model key for key; false: load what fits")
+    seed: int = key("random seed (each rank and epoch derives its own)", min=0)
+    debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)")
+    device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"))
+    amp: AmpConfig = section(AmpConfig, "mixed precision")
+    workers: int = key("data-loading processes per training process", min=0)
+    log_interval: int = key("steps between console and metric log lines", min=1)
+    save: SaveConfig = section(SaveConfig, "checkpoints")
+    sweep_name: str = key("multirun (-m): the sweep's folder, outputs/<task>/sweeps/<sweep_name>/<cell>")
+    cluster: ClusterConfig = section(ClusterConfig, "Slurm resources, read by hydra/launcher=slurm (submitit)")
+    logger: LoggerConfig = section(LoggerConfig, "metric sinks besides output_dir/metrics.jsonl")
+
+
+def register_schema(name: str, schema: type) -> None:
+    """Store ``schema`` as ``schema/<name>`` in Hydra's ConfigStore (and so for :func:`schema_of`)."""
+    ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=schema)
+
+
+def schema_of(name: str) -> type:
+    """The dataclass stored as ``schema/<name>``."""
+    node = ConfigStore.instance().load(f"{SCHEMA_GROUP}/{name}.yaml").node
+    return OmegaConf.get_type(node)
+
+
+def _checks(schema: type) -> Iterator[tuple[str, Any, _Check]]:
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        yield f.name, hints[f.name], f.metadata["check"]
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(tp))
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a mapping"
+    return _KINDS.get(tp, "anything")
+
+
+def _is_type(value: Any, tp: Any) -> bool:
+    if tp is Any:
+        return True
+    if tp is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if tp is int:
+        return isinstance(value, int)
+    if tp is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return isinstance(value, list) and all(_is_type(v, typing.get_args(tp)[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    raise TypeError(f"schema type {tp} is not supported")
+
+
+def _expected(tp: Any, check: _Check, nullable: bool) -> str:
+    text = f"one of {', '.join(map(str, check.choices))}" if check.choices is not None else _type_name(tp)
+    return text + check.bounds() + (" (or null)" if nullable else "")
+
+
+def _problems(node: dict[str, Any], schema: type, prefix: str) -> list[str]:
+    problems = []
+    known = set()
+    for name, annotation, check in _checks(schema):
+        known.add(name)
+        path = prefix + name
+        if name not in node:
+            if check.required:
+                problems.append(f"{path}: missing from the config")
+            continue
+        value = node[name]
+        if dataclasses.is_dataclass(annotation):
+            if isinstance(value, dict):
+                problems += _problems(value, annotation, path + ".")
+            else:
+                problems.append(f"{path}={value!r}: expected a section of keys ({check.doc})")
+            continue
+        tp, nullable = _unwrap_optional(annotation)
+        if value is None:
+            if not nullable:
+                problems.append(f"{path}=null: expected {_expected(tp, check, nullable)}")
+            continue
+        values = value if typing.get_origin(tp) is list and isinstance(value, list) else [value]
+        if not _is_type(value, tp) or any(check.value_problem(v) is not None for v in values):
+            problems.append(f"{path}={value!r}: expected {_expected(tp, check, nullable)}")
+    for name in node.keys() - known:
+        problems.append(f"{prefix}{name}: not a key of this config (known here: {', '.join(sorted(known))})")
+    return problems
+
+
+def schema_problems(cfg: DictConfig, schema: type) -> list[str]:
+    """Every way ``cfg`` departs from ``schema``, one line each (``key=value: expected ...``)."""
+    try:
+        node = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except Exception as error:  # an interpolation that does not resolve, or a ??? value left
+        return [f"{str(error).strip().splitlines()[0]}"]
+    return _problems(node, schema, "")
+
+
+def schema_keys(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+    """Every key of ``schema``: (dotted name, expected type and bounds, doc)."""
+    for name, annotation, check in _checks(schema):
+        path = prefix + name
+        if dataclasses.is_dataclass(annotation):
+            yield from schema_keys(annotation, path + ".")
+            continue
+        tp, nullable = _unwrap_optional(annotation)
+        yield path, _expected(tp, check, nullable), check.doc
+
+
+def schema_help(schema: type, cfg: DictConfig | None = None) -> str:
+    """The documented keys, one per line: ``key: type — doc [now: value]``."""
+    lines = []
+    for path, expected, doc in schema_keys(schema):
+        now = ""
+        if cfg is not None:
+            value = OmegaConf.select(cfg, path, default=_ABSENT, throw_on_resolution_failure=False)
+            if OmegaConf.is_config(value):
+                value = OmegaConf.to_container(value)
+            now = "  [not set in this config]" if value is _ABSENT else f"  [{value!r}]"
+        lines.append(f"  {path}: {expected} -- {doc}{now}")
+    return "\n".join(lines)
+
+
+def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
+    return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
+
+
+# ``${cat_keys:${hydra.job.name}}`` in job.yaml's ``hydra.help.template``: ``python train_cls.py
+# --help`` lists the documented keys of ``schema/cls`` with their composed values.
+if not OmegaConf.has_resolver("cat_keys"):
+    OmegaConf.register_new_resolver("cat_keys", _help_resolver)

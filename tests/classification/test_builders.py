@@ -1,0 +1,60 @@
+"""What a classification run is built from: samplers, the model's arguments, resume rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from cat.classification.builders import ResumableSampler, ShardSampler, build_model, num_classes_of
+from cat.classification.trainer import resume_changes
+from tests.conftest import TINY_CLS, compose_config
+
+
+def test_resumable_sampler_continues_the_epoch_where_it_stopped():
+    base = DistributedSampler(range(20), num_replicas=2, rank=1, shuffle=True, seed=3, drop_last=True)
+    sampler = ResumableSampler(base)
+    sampler.set_epoch(4)
+    whole = list(sampler)
+    sampler.set_epoch(4, skip=6)
+    assert list(sampler) == whole[6:] and len(sampler) == len(whole) - 6
+    sampler.set_epoch(5)
+    assert list(sampler) != whole  # another epoch, another order
+
+
+def test_shard_sampler_covers_every_index_once():
+    shards = [list(ShardSampler(11, rank, 3)) for rank in range(3)]
+    assert sorted(sum(shards, [])) == list(range(11)) and [len(s) for s in shards] == [4, 4, 3]
+
+
+def test_resume_changes_fixed_and_free():
+    saved = {"lr": 1.0, "model": {"name": "a", "lean_attention": True}, "data": {"root": "/x", "img_size": 32}}
+    current = {"lr": 2.0, "model": {"name": "a", "lean_attention": False}, "data": {"root": "/y", "img_size": 64}}
+    changed, fixed = resume_changes(saved, current)
+    assert changed == {
+        "data.img_size": [32, 64],
+        "data.root": ["/x", "/y"],
+        "lr": [1.0, 2.0],
+        "model.lean_attention": [True, False],
+    }
+    assert fixed == ["data.img_size"]
+
+
+@pytest.mark.parametrize(("model", "takes_img_size"), [("ca_deit_tiny", True), ("resnet18", False)])
+def test_build_model_passes_img_size_only_to_models_that_take_it(model, takes_img_size):
+    cfg = compose_config(
+        "cls", "experiment=deit_t", f"model.name={model}", "data.img_size=32", "model.drop_path_rate=0.2"
+    )
+    with torch.device("meta"):
+        built = build_model(cfg, num_classes=3)
+    assert built.num_classes == 3
+    if takes_img_size:
+        assert built.patch_embed.img_size == (32, 32) and built.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
+
+
+def test_num_classes_from_the_config_or_the_folders():
+    class Folders:
+        classes = ["a", "b", "c"]
+
+    assert num_classes_of(compose_config("cls", *TINY_CLS), Folders()) == 4  # synthetic: data.num_classes
+    assert num_classes_of(compose_config("cls", "data=folder"), Folders()) == 3

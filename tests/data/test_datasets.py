@@ -1,0 +1,36 @@
+"""The dataset builders: tensor sets, the ImageNet folder layout and its errors."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from cat.data import build_dataset
+from cat.errors import ConfigError, DataError
+from tests.conftest import compose_config
+
+
+def test_tensor_sets():
+    digits = build_dataset(compose_config("cls").data, None, "train")
+    image, label = digits[0]
+    assert image.shape == (3, 32, 32) and 0 <= int(label) < 10
+    data = compose_config("cls", "data=synthetic", "data.samples_per_class=3").data
+    assert len(build_dataset(data, None, "val")) == 3 * data.num_classes
+
+
+def test_image_folder_and_its_errors(tmp_path):
+    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
+    with pytest.raises(DataError, match="dataset split folder not found"):
+        build_dataset(cfg.data, cfg.aug, "train")
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    with pytest.raises(DataError, match="holds no images"):
+        build_dataset(cfg.data, cfg.aug, "train")
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "train" / "cat" / "a.jpg")
+    dataset = build_dataset(cfg.data, cfg.aug, "train")
+    image, label = dataset[0]
+    assert image.shape == (3, 32, 32) and label == 0 and dataset.classes == ["cat"]
+    with pytest.raises(ConfigError, match="split must be"):
+        build_dataset(cfg.data, cfg.aug, "test")
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        build_dataset(OmegaConf.merge(cfg.data, {"name": "mnist"}), cfg.aug, "train")

@@ -1,0 +1,54 @@
+"""The job lifecycle at function level: the run folder and its lock, run_job's record, and what
+happens when the body fails or the run already finished."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cat.errors import DataError, RunDirLockedError
+from cat.runtime import DistEnv, open_run_folder, run_job
+from cat.runtime.metrics import read_history
+from tests.conftest import TINY_CLS, compose_config
+
+
+def test_run_folder_is_created_locked_and_released(tmp_path):
+    folder = open_run_folder(str(tmp_path / "run"), DistEnv())
+    assert folder.path == str(tmp_path / "run") and (tmp_path / "run" / ".lock").is_file()
+    with pytest.raises(RunDirLockedError, match="in use"):
+        open_run_folder(str(tmp_path / "run"), DistEnv())
+    folder.close()
+    open_run_folder(str(tmp_path / "run"), DistEnv()).close()  # free again
+
+
+def test_run_job_records_metrics_history_and_a_finished_run(tmp_path):
+    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
+    calls = []
+
+    def body(env, folder):
+        calls.append(folder.path)
+        folder.write_config(cfg)
+        folder.metrics.log({"val/top1": 50.0}, 3)
+        return {"top1": 50.0}
+
+    assert run_job(cfg, body) == {"top1": 50.0}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"top1": 50.0}
+    assert read_history(tmp_path / "metrics.jsonl")[0]["val/top1"] == 50.0
+    assert not (tmp_path / ".lock").exists() or json.loads((tmp_path / ".lock").read_text()).get("pid") is None
+    # The same config again: the finished record is returned, the body does not run.
+    assert run_job(cfg, body) == {"top1": 50.0} and len(calls) == 1
+
+
+def test_run_job_releases_the_folder_when_the_body_fails(tmp_path):
+    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
+
+    def body(env, folder):
+        folder.metrics.log({"train/loss": 1.0}, 1)
+        raise DataError("broken image")
+
+    with pytest.raises(DataError, match="broken image"):
+        run_job(cfg, body)
+    assert not (tmp_path / "metrics.json").exists()
+    assert read_history(tmp_path / "metrics.jsonl")[0]["train/loss"] == 1.0  # what it logged stays
+    open_run_folder(str(tmp_path), DistEnv()).close()  # the lock was released

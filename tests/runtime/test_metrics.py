@@ -1,0 +1,64 @@
+"""The metric sinks: metrics.jsonl as a history any tool can read, and the fan-out every trainer uses."""
+
+from __future__ import annotations
+
+import json
+
+from omegaconf import OmegaConf
+
+from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
+
+LOGGER = OmegaConf.create({"wandb": {"mode": "disabled", "project": "p", "entity": None, "tags": [], "name": "n"}})
+
+
+def test_history_lines_and_replayed_steps(tmp_path):
+    path = tmp_path / METRICS_HISTORY
+    sink = JsonlSink(str(path))
+    sink.log({"train/loss": 2.0}, 10)
+    sink.log({"train/loss": 1.5, "time": 0.3}, 20)  # a metric called "time" (mmengine's) stays a metric
+    sink.log({"val/top1": float("nan")}, 20)
+    sink.finish()
+    # A resumed run replays step 20 (it was logged after the checkpoint it resumed from).
+    sink = JsonlSink(str(path))
+    sink.log({"train/loss": 1.4, "time": 0.2}, 20)
+    sink.finish()
+    with open(path, "a") as f:
+        f.write('{"step": 30, "train/lo')  # a killed writer's torn line
+    lines = [json.loads(line) for line in path.read_text().splitlines()[:4]]
+    assert [e["step"] for e in lines] == [10, 20, 20, 20] and all("logged_at" in e for e in lines)
+    assert lines[2]["val/top1"] == "nan"  # strict JSON
+    history = read_history(path)
+    assert [(e["step"], e.get("train/loss"), e.get("time")) for e in history] == [
+        (10, 2.0, None),
+        (20, 1.4, 0.2),
+        (20, None, None),
+    ]
+
+
+def test_fan_out_and_ranks(tmp_path):
+    sinks = build_metric_sinks(LOGGER, str(tmp_path), {}, is_main=True, training=True)
+    assert [type(s).__name__ for s in sinks.sinks] == ["JsonlSink"]  # W&B disabled
+    sinks.log({"a": 1.0}, 1)
+    sinks.finish()
+    sinks.finish()  # idempotent: the lifecycle finishes whatever the body did
+    assert read_history(tmp_path / METRICS_HISTORY)[0]["a"] == 1.0
+    other = build_metric_sinks(LOGGER, str(tmp_path / "nowhere"), {}, is_main=False, training=True)
+    other.log({"a": 1.0}, 1)
+    assert other.sinks == [] and not (tmp_path / "nowhere").exists()
+
+
+def test_wandb_only_for_training_runs(tmp_path):
+    logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "offline"}})
+    assert len(build_metric_sinks(logger, str(tmp_path), {}, is_main=True, training=False).sinks) == 1
+    sinks = build_metric_sinks(logger, str(tmp_path), {}, is_main=True, training=True)
+    assert [type(s).__name__ for s in sinks.sinks] == ["JsonlSink", "WandbSink"]
+    assert sinks.sinks[1].run is None  # started at the first log only
+    sinks.finish()
+    assert isinstance(MetricSinks().sinks, list)
+
+
+def test_no_file_until_the_first_line(tmp_path):
+    """A run refused before it logs leaves no history behind (nothing it did not write)."""
+    sink = JsonlSink(str(tmp_path / METRICS_HISTORY))
+    sink.finish()
+    assert not (tmp_path / METRICS_HISTORY).exists()
