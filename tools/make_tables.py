@@ -105,9 +105,12 @@ HISTORY_METRICS = (("val/top1", "top1"), ("coco/bbox_mAP", "box mAP"), ("coco/se
 def history_progress(folder: Path) -> str | None:
     """How far a run's ``metrics.jsonl`` got: its last step and latest validation metric."""
     path = folder / METRICS_HISTORY
-    if not path.is_file():
+    if not path.exists():
         return None
-    history = read_history(path)
+    try:
+        history = read_history(path)
+    except OSError as error:
+        raise DataError(f"{path} cannot be read ({type(error).__name__}: {error.strerror})") from None
     if not history:
         return None
     text = f"step {history[-1]['step']}"

@@ -123,15 +123,17 @@ def build_metric_sinks(
 
 def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """A ``metrics.jsonl`` history in step order, one entry per (step, metric names): where a
-    resumed run logged a step again, its later entry wins. A torn last line (a killed run) is skipped."""
+        resumed run logged a step again, its later entry wins. Lines that are not such entries (a torn
+    last line of a killed run, anything else) are skipped."""
     entries: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser: not ours
                 continue
-            if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            step = entry.get("step") if isinstance(entry, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
                 names = tuple(sorted(k for k in entry if k not in ("step", "logged_at")))
                 entries[(entry["step"], names)] = entry
     return [entries[k] for k in sorted(entries, key=lambda k: k[0])]

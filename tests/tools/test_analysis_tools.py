@@ -216,3 +216,34 @@ def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_p
     (cell / "overrides.yaml").write_text("[seed=0]\n")
     (cell / ".lock").write_text("[]")
     assert "1 failed" in run_tool("make_tables", str(tmp_path))
+
+
+def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
+    """A stopped cell's metrics.jsonl with junk in it: only real entries count, nothing raises; a
+    history that cannot be read at all is one line naming it."""
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
+    )
+    (cell / "overrides.yaml").write_text("[seed=0]\n")
+    (cell / "config.yaml").write_text("model: {name: ca_deit_tiny}\ndata: {name: digits}\n")
+    (cell / "metrics.json").write_text('{"preempted": true, "epoch": 1}')
+    lines = [
+        '{"step": 5, "val/top1": 12.5}',
+        "[1, 2, 3]",
+        '{"step": true, "val/top1": 99.0}',
+        '{"step": "9", "val/top1": 98.0}',
+        "[" * 100_000 + "]" * 100_000,
+        '{"step": 7, "train/loss": 1.0}',
+    ]
+    (cell / "metrics.jsonl").write_bytes("\n".join(lines).encode() + b"\n\xff\xfe{torn")
+    assert "1 stopped (stopped at step 7, top1 12.50)" in run_tool("make_tables", str(tmp_path))
+    (cell / "metrics.jsonl").unlink()
+    (cell / "metrics.jsonl").mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert str(cell / "metrics.jsonl") in line and "cannot be read" in line
