@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from cat.paper import paper_table
+from tests.conftest import compose_config
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -39,3 +41,21 @@ def test_table4_segmentors(run_tool):
     assert len(rows) == len(paper_table(4)["rows"]) and all(r["img_size"] == [512, 2048] for r in rows)
     assert all(r["gflops"] is not None and r["params_m"] is not None for r in rows)
     _check_table(rows)
+
+
+@pytest.mark.parametrize(
+    ("task", "experiment", "hw"),
+    [
+        ("det", "toy_mask_rcnn_ca_pvt", (128, 160)),
+        ("det", "toy_mask_rcnn_ca_swin", (96, 128)),
+        ("seg", "toy_fpn_ca_pvt", (64, 96)),
+    ],
+)
+def test_meta_count_equals_the_real_forwards(task, experiment, hw):
+    """The tables are counted on the meta device; a real forward on CPU counts the same."""
+    from cat.mm.flops import detector_macs, segmentor_macs
+
+    count = partial(detector_macs, proposals=50) if task == "det" else segmentor_macs
+    cfg = compose_config(task, f"experiment={experiment}")
+    meta = count(cfg, hw)
+    assert meta == count(cfg, hw, device="cpu") and meta[1] > 0
