@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from PIL import Image
 
 from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 from tests.conftest import REPO
+from tests.entry_cases import run_entry_cases
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -115,18 +117,26 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("override, message", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
-def test_bad_value_fails_before_any_data_is_read(tmp_path, override, message):
-    # data=folder with a root whose images are unreadable: reading any image would fail differently.
-    root = tmp_path / "data"
+@pytest.fixture(scope="module")
+def bad_value_runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """Every BAD_VALUES override on data=folder with a root whose images are unreadable (reading any
+    image would fail differently), in one interpreter (``tests.entry_cases``)."""
+    root = tmp_path_factory.mktemp("bad_values")
     for split in ("train", "val"):
-        (root / split / "a").mkdir(parents=True)
-        (root / split / "a" / "x.png").write_bytes(b"not a png")
-    cmd = train_cmd(tmp_path / "out", "data=folder", f"data.root={root}", "data.num_classes=null", override)
-    proc = subprocess.run(cmd, cwd=REPO, env=env_single_thread(), capture_output=True, text=True, timeout=300)
+        (root / "data" / split / "a").mkdir(parents=True)
+        (root / "data" / split / "a" / "x.png").write_bytes(b"not a png")
+    data = ["data=folder", f"data.root={root / 'data'}", "data.num_classes=null"]
+    cases = {override: train_cmd(root / "out", *data, override)[2:] for override, _ in BAD_VALUES}
+    return root, run_entry_cases("train_cls.py", cases, env=env_single_thread())
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_bad_value_fails_before_any_data_is_read(bad_value_runs, override, message):
+    root, runs = bad_value_runs
+    proc = runs[override]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and message in proc.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "out").exists() or override.startswith("output_dir")
+    assert not (root / "out").exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits (/sys covers this case)")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from cat.errors import DataError
 from cat.runtime.dist import DistEnv
-from tests.conftest import REPO, compose_config, refusal_line
+from tests.conftest import compose_config, refusal_line
+from tests.entry_cases import run_entry_cases
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -38,20 +39,24 @@ BAD_KEYS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_key_runs(tmp_path_factory) -> tuple[Path, dict[tuple[str, str], subprocess.CompletedProcess]]:
+    """Every BAD_KEYS run, the ones of a task in one interpreter (``tests.entry_cases``)."""
+    root = tmp_path_factory.mktemp("bad_keys")
+    runs = {}
+    for task in ("det", "seg"):
+        cases = {o: [f"data.root={root}", f"output_dir={root / 'run'}", o] for t, o, _ in BAD_KEYS if t == task}
+        runs.update({(task, o): proc for o, proc in run_entry_cases(f"train_{task}.py", cases).items()})
+    return root, runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("task", "override", "expected"), BAD_KEYS, ids=[f"{t}-{o}" for t, o, _ in BAD_KEYS])
-def test_bad_key_is_one_line(task, override, expected, tmp_path):
+def test_bad_key_is_one_line(task, override, expected, bad_key_runs):
     """An invalid value is one line, exit 2, and no folder is made."""
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / f"train_{task}.py"), f"data.root={tmp_path}", f"output_dir={out}", override],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert expected in refusal_line(proc)
-    assert not out.exists()
+    root, runs = bad_key_runs
+    assert expected in refusal_line(runs[task, override])
+    assert not (root / "run").exists()
 
 
 def test_apply_common_settings(toy_coco, tmp_path):

@@ -14,7 +14,8 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, refusal_line
+from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -202,31 +203,32 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     assert json.loads((out / "metrics.json").read_text())["bbox_mAP"] is not None
 
 
-@pytest.mark.parametrize("name", ["getattr_chain", "zip_torch", "build_on_class"])
-def test_hostile_checkpoints_are_refused_everywhere(name, toy_coco, tmp_path):
+HOSTILE_REFUSALS = {"getattr_chain": "getattr", "zip_torch": "system", "build_on_class": "BUILD on the class"}
+
+
+def test_hostile_checkpoints_are_refused_everywhere(toy_coco, tmp_path):
+    """Each hostile file as pretrained weights, as the checkpoint to evaluate, and as the run's
+    last checkpoint to resume from: one line each, and the payload never fires."""
     from tests.hostile import write_hostile_files
 
     marker = tmp_path / "MARKER"
-    hostile = write_hostile_files(tmp_path / "files", marker)[name]
-    refused = {"getattr_chain": "getattr", "zip_torch": "system", "build_on_class": "BUILD on the class"}[name]
-    resume_dir = tmp_path / "resume"
-    resume_dir.mkdir()
-    (resume_dir / "epoch_1.pth").write_bytes(hostile.read_bytes())
-    (resume_dir / "last_checkpoint").write_text(str(resume_dir / "epoch_1.pth"))
-    cases = {
-        "pretrained": [f"model.pretrained={hostile}", f"output_dir={tmp_path / 'a'}"],
-        "eval": ["mode=eval", f"checkpoint={hostile}", f"output_dir={tmp_path / 'b'}"],
-        "resume": [f"output_dir={resume_dir}"],
-    }
-    for case, overrides in cases.items():
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "train_det.py"), f"data.root={toy_coco}", *FAST, *overrides],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
+    files = write_hostile_files(tmp_path / "files", marker)
+    cases = {}
+    for name in HOSTILE_REFUSALS:
+        resume_dir = tmp_path / name / "resume"
+        resume_dir.mkdir(parents=True)
+        (resume_dir / "epoch_1.pth").write_bytes(files[name].read_bytes())
+        (resume_dir / "last_checkpoint").write_text(str(resume_dir / "epoch_1.pth"))
+        common = [f"data.root={toy_coco}", *FAST]
+        cases[name, "pretrained"] = [*common, f"model.pretrained={files[name]}", f"output_dir={tmp_path / name / 'a'}"]
+        cases[name, "eval"] = [*common, "mode=eval", f"checkpoint={files[name]}", f"output_dir={tmp_path / name / 'b'}"]
+        cases[name, "resume"] = [*common, f"output_dir={resume_dir}"]
+    runs = run_entry_cases("train_det.py", {f"{name}/{case}": args for (name, case), args in cases.items()})
+    for name, case in cases:
+        last = refusal_line(runs[f"{name}/{case}"])
+        assert last.startswith("error: refusing to load checkpoint") and HOSTILE_REFUSALS[name] in last, (
+            name,
+            case,
+            last,
         )
-        last = proc.stderr.strip().splitlines()[-1]
-        assert proc.returncode == 2, (case, proc.stderr[-3000:])
-        assert last.startswith("error: refusing to load checkpoint") and refused in last, (case, last)
-        assert not marker.exists() and not (tmp_path / "MARKER.patch").exists(), case
+    assert not marker.exists() and not (tmp_path / "MARKER.patch").exists()

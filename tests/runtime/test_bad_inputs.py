@@ -1,5 +1,7 @@
 """Bad inputs to train_cls.py, table-driven: each ends the run with one line (``error: ...``), exit
-status 2 and no traceback (``debug=true`` brings it back), and leaves every file it found as it was."""
+status 2 and no traceback (``debug=true`` brings it back), and leaves every file it found as it was.
+
+The table's runs share one interpreter (``tests.entry_cases``); the tests below it are subprocesses."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS, refusal_line
+from tests.entry_cases import run_entry_cases
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -152,10 +155,14 @@ def _snapshot(folder: Path) -> dict[str, str]:
     }
 
 
-def _run(out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
+def _args(out: Path, overrides: list[str]) -> list[str]:
     wandb = ["logger.wandb.mode=offline"] if (out / "wandb_run_id.txt").exists() else []
+    return [*TINY, f"output_dir={out}", *overrides, *wandb]
+
+
+def _run(out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(REPO / "train_cls.py"), *TINY, f"output_dir={out}", *overrides, *wandb],
+        [sys.executable, str(REPO / "train_cls.py"), *_args(out, overrides)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -164,14 +171,32 @@ def _run(out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict[str, tuple[Path, dict[str, str], subprocess.CompletedProcess | str]]:
+    """Every case of the table, set up in its own folder, then run: ``{case: (folder, the folder's
+    files before the run, the run, or why the case cannot be set up here)}``."""
+    root = tmp_path_factory.mktemp("refused")
+    cases, setups = {}, {}
+    for name, (setup, _) in CASES.items():
+        out = root / name / "run"
+        try:
+            overrides = setup(out)
+        except pytest.skip.Exception as skip:
+            setups[name] = (out, {}, str(skip))
+            continue
+        setups[name] = (out, _snapshot(out), "")
+        cases[name] = _args(out, overrides)
+    runs = run_entry_cases("train_cls.py", cases, env={"WANDB_SILENT": "true"})
+    return {name: (out, before, runs.get(name, skipped)) for name, (out, before, skipped) in setups.items()}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_one_line(case, tmp_path):
-    setup, expected = CASES[case]
-    out = tmp_path / "run"
-    overrides = setup(out)
-    before = _snapshot(out)
-    last = refusal_line(_run(out, overrides))
-    assert expected in last, last
+def test_bad_input_is_one_line(case, refused):
+    out, before, run = refused[case]
+    if isinstance(run, str):
+        pytest.skip(run)
+    last = refusal_line(run)
+    assert CASES[case][1] in last, last
     after = _snapshot(out)
     added = {k for k in after.keys() - before.keys() if Path(k).name in RUN_RECORD or after[k] == "<dir>"}
     assert {k: v for k, v in after.items() if k not in added} == before
