@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import runpy
 import subprocess
 import sys
@@ -7,6 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# pytest-xdist's workers (the suite runs on every core): each takes its share of the cores, and so do
+# the processes it starts, so that OpenMP threads do not spin against each other's.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, str(_threads))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parents[1]
 # Read-only fixtures beside the checkout in development and CI; absent on users' machines.
@@ -80,7 +89,8 @@ def _seed() -> None:
 def run_tool(capsys):
     """Run ``tools/<name>.py`` in this process with ``args``; return its stdout."""
 
-    def run(name: str, *args: str, expect: int = 0) -> str:
+    def run(name: str, *args: str, expect: int = 0, stderr: bool = False) -> str:
+        """``stderr=True``: return what it wrote to stderr instead."""
         argv = sys.argv
         sys.argv = [f"{name}.py", *args]
         try:
@@ -88,8 +98,9 @@ def run_tool(capsys):
                 runpy.run_path(str(REPO / "tools" / f"{name}.py"), run_name="__main__")
         finally:
             sys.argv = argv
-        assert code.value.code == expect
-        return capsys.readouterr().out
+        captured = capsys.readouterr()
+        assert code.value.code == expect, captured.err[-2000:]
+        return captured.err if stderr else captured.out
 
     return run
 

@@ -15,11 +15,15 @@ Memory mode (--memory-res): the peak memory of one training forward+backward of 
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
 A model named ``ca_deit_tiny+released`` runs its attention through the released pipeline,
-``ca_deit_tiny+autograd`` through autograd instead of the lean function (``set_lean_attention``).
+``ca_deit_tiny+autograd`` through autograd instead of the lean function (``set_lean_attention``),
+``ca_deit_tiny+checkpointed`` (any model) with timm's activation checkpointing on
+(``set_grad_checkpointing``, what ``model.grad_checkpointing=true`` does in training).
 
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
     python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
+    python tools/bench_attention.py --grids --memory-res 1024 --memory-pairs \
+        ca_deit_tiny+checkpointed:ca_deit_tiny deit_tiny_patch16_224+checkpointed:deit_tiny_patch16_224
 """
 
 from __future__ import annotations
@@ -126,13 +130,16 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
 def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
     """MiB one training forward+backward adds to the peak (call in a fresh process)."""
     name, _, variant = model_name.partition("+")
-    if variant not in ("", "released", "autograd"):
-        raise ValueError(f"unknown model variant +{variant} in {model_name!r} (known: +released, +autograd)")
+    if variant not in ("", "released", "autograd", "checkpointed"):
+        raise ValueError(
+            f"unknown model variant +{variant} in {model_name!r} (known: +released, +autograd, +checkpointed)"
+        )
     torch.manual_seed(0)
     with torch.device(device):
         model = timm.create_model(name, img_size=res).train()
         x = torch.randn(batch, 3, res, res)
     set_lean_attention(model, variant != "autograd")
+    model.set_grad_checkpointing(variant == "checkpointed")
     if variant == "released":
         for module in model.modules():
             if isinstance(module, CirculantAttention):

@@ -93,6 +93,13 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
         load_weights(model, state_dict, strict, checkpoint)
     if conversion is not None and not convert_first:
         cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
+    if cfg.model.grad_checkpointing:
+        try:
+            model.set_grad_checkpointing(True)
+        except (AssertionError, NotImplementedError) as error:  # timm's models that have none say so this way
+            raise ConfigError(
+                f"model.grad_checkpointing=true: {cfg.model.name} does not support it ({error})"
+            ) from None
     return set_lean_attention(model, cfg.model.lean_attention)
 
 
@@ -120,21 +127,24 @@ class TrainData:
     sampler: ResumableSampler
     train_loader: DataLoader
     val_loader: DataLoader
-    steps_per_epoch: int
-    global_batch: int
+    steps_per_epoch: int  # optimizer steps, each of accum_steps batches
+    global_batch: int  # images per optimizer step, all ranks
+    accum_steps: int = 1
 
 
 def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
-    """Both splits and their loaders; the train sampler can start an epoch part-way (a resume)."""
+    """Both splits and their loaders; the train sampler can start an epoch part-way (a resume). An
+    epoch is as many optimizer steps as whole global batches fit (a remainder is left out, as
+    ``drop_last`` leaves one out of a loader)."""
     train_set = build_dataset(cfg.data, cfg.aug, "train")
     val_set = build_dataset(cfg.data, cfg.aug, "val")
-    global_batch = cfg.batch_size * env.world_size
+    global_batch = cfg.batch_size * env.world_size * cfg.accum_steps
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.batch_size % 2:
         raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
     if len(train_set) < global_batch:
         raise ConfigError(
             f"the train split has {len(train_set)} images, fewer than one global batch of "
-            f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes)"
+            f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes x accum_steps={cfg.accum_steps})"
         )
     sampler = ResumableSampler(
         DistributedSampler(
@@ -157,8 +167,9 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
         sampler,
         train_loader,
         val_loader(cfg, val_set, env),
-        len(sampler.base) // cfg.batch_size,
+        len(sampler.base) // (cfg.batch_size * cfg.accum_steps),
         global_batch,
+        cfg.accum_steps,
     )
 
 
@@ -227,6 +238,7 @@ def build_train_options(
         criterion=criterion,
         precision=Precision.from_config(cfg, env.device),
         steps_per_epoch=data.steps_per_epoch,
+        accum_steps=data.accum_steps,
         num_epochs=cfg.epochs,
         mixup_fn=mixup_fn,
         clip_grad=cfg.optim.clip_grad,

@@ -1,16 +1,19 @@
-"""The classification loops, in small parts: :func:`forward_step` and :func:`backward_step` make
-:func:`train_step` (one optimizer step and what advances with it), :func:`train_one_epoch` adds the
-epoch's accounting and logging; :func:`evaluate` and :func:`measure_throughput`."""
+"""The classification loops, in small parts: :func:`forward_step` and :func:`backward_step` (per
+micro-batch) and :func:`optimizer_step` make :func:`train_step` (one optimizer step over
+``accum_steps`` micro-batches and what advances with it), :func:`train_one_epoch` adds the epoch's
+accounting and logging; :func:`evaluate` and :func:`measure_throughput`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from cat.errors import UserError
 from cat.runtime.amp import Precision
@@ -24,6 +27,8 @@ __all__ = [
     "TrainOptions",
     "forward_step",
     "backward_step",
+    "gradient_sync",
+    "optimizer_step",
     "train_step",
     "EpochProgress",
     "EpochResult",
@@ -44,7 +49,8 @@ class TrainOptions:
 
     criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     precision: Precision = field(default_factory=lambda: Precision(torch.device("cpu")))
-    steps_per_epoch: int = 0  # for global step numbers and "step s/T" in progress lines
+    steps_per_epoch: int = 0  # optimizer steps: for global step numbers and "step s/T" in progress lines
+    accum_steps: int = 1  # micro-batches per optimizer step
     num_epochs: int = 1  # for "epoch i/N" in progress lines
     mixup_fn: Callable | None = None
     clip_grad: float | None = None
@@ -83,52 +89,84 @@ def forward_step(model: nn.Module, images: Tensor, targets: Tensor, opts: TrainO
 
 
 def agree_on_step(loss: Tensor, opts: TrainOptions) -> tuple[bool, bool]:
-    """Whether the loss is finite on every rank, and whether any rank was asked to stop: one tiny
-    all-reduce, so all ranks leave the loop together."""
+    """Whether the losses (a tensor of any shape) are finite on every rank, and whether any rank was
+    asked to stop: one tiny all-reduce, so all ranks leave the loop together."""
     flags = torch.tensor(
-        [0.0 if torch.isfinite(loss.detach()) else 1.0, float(opts.stop_requested())], device=opts.precision.device
+        [0.0 if torch.isfinite(loss.detach()).all() else 1.0, float(opts.stop_requested())],
+        device=opts.precision.device,
     )
     all_reduce_sum(flags)
     return bool(flags[0] == 0), bool(flags[1] > 0)
 
 
-def backward_step(state: TrainState, loss: Tensor, clip_grad: float | None) -> None:
-    """Gradients of ``loss`` (scaled where fp16 needs it), clipped, and one optimizer step."""
+def backward_step(state: TrainState, loss: Tensor, share: float) -> None:
+    """Add the gradients of ``share`` × ``loss`` (scaled where fp16 needs it)."""
+    state.scaler.scale(loss * share).backward()
+
+
+def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Around a micro-batch's forward and backward: ``sync=False`` keeps DDP from all-reducing its
+    gradients (the inner micro-batches of an accumulated step; DDP decides in the forward)."""
+    return model.no_sync() if isinstance(model, DistributedDataParallel) and not sync else contextlib.nullcontext()
+
+
+def optimizer_step(state: TrainState, clip_grad: float | None) -> None:
+    """One optimizer step on the accumulated gradients (clipped), then clear them."""
     optimizer, scaler = state.optimizer, state.scaler
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
     if clip_grad is not None:
         scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(state.train_model.parameters(), clip_grad)
     scaler.step(optimizer)
     scaler.update()
+    optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass
 class StepResult:
-    loss: Tensor  # detached
-    batch: int
+    loss: Tensor  # detached, the mean over the step's images
+    batch: int  # images in the step (this rank)
     stop: bool  # some rank was asked to stop: leave after this step
 
 
-def train_step(state: TrainState, images: Tensor, targets: Tensor, opts: TrainOptions) -> StepResult:
-    """One optimizer step of ``state`` on a batch, and everything that advances with it (the step
-    counters, the EMA, the per-step schedule). A non-finite loss on any rank stops every rank before
-    the weights change."""
+def train_step(state: TrainState, micro_batches: Sequence[tuple[Tensor, Tensor]], opts: TrainOptions) -> StepResult:
+    """One optimizer step of ``state`` on its micro-batches (their gradients averaged, as one batch of
+    them all would give), and everything that advances with it (the step counters, the EMA, the
+    per-step schedule). A non-finite loss on any rank stops every rank before the weights change; a
+    stop request is honoured only here, after a whole step, so a resume never splits one."""
     update = state.global_step(opts.steps_per_epoch)
-    loss, batch = forward_step(state.train_model, images, targets, opts)
-    finite, stop = agree_on_step(loss, opts)
+    losses, sizes = [], []
+    for index, (images, targets) in enumerate(micro_batches):
+        with gradient_sync(state.train_model, sync=index == len(micro_batches) - 1):
+            loss, batch = forward_step(state.train_model, images, targets, opts)
+            backward_step(state, loss, 1 / len(micro_batches))
+        losses.append(loss.detach())
+        sizes.append(batch)
+    loss = torch.stack(losses) @ torch.tensor(sizes, dtype=losses[0].dtype, device=losses[0].device) / sum(sizes)
+    finite, stop = agree_on_step(torch.stack(losses), opts)
     if not finite:
         raise NonFiniteLossError(
             f"non-finite loss ({loss.item()}) at epoch {state.epoch + 1}, step {state.step_in_epoch + 1} "
             f"(global step {update + 1}); the last good checkpoint is kept"
         )
-    backward_step(state, loss, opts.clip_grad)
+    optimizer_step(state, opts.clip_grad)
     state.step_in_epoch += 1
     if state.ema is not None:
         state.ema.update(state.train_model, step=update + 1)
     state.scheduler.step_update(num_updates=update + 1)
-    return StepResult(loss.detach(), batch, stop)
+    return StepResult(loss, sum(sizes), stop)
+
+
+def optimizer_steps(
+    batches: Iterable[tuple[Tensor, Tensor]], accum_steps: int, steps: int
+) -> Iterator[list[tuple[Tensor, Tensor]]]:
+    """``batches`` in groups of ``accum_steps``, at most ``steps`` groups; an incomplete last group
+    is left out."""
+    iterator = iter(batches)
+    for _ in range(steps):
+        group = [batch for _, batch in zip(range(accum_steps), iterator, strict=False)]
+        if len(group) < accum_steps:
+            return
+        yield group
 
 
 def train_one_epoch(
@@ -154,8 +192,8 @@ def train_one_epoch(
         env.is_main,
         logging.getLogger("cat"),
     )
-    for images, targets in batches:
-        step = train_step(state, images, targets, opts)
+    for micro_batches in optimizer_steps(batches, opts.accum_steps, opts.steps_per_epoch - state.step_in_epoch):
+        step = train_step(state, micro_batches, opts)
         steps += 1
         loss_sum += step.loss.double() * step.batch
         seen += step.batch

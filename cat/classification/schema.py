@@ -31,6 +31,7 @@ class ClsModelConfig:
     drop_path_rate: float | None = key("stochastic depth; null: the model factory's value", min=0, max=1)
     kwargs: dict[str, Any] = key("extra model arguments, checked against the model's, e.g. {embed_dim: 64}")
     lean_attention: bool = key("circulant attention's memory-lean backward (recomputes instead of storing)")
+    grad_checkpointing: bool = key("recompute each block's activations in the backward (timm's set_grad_checkpointing)")
     convert: dict[str, Any] | None = key(
         "cat.convert a timm ViT/Swin/PVT v2 to circulant attention: {} (defaults), {stages: [0, 1]}, ..."
     )
@@ -114,7 +115,8 @@ class ClsConfig(JobConfig):
     optim: OptimConfig = section(OptimConfig, "the optimizer (timm's)")
     schedule: ScheduleConfig = section(ScheduleConfig, "the learning-rate schedule (timm's)")
     epochs: int = key("training epochs", min=1)
-    batch_size: int = key("images per process; the global batch is batch_size x world size", min=1)
+    batch_size: int = key("images per process and forward; the global batch is batch_size x world x accum_steps", min=1)
+    accum_steps: int = key("forwards (micro-batches) per optimizer step, gradients accumulated", min=1)
     lr: float = key("peak learning rate at a global batch of optim.lr_base_batch", min=0, exclusive_min=True)
     compile: bool = key("torch.compile the model")
     channels_last: bool = key("channels-last memory format")
@@ -142,6 +144,8 @@ def _model_problems(cfg: DictConfig) -> list[str]:
     try:
         with torch.device("meta"):
             build_model(cfg, cfg.data.num_classes or 2).eval()(torch.empty(1, 3, *hw))
+    except ConfigError as error:
+        return error.problems
     except UserError as error:
         return [str(error)]
     except Exception as error:  # the model's own complaint about its arguments or the input size

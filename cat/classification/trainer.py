@@ -30,8 +30,9 @@ __all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "resume_changes"]
 
 # A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
 # resumed step on); these would make it a different run, so resuming with them changed is refused.
-RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "seed", "optim.opt", "ema.enabled")
-RESUME_FREE_KEYS = ("data.root", "model.lean_attention")  # the same data may move; the same math
+RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "accum_steps", "seed", "optim.opt", "ema.enabled")
+# The same data may move; the same math, computed another way.
+RESUME_FREE_KEYS = ("data.root", "model.lean_attention", "model.grad_checkpointing")
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -288,7 +289,7 @@ class Trainer:
         """Train the rest of epoch ``state.epoch``, with its randomness independent of how the run got here."""
         state, data = self.state, self.data
         seed_everything(_epoch_seed(self.cfg.seed, state.epoch, self.env.rank))
-        data.sampler.set_epoch(state.epoch, state.step_in_epoch * self.cfg.batch_size)
+        data.sampler.set_epoch(state.epoch, state.step_in_epoch * self.cfg.batch_size * data.accum_steps)
         batches = iter(data.train_loader)
         if state.step_in_epoch and point.rng is not None:
             restore_rng_state(point.rng)  # after creating the iterator, which draws from the RNG

@@ -34,6 +34,8 @@ class TimmBackbone(BaseModule):
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
         lean_attention: train circulant attention through its memory-lean function (``False``:
             through autograd, faster steps, more memory; :func:`cat.ops.set_lean_attention`).
+        grad_checkpointing: recompute each block's activations in the backward (timm's
+            ``set_grad_checkpointing``): less memory, slower steps.
     """
 
     def __init__(
@@ -44,12 +46,15 @@ class TimmBackbone(BaseModule):
         pretrained: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
         lean_attention: bool = True,
+        grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:
         super().__init__(init_cfg=init_cfg)
         self.model = set_lean_attention(
             cat.create_model(model_name, num_classes=0, **(model_kwargs or {})), lean_attention
         )
+        if grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
         self.out_indices = tuple(out_indices)
         # The classifier's final norm feeds nothing here; DDP rejects parameters without gradients.
         self.model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)

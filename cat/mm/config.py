@@ -77,6 +77,7 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
         "out_indices": out_indices,
         "out_norm": model.backbone.out_norm,
         "lean_attention": model.backbone.lean_attention,
+        "grad_checkpointing": model.backbone.grad_checkpointing,
         "pretrained": model.pretrained,
         "model_kwargs": kwargs,
     }
@@ -162,6 +163,8 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
         "optimizer": {"type": opt.type, "lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas)},
         "paramwise_cfg": {"custom_keys": {k: {"decay_mult": 0.0} for k in opt.no_decay_keys}},
         "clip_grad": None if opt.clip_grad is None else {"max_norm": opt.clip_grad, "norm_type": 2},
+        # DDP skips the all-reduce on the inner iterations (the wrapper's optim_context: no_sync).
+        "accumulative_counts": cfg.accum_steps,
     }
     if cfg.amp.enabled and env.device.type == "cuda":
         mm.optim_wrapper["dtype"] = str(amp_dtype(cfg.amp.dtype)).removeprefix("torch.")

@@ -24,6 +24,7 @@ class BackboneConfig:
     out_indices: list[int] = key("the stages whose feature maps feed the neck", min=0)
     out_norm: bool = key("normalise each output feature map")
     lean_attention: bool = key("circulant attention's memory-lean backward (recomputes instead of storing)")
+    grad_checkpointing: bool = key("recompute each block's activations in the backward (timm's set_grad_checkpointing)")
     kwargs: dict[str, Any] = key("extra model arguments, checked against the model's")
 
 
@@ -55,7 +56,12 @@ class MMSaveConfig(SaveConfig):
 class MMConfig(JobConfig):
     model: MMModelConfig = section(MMModelConfig, "the detector or segmentor")
     save: MMSaveConfig = section(MMSaveConfig, "checkpoints")
-    batch_size: int = key("images per process", min=1)
+    batch_size: int = key("images per process and iteration", min=1)
+    accum_steps: int = key(
+        "iterations per optimizer step, gradients accumulated (mmengine's accumulative_counts; schedules count "
+        "iterations)",
+        min=1,
+    )
     find_unused_parameters: bool = key("DDP's find_unused_parameters")
     mm: dict[str, Any] = key("extra mmengine config options, dotted keys: {train_cfg.val_interval: 2}")
 

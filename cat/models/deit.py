@@ -134,8 +134,9 @@ class CirculantVisionTransformer(TimmApiMixin, nn.Module):
         x, hw = self._tokens(x)
         B, N, C = x.shape
         intermediates = []
+        checkpointed = self.grad_checkpointing and self.training and not torch.jit.is_scripting()
         for i, block in enumerate(self.blocks[: last + 1]):
-            x = block(x, hw)
+            x = checkpoint_blocks([block], x, hw) if checkpointed else block(x, hw)
             if i in take:
                 y = self.norm(x) if norm else x
                 intermediates.append(y.transpose(1, 2).reshape(B, C, *hw) if output_fmt == "NCHW" else y)

@@ -12,7 +12,7 @@ from timm.scheduler import create_scheduler_v2
 from torch import nn
 
 from cat.classification.checkpoints import CheckpointManager
-from cat.classification.loops import NonFiniteLossError, TrainOptions, train_one_epoch, train_step
+from cat.classification.loops import NonFiniteLossError, TrainOptions, optimizer_steps, train_one_epoch, train_step
 from cat.classification.state import TrainState
 from cat.runtime import capture_rng_state, restore_rng_state
 from cat.runtime.dist import DistEnv
@@ -95,7 +95,7 @@ def test_train_step_advances_what_moves_with_a_step():
     state = _tiny_state(steps=4, ema=True)
     images, targets = torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))
     lr_before, ema_before = state.optimizer.param_groups[0]["lr"], state.ema.module[1].weight.clone()
-    step = train_step(state, images, targets, TrainOptions(steps_per_epoch=4))
+    step = train_step(state, [(images, targets)], TrainOptions(steps_per_epoch=4))
     assert state.step_in_epoch == 1 and step.batch == 4 and not step.stop and not step.loss.requires_grad
     assert state.optimizer.param_groups[0]["lr"] < lr_before  # the cosine schedule moved one step
     assert not torch.equal(state.ema.module[1].weight, ema_before)
@@ -108,7 +108,7 @@ def test_epoch_is_its_steps():
     by_epoch, by_steps = _tiny_state(3), _tiny_state(3)
     by_steps.model.load_state_dict(by_epoch.model.state_dict())
     result = train_one_epoch(by_epoch, data, DistEnv(), TrainOptions(steps_per_epoch=3))
-    losses = [train_step(by_steps, x, y, TrainOptions(steps_per_epoch=3)).loss for x, y in data]
+    losses = [train_step(by_steps, [(x, y)], TrainOptions(steps_per_epoch=3)).loss for x, y in data]
     for a, b in zip(by_epoch.model.parameters(), by_steps.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert result.steps == 3 and result.loss == pytest.approx(float(torch.stack(losses).mean()))
@@ -119,6 +119,76 @@ def test_a_stop_request_ends_the_epoch_after_the_running_step():
     state = _tiny_state(5)
     result = train_one_epoch(state, data, DistEnv(), TrainOptions(steps_per_epoch=5, stop_requested=lambda: True))
     assert result.interrupted and result.steps == 1 and state.step_in_epoch == 1
+
+
+def _tiny_circulant_state(lr: float = 0.5) -> TrainState:
+    import cat
+
+    torch.manual_seed(0)
+    model = cat.create_model("ca_deit_tiny", img_size=16, embed_dim=16, depth=1, patch_size=4, num_classes=3)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sched, _ = create_scheduler_v2(opt, sched="constant", num_epochs=1, warmup_epochs=0, updates_per_epoch=4)
+    return TrainState(model, opt, sched, torch.amp.GradScaler("cpu", enabled=False))
+
+
+@pytest.mark.parametrize("accum", [2, 4])
+def test_accumulated_step_equals_one_large_batch(accum):
+    """accum_steps micro-batches of B/accum give the step one batch of B gives (a CA-DeiT, SGD)."""
+    images, targets = torch.randn(8, 3, 16, 16), torch.randint(0, 3, (8,))
+    large, accumulated = _tiny_circulant_state(), _tiny_circulant_state()
+    train_step(large, [(images, targets)], TrainOptions(steps_per_epoch=4))
+    micro = list(zip(images.chunk(accum), targets.chunk(accum), strict=True))
+    step = train_step(accumulated, micro, TrainOptions(steps_per_epoch=4, accum_steps=accum))
+    assert step.batch == 8 and accumulated.step_in_epoch == 1
+    for (name, a), b in zip(large.model.named_parameters(), accumulated.model.parameters(), strict=True):
+        assert not torch.equal(a, _tiny_circulant_state().model.get_parameter(name)), name  # the step moved it
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6, msg=name)
+    assert all(p.grad is None for p in accumulated.model.parameters())  # nothing carried into the next step
+
+
+def test_optimizer_steps_groups_and_leaves_out_an_incomplete_group():
+    batches = iter(range(11))
+    assert list(optimizer_steps(batches, 3, steps=10)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert list(optimizer_steps(range(11), 3, steps=2)) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_stop_never_splits_an_accumulated_step():
+    """A stop asked for during the first micro-batch ends the epoch after that step's last one."""
+    data = iter([(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(9)])
+    state = _tiny_state(3)
+    opts = TrainOptions(steps_per_epoch=3, accum_steps=3, stop_requested=lambda: True)
+    result = train_one_epoch(state, data, DistEnv(), opts)
+    assert result.interrupted and result.steps == 1 and state.step_in_epoch == 1
+    assert result.progress.images == 12 and len(list(data)) == 6  # three micro-batches used, six left
+
+
+def test_ddp_all_reduces_once_per_accumulated_step(tmp_path):
+    """DDP skips the all-reduce on the inner micro-batches (no_sync): an accumulated step makes as
+    many all-reduce calls as a plain one (a real process group, gloo, one rank)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        calls = []
+
+        def counting_hook(_, bucket):
+            calls.append(bucket.index())
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+
+        state = _tiny_state(4)
+        state.train_model = DistributedDataParallel(state.model)
+        state.train_model.register_comm_hook(None, counting_hook)
+        batch = (torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,)))
+        train_step(state, [batch], TrainOptions(steps_per_epoch=4))
+        plain = len(calls)
+        calls.clear()
+        train_step(state, [batch] * 3, TrainOptions(steps_per_epoch=4, accum_steps=3))
+        assert plain >= 1 and len(calls) == plain
+    finally:
+        dist.destroy_process_group()
 
 
 def test_logging_every_interval_at_the_global_step():

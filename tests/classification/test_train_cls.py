@@ -136,9 +136,12 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_gloo_matches_single_process(tmp_path):
+@pytest.mark.parametrize("split", [["batch_size=8"], ["batch_size=4", "accum_steps=2"]], ids=["ddp", "ddp_accumulated"])
+def test_two_process_gloo_matches_single_process(tmp_path, split):
+    """The same global batch of 16: one process, or two processes of 8 images per step (each of one
+    batch of 8, or of two accumulated batches of 4): the same lr, schedule and training."""
     single = run_train(tmp_path / "single", "epochs=2", "batch_size=16")
-    ddp = run_train(tmp_path / "ddp", "epochs=2", "batch_size=8", nproc=2)
+    ddp = run_train(tmp_path / "ddp", "epochs=2", *split, nproc=2)
     assert ddp["top1"] == pytest.approx(single["top1"], abs=1e-6)
     assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
@@ -176,10 +179,19 @@ RESUME_RUN = [
 ]
 
 
+ACCUMULATED = ["batch_size=4", "accum_steps=2"]  # RESUME_RUN's global batch in two micro-batches
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple[dict, dict]:
     out = tmp_path_factory.mktemp("uninterrupted")
     return run_train(out, *RESUME_RUN), final_weights(out)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_accumulated(tmp_path_factory) -> tuple[dict, dict]:
+    out = tmp_path_factory.mktemp("uninterrupted_accumulated")
+    return run_train(out, *RESUME_RUN, *ACCUMULATED), final_weights(out)
 
 
 @pytest.mark.slow
@@ -207,6 +219,22 @@ def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted
     assert state["step_in_epoch"] > 0 and state["rng"] is not None
     run_train(out, *RESUME_RUN)
     _, expected_weights = uninterrupted
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
+def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_accumulated):
+    """A stop asked for between two micro-batches finishes their step (a unit test in test_loops
+    pins that down), so the resumed run is the uninterrupted one, bit for bit."""
+    out = tmp_path / "preempted"
+    proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, *ACCUMULATED)
+    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    state = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
+    assert state["step_in_epoch"] > 0
+    run_train(out, *RESUME_RUN, *ACCUMULATED)
+    _, expected_weights = uninterrupted_accumulated
     got = final_weights(out)
     for k, v in expected_weights.items():
         assert torch.equal(got[k], v), k

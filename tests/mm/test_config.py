@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from cat.errors import DataError
 from cat.runtime.dist import DistEnv
@@ -64,9 +65,17 @@ def test_apply_common_settings(toy_coco, tmp_path):
     from cat.mm.det import build_det_config
 
     cfg = compose_config(
-        "det", f"data.root={toy_coco}", "seed=7", "save.keep_last=2", "log_interval=3", "++mm.train_cfg.val_interval=2"
+        "det",
+        f"data.root={toy_coco}",
+        "seed=7",
+        "save.keep_last=2",
+        "log_interval=3",
+        "++mm.train_cfg.val_interval=2",
+        "accum_steps=4",
+        "model.backbone.grad_checkpointing=true",
     )
     mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+    assert mm.optim_wrapper.accumulative_counts == 4 and mm.model.backbone.grad_checkpointing is True
     assert mm.work_dir == str(tmp_path) and mm.randomness == {"seed": 7, "deterministic": False}
     assert mm.launcher == "none" and mm.resume is True and mm.load_from is None
     assert mm.default_hooks.checkpoint.max_keep_ckpts == 2 and mm.default_hooks.checkpoint.save_last
@@ -84,3 +93,26 @@ def test_drop_path_rate_null_means_the_factory_value(rate, passed):
 
     backbone, _ = backbone_cfg(compose_config("det", f"model.backbone.drop_path_rate={rate}").model)
     assert backbone["model_kwargs"].get("drop_path_rate") == passed
+
+
+@pytest.mark.parametrize("name", ["ca_pvt_tiny", "ca_swin_tiny"])
+def test_backbone_grad_checkpointing_recomputes_and_matches(name):
+    """The det/seg backbone with grad_checkpointing: its circulant attention runs again in the
+    backward (forward_intermediates honours it), and the gradients are unchanged."""
+    from cat.mm.backbone import TimmBackbone
+    from cat.ops import CirculantAttention
+
+    torch.manual_seed(0)
+    plain = TimmBackbone(name, out_indices=(0, 1), model_kwargs={"drop_path_rate": 0.0}).train()
+    checkpointed = TimmBackbone(name, out_indices=(0, 1), model_kwargs={"drop_path_rate": 0.0}, grad_checkpointing=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    calls = []
+    attention = next(m for m in checkpointed.modules() if isinstance(m, CirculantAttention))
+    attention.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(1, 3, 64, 64)
+    for model in (plain, checkpointed.train()):
+        sum(f.square().mean() for f in model(x)).backward()
+    assert len(calls) == 2
+    grads = dict(plain.named_parameters())
+    for n, p in checkpointed.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n].grad, rtol=1e-4, atol=1e-6, msg=n)

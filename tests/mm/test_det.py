@@ -87,7 +87,16 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
 
 
 def test_two_process_gloo(toy_coco, tmp_path):
-    run_entry("train_det.py", f"data.root={toy_coco}", f"output_dir={tmp_path}", "schedule.epochs=1", *FAST, nproc=2)
+    """Two processes, each accumulating two iterations per optimizer step (DDP's no_sync inside)."""
+    run_entry(
+        "train_det.py",
+        f"data.root={toy_coco}",
+        f"output_dir={tmp_path}",
+        "schedule.epochs=1",
+        "accum_steps=2",
+        *FAST,
+        nproc=2,
+    )
     assert json.loads((tmp_path / "metrics.json").read_text())["bbox_mAP_50"] is not None
 
 

@@ -10,6 +10,8 @@ from timm.models import model_entrypoint
 import cat
 from cat.layers import parse_attn_pattern
 from cat.models import load_backbone_checkpoint
+from cat.models.convert import PluginCirculantAttention
+from cat.ops import CirculantAttention, set_lean_attention
 
 OURS = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("cat."))
 HIERARCHICAL = [n for n in OURS if not n.startswith("ca_deit")]
@@ -127,15 +129,30 @@ def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
     torch.testing.assert_close(swin_backbone.state_dict()[table], swin.state_dict()[table])
 
 
-@pytest.mark.parametrize("name", ["ca_pvt_tiny", "ca_swin_tiny", "cat_tiny"])
-def test_grad_checkpointing_matches(name):
-    model = timm.create_model(name, num_classes=3, drop_path_rate=0.0).train()
+CHECKPOINTED = [(n, lean) for n in ("ca_pvt_tiny", "ca_swin_tiny", "cat_tiny") for lean in (True, False)]
+
+
+# A converted model's attention has no lean path yet (issue 29): autograd's only.
+@pytest.mark.parametrize(("name", "lean"), [*CHECKPOINTED, ("deit_tiny_patch16_224+convert", False)])
+def test_grad_checkpointing_matches(name, lean):
+    """Every family (and a converted timm ViT) under timm's set_grad_checkpointing: the circulant
+    attention really runs again in the backward, on the lean function or on autograd's, and the
+    gradients are the ones without checkpointing."""
+    name, _, convert = name.partition("+")
+    model = timm.create_model(name, num_classes=3, drop_path_rate=0.0, **({"img_size": 64} if convert else {}))
+    if convert:
+        cat.convert(model)
+    set_lean_attention(model.train(), lean)
+    attention = next(m for m in model.modules() if isinstance(m, (CirculantAttention, PluginCirculantAttention)))
+    calls = []
+    attention.register_forward_hook(lambda *_: calls.append(1))
     x = torch.randn(1, 3, 64, 64)
     model(x).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
     model.set_grad_checkpointing(True)
     model(x).sum().backward()
+    assert len(calls) == 3  # once without checkpointing, then forward and recomputation
     for n, g in grads.items():
         torch.testing.assert_close(dict(model.named_parameters())[n].grad, g, rtol=1e-4, atol=1e-6, msg=n)
 

@@ -140,6 +140,11 @@ CASES = {
     "lean_attention_maybe": (_overrides("model.lean_attention=maybe"), "model.lean_attention='maybe': expected true"),
     "aug_mixup_mode": (_overrides("aug.mixup_mode=rows"), "aug.mixup_mode='rows': expected one of batch, pair, elem"),
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
+    "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
+    "grad_checkpointing_unsupported": (
+        _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
+        "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
+    ),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: amp, aug,"),
     "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),
 }

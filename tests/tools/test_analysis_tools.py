@@ -162,7 +162,7 @@ def test_make_tables_on_an_empty_folder_lists_every_row_as_not_run(run_tool, tmp
 
 
 @pytest.mark.slow
-def test_make_tables_refuses_broken_and_hostile_run_files(tmp_path):
+def test_make_tables_refuses_broken_and_hostile_run_files(run_tool, tmp_path):
     """A sweep's or run's files that do not parse, hold the wrong thing, ask for absurd work or try
     to run code (a YAML python tag) end the tool with one line naming the file; nothing runs."""
     marker = tmp_path / "MARKER"
@@ -194,15 +194,10 @@ def test_make_tables_refuses_broken_and_hostile_run_files(tmp_path):
         if name in ("config.yaml", "metrics.json"):
             (cell / name).write_text(text)
             (cell / ({"config.yaml": "metrics.json", "metrics.json": "config.yaml"}[name])).write_text("{}")
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "tools" / "make_tables.py"), str(sweep)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        stderr = run_tool("make_tables", str(sweep), expect=2, stderr=True)
         broken = sweep / name if name == "multirun.yaml" else cell / name
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
-        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "Traceback" not in stderr, (case, stderr[-2000:])
+        (line,) = [x for x in stderr.splitlines() if x.startswith("error:")]
         assert str(broken) in line and expected in line, (case, line)
     assert not marker.exists()
 
