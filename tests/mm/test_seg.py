@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,18 +22,34 @@ SEG_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "seg" / "experiment
 FAST = ["logger.wandb.mode=disabled", "log_interval=1", "batch_size=2", "save.interval=3"]
 
 
-@pytest.mark.parametrize("experiment", ["toy_fpn_ca_pvt", "toy_upernet_ca_swin"])
-def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
-    out = tmp_path / experiment
+FIRST_WINDOW = ["schedule.iters=3", "schedule.val_interval=3"]
+
+
+@pytest.fixture(scope="module")
+def fpn_run(toy_ade, tmp_path_factory) -> Path:
+    """toy_fpn_ca_pvt's first 3 iterations (validated and saved at 3), shared by the tests below."""
+    out = tmp_path_factory.mktemp("fpn_run")
     run_entry(
-        "train_seg.py",
-        f"experiment={experiment}",
-        f"data.root={toy_ade}",
-        f"output_dir={out}",
-        "schedule.iters=3",
-        "schedule.val_interval=3",
-        *FAST,
+        "train_seg.py", "experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", *FIRST_WINDOW, *FAST
     )
+    return out
+
+
+@pytest.mark.parametrize("experiment", ["toy_fpn_ca_pvt", "toy_upernet_ca_swin"])
+def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path, fpn_run):
+    out = tmp_path / experiment
+    if experiment == "toy_fpn_ca_pvt":  # the shared run's folder, as if it had trained here
+        shutil.copytree(fpn_run, out)
+        (out / "last_checkpoint").write_text(str(out / "iter_3.pth"))
+    else:
+        run_entry(
+            "train_seg.py",
+            f"experiment={experiment}",
+            f"data.root={toy_ade}",
+            f"output_dir={out}",
+            *FIRST_WINDOW,
+            *FAST,
+        )
     assert (out / "iter_3.pth").is_file()
     proc = run_entry(
         "train_seg.py",
@@ -65,22 +83,14 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path):
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
 
 
-def test_eval_with_multiscale_flip(toy_ade, tmp_path):
-    run_entry(
-        "train_seg.py",
-        f"data.root={toy_ade}",
-        f"output_dir={tmp_path / 'train'}",
-        "schedule.iters=2",
-        "schedule.val_interval=2",
-        *FAST,
-    )
+def test_eval_with_multiscale_flip(toy_ade, tmp_path, fpn_run):
     run_entry(
         "train_seg.py",
         f"data.root={toy_ade}",
         f"output_dir={tmp_path / 'tta'}",
         "mode=eval",
         "tta=true",
-        f"checkpoint={tmp_path / 'train' / 'iter_2.pth'}",
+        f"checkpoint={fpn_run / 'iter_3.pth'}",
         *FAST,
     )
     assert json.loads((tmp_path / "tta" / "eval" / "metrics.json").read_text())["mIoU"] is not None

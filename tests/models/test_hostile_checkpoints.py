@@ -77,30 +77,15 @@ def test_train_cls_resume(hostile, name, tmp_path):
     assert "resume=false" in message and "epoch_0001.pth" in message
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["bccb_analysis", "visualize_kernels", "export_onnx"])
 @pytest.mark.parametrize("name", ["legacy_torch", "getattr_chain", "yacs_config_payload", "build_on_class"])
-def test_tools(hostile, tool, name, tmp_path):
+def test_tools(hostile, tool, name, tmp_path, run_tool):
     files, marker = hostile
     model = [] if tool == "bccb_analysis" else ["--model", "ca_deit_tiny"]  # bccb: its softmax default
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / f"{tool}.py"),
-            *model,
-            "--checkpoint",
-            str(files[name]),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert_refused(proc.stderr, files[name], name, marker)
+    args = [*model, "--checkpoint", str(files[name]), "--out", str(tmp_path / "out")]
+    stderr = run_tool(tool, *args, expect=2, stderr=True)
+    assert "Traceback" not in stderr
+    assert_refused(stderr, files[name], name, marker)
 
 
 @pytest.mark.slow
