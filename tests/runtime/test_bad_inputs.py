@@ -145,7 +145,7 @@ CASES = {
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
     ),
-    "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: amp, aug,"),
+    "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),
     "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),
 }
 
