@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
-from cat.data import build_dataset
+from cat.data import ZipImageDataset, build_dataset
+from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, load_checkpoint_file, load_weights, model_arguments, model_kwargs
 from cat.ops import set_lean_attention
@@ -40,9 +41,10 @@ __all__ = [
 
 
 class ResumableSampler(Sampler[int]):
-    """A DistributedSampler whose epoch can start part-way (after ``skip`` samples of this rank)."""
+    """A DistributedSampler (or RankShardSampler) whose epoch can start part-way (after ``skip``
+    samples of this rank)."""
 
-    def __init__(self, base: DistributedSampler) -> None:
+    def __init__(self, base: DistributedSampler | RankShardSampler) -> None:
         self.base = base
         self.skip = 0
 
@@ -136,8 +138,8 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
     """Both splits and their loaders; the train sampler can start an epoch part-way (a resume). An
     epoch is as many optimizer steps as whole global batches fit (a remainder is left out, as
     ``drop_last`` leaves one out of a loader)."""
-    train_set = build_dataset(cfg.data, cfg.aug, "train")
-    val_set = build_dataset(cfg.data, cfg.aug, "val")
+    train_set = build_dataset(cfg.data, cfg.aug, "train", env.rank, env.world_size)
+    val_set = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
     global_batch = cfg.batch_size * env.world_size * cfg.accum_steps
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.batch_size % 2:
         raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
@@ -146,11 +148,13 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
             f"the train split has {len(train_set)} images, fewer than one global batch of "
             f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes x accum_steps={cfg.accum_steps})"
         )
-    sampler = ResumableSampler(
-        DistributedSampler(
+    if isinstance(train_set, ZipImageDataset) and train_set.cache_mode == "part":  # each rank its own share
+        base: Sampler[int] = RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed)
+    else:
+        base = DistributedSampler(
             train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True
         )
-    )
+    sampler = ResumableSampler(base)
     train_loader = DataLoader(
         train_set,
         batch_size=cfg.batch_size,

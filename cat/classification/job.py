@@ -40,7 +40,7 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
-    dataset = build_dataset(cfg.data, cfg.aug, "val")
+    dataset = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
     precision = Precision.from_config(cfg, env.device)
     model = precision.model(build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint))
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from cat.data.packed import CACHE_MODES
 from cat.errors import ConfigError, UserError
 from cat.models import model_arguments
 from cat.runtime import run_dir_for
@@ -43,6 +44,16 @@ class ClsDataConfig:
     root: str | None = key("imagenet/folder: holds <train_split>/<class>/ and <val_split>/<class>/")
     num_classes: int | None = key("classes; null (folder): one per class folder", min=1)
     img_size: int = key("training and evaluation resolution (square)", min=1)
+    format: str = key(
+        "imagenet/folder: folder (<split>/<class>/*.jpg) or zip (<split>.zip + <split>_map.txt, tools/pack_dataset.py)",
+        choices=("folder", "zip"),
+        required=False,
+    )
+    cache_mode: str = key(
+        "zip: images held in memory: no, part (each rank its 1/world share, sampling only it) or full",
+        choices=CACHE_MODES,
+        required=False,
+    )
     train_split: str = key("imagenet/folder: the training folder under root", required=False)
     val_split: str = key("imagenet/folder: the validation folder under root", required=False)
     crop_pct: float = key(
@@ -198,7 +209,7 @@ def _optimizer_problems(cfg: DictConfig) -> list[str]:
 
 
 # The data keys only some datasets have (the schema lets them be absent), by dataset.
-_IMAGE_FOLDER_KEYS = ("train_split", "val_split", "crop_pct", "interpolation", "mean", "std")
+_IMAGE_FOLDER_KEYS = ("format", "cache_mode", "train_split", "val_split", "crop_pct", "interpolation", "mean", "std")
 _DATASET_KEYS = {
     "imagenet": _IMAGE_FOLDER_KEYS,
     "folder": _IMAGE_FOLDER_KEYS,
@@ -208,7 +219,10 @@ _DATASET_KEYS = {
 
 def _dataset_problems(cfg: DictConfig) -> list[str]:
     needed = _DATASET_KEYS.get(cfg.data.name, ())
-    return [f"data.{name}: missing (data={cfg.data.name} needs it)" for name in needed if name not in cfg.data]
+    problems = [f"data.{name}: missing (data={cfg.data.name} needs it)" for name in needed if name not in cfg.data]
+    if not problems and cfg.data.get("format") == "folder" and cfg.data.cache_mode != "no":
+        problems.append(f"data.cache_mode={cfg.data.cache_mode}: caches a zip (data.format=zip), not a folder")
+    return problems
 
 
 def _augment_problems(cfg: DictConfig) -> list[str]:
@@ -249,10 +263,13 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
     if cfg.data.name in ("imagenet", "folder") and not (
         isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)
     ):
-        problems.append(
-            f"data.root={cfg.data.root}: not a folder (data={cfg.data.name} needs "
-            f"{cfg.data.get('train_split')}/<class>/ and {cfg.data.get('val_split')}/<class>/ image folders)"
+        splits = (cfg.data.get("train_split"), cfg.data.get("val_split"))
+        layout = (
+            f"{splits[0]}.zip, {splits[0]}_map.txt, {splits[1]}.zip and {splits[1]}_map.txt (data.format=zip)"
+            if cfg.data.get("format") == "zip"
+            else f"{splits[0]}/<class>/ and {splits[1]}/<class>/ image folders"
         )
+        problems.append(f"data.root={cfg.data.root}: not a folder (data={cfg.data.name} needs {layout})")
     if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
         problems.append(problem)
     if cfg.logger.wandb.mode != "disabled" and (problem := run_id_problem(run_dir_for(cfg.output_dir, cfg.mode))):

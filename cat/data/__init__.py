@@ -1,8 +1,10 @@
 """Dataset builders for the classification trainer.
 
-``imagenet`` and ``folder`` read the ImageNet layout (``root/train/<class>/*.jpg``,
-``root/val/<class>/*.jpg``) through torchvision's ``ImageFolder`` with timm's transform pipeline;
-``digits`` (scikit-learn's bundled handwritten digits) and ``synthetic`` need no files at all.
+``imagenet`` and ``folder`` read the ImageNet layout with timm's transform pipeline, stored as
+``data.format=folder`` (``root/train/<class>/*.jpg``, ``root/val/<class>/*.jpg``, through
+torchvision's ``ImageFolder``) or ``zip`` (the authors' ``<split>.zip`` + ``<split>_map.txt``, with
+their ``data.cache_mode``: :mod:`cat.data.packed`); ``digits`` (scikit-learn's bundled handwritten
+digits) and ``synthetic`` need no files at all.
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from torch.utils.data import Dataset
 from cat.errors import ConfigError, DataError
 
 from .augment import install_timm_augment_fixes
+from .packed import ZipImageDataset
 from .tensor_sets import digits_dataset, synthetic_dataset
 
-__all__ = ["build_dataset", "build_transform", "digits_dataset", "synthetic_dataset"]
+__all__ = [
+    "build_dataset",
+    "build_transform",
+    "digits_dataset",
+    "synthetic_dataset",
+    "load_rgb",
+    "IMAGE_EXTENSIONS",
+    "ZipImageDataset",
+]
 
-_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -34,14 +45,24 @@ def load_rgb(path: str) -> Image.Image:
         raise DataError(f"cannot read image {path} ({error}); replace or remove the file") from None
 
 
+def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int) -> Dataset:
+    """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
+    rank evaluates its own share)."""
+    name = data.train_split if split == "train" else data.val_split
+    cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
+    dataset = ZipImageDataset(
+        data.root, name, build_transform(data, aug, split == "train"), cache_mode=cache_mode, rank=rank, world=world
+    )
+    if data.num_classes is not None and len(dataset.classes) > data.num_classes:
+        raise DataError(
+            f"{dataset.zip_path} has {len(dataset.classes)} classes but data.num_classes={data.num_classes}"
+        )
+    return dataset
+
+
 def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
     from torchvision.datasets import ImageFolder
 
-    if data.root is None:
-        raise ConfigError(
-            f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
-            f"and {data.val_split}/ class folders)"
-        )
     folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
     if not os.path.isdir(folder):
         raise DataError(
@@ -53,10 +74,10 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
         raise DataError(f"no class folders in {folder}")
     for c in classes:
         has_image = any(
-            f.lower().endswith(_IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
+            f.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
         )
         if not has_image:
-            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(_IMAGE_EXTENSIONS)})")
+            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
     return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=load_rgb)
@@ -85,8 +106,9 @@ def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
     )
 
 
-def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
-    """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node."""
+def build_dataset(data: Any, aug: Any, split: str, rank: int = 0, world: int = 1) -> Dataset:
+    """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node, for
+    process ``rank`` of ``world`` (what a ``cache_mode=part`` zip holds)."""
     if split not in ("train", "val"):
         raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     if data.name == "digits":
@@ -100,5 +122,12 @@ def build_dataset(data: Any, aug: Any, split: str) -> Dataset:
             seed=data.seed,
         )
     if data.name in ("imagenet", "folder"):
+        if data.root is None:
+            raise ConfigError(
+                f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
+                f"and {data.val_split}/ class folders, or their zips: data.format=zip)"
+            )
+        if data.get("format", "folder") == "zip":
+            return _zip_split(data, aug, split, rank, world)
         return _image_folder(data, aug, split)
     raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

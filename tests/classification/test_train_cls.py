@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from PIL import Image
 
 import cat
 from cat.classification.job import run
@@ -137,15 +139,15 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", [["batch_size=8"], ["batch_size=4", "accum_steps=2"]], ids=["ddp", "ddp_accumulated"])
-def test_two_process_gloo_matches_single_process(tmp_path, split):
+def test_two_process_gloo_matches_single_process(tmp_path, split, single_process_batch_16):
     """The same global batch of 16: one process, or two processes of 8 images per step (each of one
     batch of 8, or of two accumulated batches of 4): the same lr, schedule and training."""
-    single = run_train(tmp_path / "single", "epochs=2", "batch_size=16")
+    single, a = single_process_batch_16
     ddp = run_train(tmp_path / "ddp", "epochs=2", *split, nproc=2)
     assert ddp["top1"] == pytest.approx(single["top1"], abs=1e-6)
     assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
-    a, b = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    b = final_weights(tmp_path / "ddp")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-5, msg=k)
 
@@ -237,6 +239,63 @@ def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_a
     _, expected_weights = uninterrupted_accumulated
     got = final_weights(out)
     for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.fixture(scope="module")
+def image_data(tmp_path_factory) -> tuple[Path, Path]:
+    """A JPEG folder (4 classes, 24 train and 8 val images each) and its zip (tools/pack_dataset.py)."""
+    root = tmp_path_factory.mktemp("image_data")
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 24), ("val", 8)):
+        for name in ("a", "b", "c", "d"):
+            (root / "folder" / split / name).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / "folder" / split / name / f"{i}.jpg", quality=90)
+    subprocess.run(
+        [sys.executable, str(REPO / "tools" / "pack_dataset.py"), str(root / "folder"), str(root / "zip")], check=True
+    )
+    return root / "folder", root / "zip"
+
+
+IMAGE_RUN = ["data=folder", "data.num_classes=null", "batch_size=8", "epochs=12", "save.keep_last=100"]
+
+
+def _format(fmt: str, image_data: tuple[Path, Path]) -> list[str]:
+    folder, zipped = image_data
+    if fmt == "folder":
+        return [f"data.root={folder}"]
+    return [f"data.root={zipped}", "data.format=zip", f"data.cache_mode={fmt.split('-')[1]}"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_folder(image_data, tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("uninterrupted_folder")
+    run_train(out, *IMAGE_RUN, *_format("folder", image_data))
+    return final_weights(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["zip-no", "zip-part"])
+def test_zip_trains_as_the_folder_and_resumes_exactly(fmt, image_data, uninterrupted_folder, tmp_path):
+    """The zip holds the folder's images and labels in its order, so (one process: part holds all)
+    a run from it is the folder's run, bit for bit, also when preempted mid-epoch and resumed."""
+    out = tmp_path / fmt
+    proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format(fmt, image_data))
+    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    assert torch.load(out / "last.pth", map_location="cpu", weights_only=True)["step_in_epoch"] > 0
+    run_train(out, *IMAGE_RUN, *_format(fmt, image_data))
+    got = final_weights(out)
+    for k, v in uninterrupted_folder.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
+def test_zip_full_cache_trains_as_the_folder(image_data, uninterrupted_folder, tmp_path):
+    run_train(tmp_path, *IMAGE_RUN, *_format("zip-full", image_data))
+    got = final_weights(tmp_path)
+    for k, v in uninterrupted_folder.items():
         assert torch.equal(got[k], v), k
 
 

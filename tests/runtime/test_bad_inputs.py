@@ -104,6 +104,11 @@ def _finished(metrics: bytes, config: bytes) -> Callable[[Path], list[str]]:
     return setup
 
 
+def _zip_root_without_zips(out: Path) -> list[str]:
+    (out.parent / "packed").mkdir(parents=True)
+    return ["data=folder", "data.format=zip", f"data.root={out.parent / 'packed'}", "data.num_classes=null"]
+
+
 def _overrides(*overrides: str) -> Callable[[Path], list[str]]:
     return lambda out: list(overrides)
 
@@ -145,6 +150,12 @@ CASES = {
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
     ),
+    "data_format_tar": (_overrides("data=folder", "data.format=tar"), "data.format='tar': expected one of folder, zip"),
+    "cache_mode_on_a_folder": (
+        _overrides("data=folder", "data.cache_mode=part"),
+        "data.cache_mode=part: caches a zip (data.format=zip), not a folder",
+    ),
+    "zip_root_without_zips": (_zip_root_without_zips, "train.zip (data.format=zip reads <root>/<split>.zip"),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),
     "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),
 }

@@ -242,3 +242,20 @@ def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert str(cell / "metrics.jsonl") in line and "cannot be read" in line
+
+
+def test_bench_data_measures_every_format(run_tool, tmp_path):
+    """tools/bench_data.py on a tiny generated set: every format loads, the opens and cache sizes
+    are what each layout claims (a folder opens every image, a zip reader one file per process,
+    part holds 1/world of full)."""
+    args = ["--images", "24", "--classes", "3", "--batch", "4", "--batches", "1", "--rounds", "1", "--world", "2"]
+    rows = {r["format"]: r for r in json.loads(run_tool("bench_data", *args, "--data", str(tmp_path), "--json"))}
+    assert set(rows) == {"folder", "zip/no", "zip/part", "zip/full", "timm"}
+    assert all(r["images_per_s_per_worker"] > 0 for r in rows.values())
+    assert rows["folder"]["files_opened_per_epoch"] == rows["folder"]["epoch_images"] == 24
+    assert rows["timm"]["files_opened_per_epoch"] == 24
+    assert rows["zip/no"]["files_opened_per_epoch"] == 1
+    assert rows["zip/part"]["files_opened_per_epoch"] == rows["zip/full"]["files_opened_per_epoch"] == 0
+    assert rows["zip/part"]["epoch_images"] == 12 and rows["zip/full"]["epoch_images"] == 24
+    part, full = rows["zip/part"]["cache_mb_per_rank"], rows["zip/full"]["cache_mb_per_rank"]
+    assert 0.3 * full < part < 0.7 * full and rows["folder"]["cache_mb_per_rank"] == 0

@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Pack an image folder (the ImageNet layout, ``<split>/<class>/*.jpg``) into the authors' zip layout.
+
+For each split it writes ``<out>/<split>.zip`` (images stored as they are: JPEGs do not compress)
+and ``<out>/<split>_map.txt`` (``<class>/<file><TAB><label>`` per image, in ``ImageFolder``'s order,
+so labels equal the folder's), then ``<out>/manifest.json``: the classes, and each file's bytes,
+image count and sha256. ``train_cls.py data.format=zip data.root=<out>`` reads it; readers check
+sizes and counts against the manifest, ``--verify`` checks every sha256.
+
+    python tools/pack_dataset.py /data/imagenet /data/imagenet_zip          # train and val
+    python tools/pack_dataset.py --verify /data/imagenet_zip
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cat.data import IMAGE_EXTENSIONS  # noqa: E402
+from cat.data.packed import MANIFEST  # noqa: E402
+from cat.errors import DataError  # noqa: E402
+from cat.runtime import report_user_errors  # noqa: E402
+from cat.runtime.io import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def split_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """``(member name, label)`` of every image under ``folder``, in torchvision ImageFolder's order."""
+    found = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    if found != classes:
+        raise DataError(f"{folder} has classes {found[:5]}..., not the train split's {classes[:5]}...")
+    images = []
+    for label, name in enumerate(classes):
+        for directory, _, files in sorted(os.walk(folder / name, followlinks=True)):
+            for file in sorted(files):
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    images.append((os.path.relpath(os.path.join(directory, file), folder), label))
+    if not images:
+        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    return images
+
+
+def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> dict[str, dict[str, object]]:
+    images = split_images(source / split, classes)
+    archive, listing = out / f"{split}.zip", out / f"{split}_map.txt"
+
+    def write_zip(f) -> None:
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as z:
+            for member, _ in images:
+                z.write(source / split / member, arcname=member)
+
+    atomic_write(str(archive), write_zip)
+    atomic_write_text(str(listing), "".join(f"{m}\t{label}\n" for m, label in images))
+    return {
+        path.name: {"bytes": path.stat().st_size, "images": len(images), "sha256": sha256_of(path)}
+        for path in (archive, listing)
+    }
+
+
+def verify(out: Path) -> list[str]:
+    """Every file the manifest names, checked byte for byte (its sha256): the problems, if any."""
+    manifest = json.loads((out / MANIFEST).read_text())
+    problems = []
+    for name, entry in manifest["files"].items():
+        path = out / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif sha256_of(path) != entry["sha256"]:
+            problems.append(f"{path}: sha256 differs from the manifest's (altered or truncated)")
+    return problems
+
+
+@report_user_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path, help="the image folder root (or, with --verify, a packed root)")
+    parser.add_argument("out", type=Path, nargs="?", help="where the packed files go")
+    parser.add_argument("--splits", nargs="+", default=["train", "val"])
+    parser.add_argument("--verify", action="store_true", help="check a packed root's files against its manifest")
+    args = parser.parse_args(argv)
+    if args.verify:
+        problems = verify(args.source)
+        for problem in problems:
+            print(problem)
+        print("ok" if not problems else f"{len(problems)} problem(s)")
+        return 1 if problems else 0
+    if args.out is None:
+        parser.error("give the output folder")
+    if not (args.source / args.splits[0]).is_dir():
+        raise DataError(f"no {args.source / args.splits[0]} folder to pack")
+    classes = sorted(e.name for e in os.scandir(args.source / args.splits[0]) if e.is_dir())
+    args.out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict[str, object]] = {}
+    for split in args.splits:
+        files.update(pack_zip(args.source, args.out, split, classes))
+        print(f"{split}: {files[f'{split}.zip']['images']} images, {files[f'{split}.zip']['bytes'] / 1e6:.1f} MB")
+    manifest = {"format": "zip", "classes": classes, "files": files}
+    atomic_write_json(str(args.out / MANIFEST), manifest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
