@@ -174,9 +174,9 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
 
 
 def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factory, tmp_path):
-    root = tmp_path_factory.mktemp("coco40")
+    root = tmp_path_factory.mktemp("coco24")
     subprocess.run(
-        [sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "40", "--val", "4"],
+        [sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "24", "--val", "4"],
         check=True,
         capture_output=True,
     )
@@ -192,23 +192,23 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while not re.search(
-        r"Epoch\(train\) +\[1\]\[ *5/20\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+        r"Epoch\(train\) +\[1\]\[ *3/12\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
     ):
         assert first.poll() is None and time.time() < deadline
         time.sleep(0.1)
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=300) == 0
     stopped = json.loads((out / "metrics.json").read_text())
-    assert stopped["preempted"] is True and 5 <= stopped["iteration"] < 20
+    assert stopped["preempted"] is True and 3 <= stopped["iteration"] < 12
     saved = out / f"iter_{stopped['iteration']}.pth"
     assert saved.is_file() and (out / "last_checkpoint").read_text() == str(saved)
     assert not list(out.glob(".*.tmp"))
     proc = run_entry("train_det.py", f"data.root={root}", f"output_dir={out}", "schedule.epochs=1", *FAST)
     log = proc.stdout + proc.stderr
     done = stopped["iteration"]
-    assert f"resuming epoch 1 at iteration {done + 1} of 20: skipping the {done} batches it trained" in log
-    trained = re.findall(r"Epoch\(train\) +\[1\]\[ *(\d+)/20\]", log)
-    assert trained[0] == str(done + 1) and trained[-1] == "20" and len(trained) == 20 - done
+    assert f"resuming epoch 1 at iteration {done + 1} of 12: skipping the {done} batches it trained" in log
+    trained = re.findall(r"Epoch\(train\) +\[1\]\[ *(\d+)/12\]", log)
+    assert trained[0] == str(done + 1) and trained[-1] == "12" and len(trained) == 12 - done
     assert json.loads((out / "metrics.json").read_text())["bbox_mAP"] is not None
 
 

@@ -76,9 +76,9 @@ def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
-    overrides = ("seed=0,1", "epochs=4", "batch_size=16")
+    overrides = ("seed=0,1", "epochs=3", "batch_size=16")
     launcher = sweep(tmp_path, *overrides, wait=False)
-    victim = tmp_path / f"{KWARGS},batch_size=16,epochs=4,seed=1"
+    victim = tmp_path / f"{KWARGS},batch_size=16,epochs=3,seed=1"
     deadline = time.time() + 300
     while not (victim / "last.pth").is_file():  # killed after its first epoch, mid-way through the second
         assert time.time() < deadline and launcher.poll() is None, launcher.stdout.read()[-3000:]
@@ -86,9 +86,9 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     os.kill(json.loads((victim / ".lock").read_text())["pid"], signal.SIGTERM)
     assert launcher.wait(timeout=300) == 0, launcher.stdout.read()[-3000:]
     stopped = json.loads((victim / "metrics.json").read_text())
-    assert stopped["preempted"] and stopped["epoch"] < 4
-    survivor = tmp_path / f"{KWARGS},batch_size=16,epochs=4,seed=0"
-    assert json.loads((survivor / "metrics.json").read_text())["epoch"] == 4
+    assert stopped["preempted"] and stopped["epoch"] < 3
+    survivor = tmp_path / f"{KWARGS},batch_size=16,epochs=3,seed=0"
+    assert json.loads((survivor / "metrics.json").read_text())["epoch"] == 3
     text = run_tool("make_tables", str(tmp_path))
     assert "1 finished, 1 stopped (stopped at step " in text and ", top1 " in text  # from its metrics.jsonl
 
@@ -96,7 +96,7 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     sweep(tmp_path, *overrides)
     assert {p.name: p.stat().st_mtime_ns for p in survivor.iterdir() if p.name != "log.txt"} == untouched
     resumed = json.loads((victim / "metrics.json").read_text())
-    assert resumed["epoch"] == 4 and not resumed.get("preempted")
+    assert resumed["epoch"] == 3 and not resumed.get("preempted")
     log = (victim / "log.txt").read_text()
     assert "stop requested" in log and "resumed from" in log
     assert "2 finished" in run_tool("make_tables", str(tmp_path))
