@@ -137,6 +137,12 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
     assert metrics["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
 
 
+@pytest.fixture(scope="module")
+def single_process_batch_16(tmp_path_factory) -> tuple[dict, dict[str, torch.Tensor]]:
+    out = tmp_path_factory.mktemp("single")
+    return run_train(out, "epochs=2", "batch_size=16"), final_weights(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("split", [["batch_size=8"], ["batch_size=4", "accum_steps=2"]], ids=["ddp", "ddp_accumulated"])
 def test_two_process_gloo_matches_single_process(tmp_path, split, single_process_batch_16):
