@@ -9,6 +9,8 @@ the DeiT training transform at 224 through a DataLoader of ``--workers`` worker 
 * ``folder``            cat's ImageFolder reader (``data.format=folder``);
 * ``zip/no``, ``zip/part``, ``zip/full``  the zip reader under each ``data.cache_mode``
   (``part`` as rank 0 of ``--world`` ranks: it holds and samples 1/world of the images);
+* ``tar``               the webdataset shard stream (``data.format=tar``) as rank 0 of ``--world``,
+  shards of ``--shard-mb``;
 * ``timm``              timm's own loader (``create_dataset`` + ``create_loader``) on the folder, the anchor.
 
 It reports images/s per worker process, files opened per epoch (an untimed pass over the rank's
@@ -38,12 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from PIL import Image  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 from cat.data import build_transform  # noqa: E402
 from cat.data.packed import RankShardSampler, ZipImageDataset  # noqa: E402
+from cat.data.shards import ShardStream  # noqa: E402
 
-FORMATS = ("folder", "zip/no", "zip/part", "zip/full", "timm")
+FORMATS = ("folder", "zip/no", "zip/part", "zip/full", "tar", "timm")
 _OPENED = [0]  # dataset files opened in this process since the audit hook went in
 _COUNTED_UNDER: list[str] = []  # the data folder: opens elsewhere (Python's own imports) do not count
 
@@ -98,10 +101,13 @@ def files_opened_per_epoch(loader: Any) -> int:
     """``open`` calls while a fresh copy of the loader's dataset (what a worker process starts
     from) loads every image of this rank's epoch once."""
     dataset = pickle.loads(pickle.dumps(loader.dataset))
-    indices = list(loader.sampler) if loader.sampler is not None else range(len(dataset))
     before = _OPENED[0]
-    for index in indices:
-        dataset[index]
+    if isinstance(dataset, IterableDataset):  # a stream: its epoch, as one worker reads it
+        for _ in dataset:
+            pass
+    else:
+        for index in loader.sampler:
+            dataset[index]
     return _OPENED[0] - before
 
 
@@ -125,6 +131,9 @@ def build_loader(fmt: str, folder: Path, packed: Path, workers: int, batch: int,
             use_prefetcher=False,
         )
         return loader, 0
+    if fmt == "tar":
+        stream = ShardStream(str(packed.parent / "tar"), "train", transform, world=world, batch_size=batch)
+        return DataLoader(stream, batch_size=batch, num_workers=workers, drop_last=True), 0
     if fmt == "folder":
         from torchvision.datasets import ImageFolder
 
@@ -174,7 +183,7 @@ def measure(args: argparse.Namespace, folder: Path, packed: Path) -> list[dict[s
             "format": fmt,
             "images_per_s_per_worker": statistics.median(samples[fmt]),
             "files_opened_per_epoch": files_opened_per_epoch(loader),
-            "epoch_images": len(loader.sampler) if loader.sampler is not None else len(loader.dataset),
+            "epoch_images": len(loader.dataset) if isinstance(loader.dataset, IterableDataset) else len(loader.sampler),
             "cache_mb_per_rank": held / 1e6,
         }
         for fmt, (loader, held) in loaders.items()
@@ -191,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10, help="timed batches per round and format")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--world", type=int, default=8, help="ranks sharing the set (zip/part holds 1/world)")
+    parser.add_argument("--shard-mb", type=float, default=8.0, help="tar: megabytes per shard")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -199,11 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         folder, packed = root / "folder", root / "zip"
         if not (folder / "train").is_dir():
             make_imagenet_like(folder, args.images, args.classes)
+        packer = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))
+        classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())
         if not (packed / "train.zip").is_file():
-            pack_zip = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))["pack_zip"]
             packed.mkdir(parents=True, exist_ok=True)
-            classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())
-            pack_zip(folder, packed, "train", classes)
+            packer["pack_zip"](folder, packed, "train", classes)
+        if not (root / "tar" / "manifest.json").is_file():
+            (root / "tar").mkdir(parents=True, exist_ok=True)
+            files = packer["pack_tar"](folder, root / "tar", "train", classes, int(args.shard_mb * 1e6))
+            (root / "tar" / "manifest.json").write_text(json.dumps({"classes": classes, "files": files}))
         rows = measure(args, folder, packed)
     if args.json:
         print(json.dumps(rows, indent=2))

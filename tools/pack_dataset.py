@@ -1,13 +1,18 @@
 #!/usr/bin/env python
-"""Pack an image folder (the ImageNet layout, ``<split>/<class>/*.jpg``) into the authors' zip layout.
+"""Pack an image folder (the ImageNet layout, ``<split>/<class>/*.jpg``) into one of two layouts.
 
-For each split it writes ``<out>/<split>.zip`` (images stored as they are: JPEGs do not compress)
-and ``<out>/<split>_map.txt`` (``<class>/<file><TAB><label>`` per image, in ``ImageFolder``'s order,
-so labels equal the folder's), then ``<out>/manifest.json``: the classes, and each file's bytes,
-image count and sha256. ``train_cls.py data.format=zip data.root=<out>`` reads it; readers check
-sizes and counts against the manifest, ``--verify`` checks every sha256.
+* ``--format zip`` (the authors'): ``<out>/<split>.zip`` (images stored as they are: JPEGs do not
+  compress) and ``<out>/<split>_map.txt`` (``<class>/<file><TAB><label>`` per image);
+* ``--format tar`` (webdataset): ``<out>/<split>-000000.tar``, ... of about ``--shard-mb`` each,
+  ``<key>.<ext>`` + ``<key>.cls`` per image, written with webdataset's ``TarWriter``.
 
-    python tools/pack_dataset.py /data/imagenet /data/imagenet_zip          # train and val
+Images go in ``ImageFolder``'s order, so labels equal the folder's. Then ``<out>/manifest.json``: the
+classes, and each file's bytes, image count and sha256. ``train_cls.py data.format=zip|tar
+data.root=<out>`` reads it; readers check sizes and counts against the manifest, ``--verify``
+checks every sha256.
+
+    python tools/pack_dataset.py /data/imagenet /data/imagenet_zip                  # train and val
+    python tools/pack_dataset.py /data/imagenet /data/imagenet_tar --format tar --shard-mb 512
     python tools/pack_dataset.py --verify /data/imagenet_zip
 """
 
@@ -71,6 +76,31 @@ def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> dict[st
     }
 
 
+def pack_tar(source: Path, out: Path, split: str, classes: list[str], shard_bytes: int) -> dict[str, dict[str, object]]:
+    """``<split>-000000.tar``, ...: ``<key>.<ext>`` + ``<key>.cls`` per image (webdataset's TarWriter),
+    a new shard once one holds ``shard_bytes``; images in ImageFolder's order (keys are positions)."""
+    from webdataset import TarWriter
+
+    images = split_images(source / split, classes)
+    shards: list[tuple[Path, int]] = []
+    writer, written = None, 0
+    for index, (member, label) in enumerate(images):
+        if writer is None or written >= shard_bytes:
+            if writer is not None:
+                writer.close()
+            shards.append((out / f"{split}-{len(shards):06d}.tar", 0))
+            writer, written = TarWriter(str(shards[-1][0]), encoder=False), 0
+        data = (source / split / member).read_bytes()
+        extension = Path(member).suffix.lstrip(".").lower()
+        writer.write({"__key__": f"{index:08d}", extension: data, "cls": str(label).encode()})
+        shards[-1] = (shards[-1][0], shards[-1][1] + 1)
+        written += len(data)
+    writer.close()
+    return {
+        path.name: {"bytes": path.stat().st_size, "images": count, "sha256": sha256_of(path)} for path, count in shards
+    }
+
+
 def verify(out: Path) -> list[str]:
     """Every file the manifest names, checked byte for byte (its sha256): the problems, if any."""
     manifest = json.loads((out / MANIFEST).read_text())
@@ -90,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", type=Path, help="the image folder root (or, with --verify, a packed root)")
     parser.add_argument("out", type=Path, nargs="?", help="where the packed files go")
     parser.add_argument("--splits", nargs="+", default=["train", "val"])
+    parser.add_argument("--format", choices=("zip", "tar"), default="zip")
+    parser.add_argument("--shard-mb", type=float, default=256.0, help="tar: image megabytes per shard")
     parser.add_argument("--verify", action="store_true", help="check a packed root's files against its manifest")
     args = parser.parse_args(argv)
     if args.verify:
@@ -106,9 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, object]] = {}
     for split in args.splits:
-        files.update(pack_zip(args.source, args.out, split, classes))
-        print(f"{split}: {files[f'{split}.zip']['images']} images, {files[f'{split}.zip']['bytes'] / 1e6:.1f} MB")
-    manifest = {"format": "zip", "classes": classes, "files": files}
+        packed = (
+            pack_zip(args.source, args.out, split, classes)
+            if args.format == "zip"
+            else pack_tar(args.source, args.out, split, classes, int(args.shard_mb * 1e6))
+        )
+        files.update(packed)
+        images = sum(e["images"] for name, e in packed.items() if not name.endswith(".txt"))
+        megabytes = sum(e["bytes"] for e in packed.values()) / 1e6
+        print(f"{split}: {images} images in {len(packed)} file(s), {megabytes:.1f} MB")
+    manifest = {"format": args.format, "classes": classes, "files": files}
     atomic_write_json(str(args.out / MANIFEST), manifest)
     return 0
 

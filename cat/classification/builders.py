@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
-from cat.data import ZipImageDataset, build_dataset
+from cat.data import ShardStream, ZipImageDataset, build_dataset
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, load_checkpoint_file, load_weights, model_arguments, model_kwargs
@@ -112,10 +112,12 @@ def num_classes_of(cfg: DictConfig, dataset: Dataset) -> int:
 
 
 def val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
+    # A tar stream splits its shards over the ranks itself; files read by index are split here.
+    sampler = None if isinstance(dataset, ShardStream) else ShardSampler(len(dataset), env.rank, env.world_size)
     return DataLoader(
         dataset,
         batch_size=cfg.batch_size,
-        sampler=ShardSampler(len(dataset), env.rank, env.world_size),
+        sampler=sampler,
         num_workers=cfg.workers,
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
     )
@@ -126,7 +128,7 @@ class TrainData:
     train_set: Dataset
     val_set: Dataset
     num_classes: int
-    sampler: ResumableSampler
+    sampler: ResumableSampler | ShardStream  # set_epoch(epoch, skip): where an epoch starts
     train_loader: DataLoader
     val_loader: DataLoader
     steps_per_epoch: int  # optimizer steps, each of accum_steps batches
@@ -138,8 +140,8 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
     """Both splits and their loaders; the train sampler can start an epoch part-way (a resume). An
     epoch is as many optimizer steps as whole global batches fit (a remainder is left out, as
     ``drop_last`` leaves one out of a loader)."""
-    train_set = build_dataset(cfg.data, cfg.aug, "train", env.rank, env.world_size)
-    val_set = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
+    train_set = build_dataset(cfg.data, cfg.aug, "train", env.rank, env.world_size, cfg.batch_size, cfg.seed)
+    val_set = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size, cfg.batch_size, cfg.seed)
     global_batch = cfg.batch_size * env.world_size * cfg.accum_steps
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.batch_size % 2:
         raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
@@ -148,22 +150,28 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
             f"the train split has {len(train_set)} images, fewer than one global batch of "
             f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes x accum_steps={cfg.accum_steps})"
         )
-    if isinstance(train_set, ZipImageDataset) and train_set.cache_mode == "part":  # each rank its own share
-        base: Sampler[int] = RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed)
+    streamed = isinstance(train_set, ShardStream)
+    if streamed:  # the stream orders itself and resumes from its set_epoch
+        sampler: ResumableSampler | ShardStream = train_set
+    elif isinstance(train_set, ZipImageDataset) and train_set.cache_mode == "part":  # each rank its own share
+        sampler = ResumableSampler(RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed))
     else:
-        base = DistributedSampler(
-            train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True
+        sampler = ResumableSampler(
+            DistributedSampler(
+                train_set, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed, drop_last=True
+            )
         )
-    sampler = ResumableSampler(base)
     train_loader = DataLoader(
         train_set,
         batch_size=cfg.batch_size,
-        sampler=sampler,
+        sampler=None if streamed else sampler,
         drop_last=True,
         num_workers=cfg.workers,
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
-        persistent_workers=cfg.workers > 0,
+        # A stream's workers take its epoch when they start: new ones each epoch.
+        persistent_workers=cfg.workers > 0 and not streamed,
     )
+    per_rank = len(train_set) if streamed else len(sampler.base)
     return TrainData(
         train_set,
         val_set,
@@ -171,7 +179,7 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
         sampler,
         train_loader,
         val_loader(cfg, val_set, env),
-        len(sampler.base) // (cfg.batch_size * cfg.accum_steps),
+        per_rank // (cfg.batch_size * cfg.accum_steps),
         global_batch,
         cfg.accum_steps,
     )

@@ -45,8 +45,9 @@ class ClsDataConfig:
     num_classes: int | None = key("classes; null (folder): one per class folder", min=1)
     img_size: int = key("training and evaluation resolution (square)", min=1)
     format: str = key(
-        "imagenet/folder: folder (<split>/<class>/*.jpg) or zip (<split>.zip + <split>_map.txt, tools/pack_dataset.py)",
-        choices=("folder", "zip"),
+        "imagenet/folder: folder (<split>/<class>/*.jpg), zip (<split>.zip + <split>_map.txt) or tar "
+        "(<split>-NNNNNN.tar shards); tools/pack_dataset.py packs a folder",
+        choices=("folder", "zip", "tar"),
         required=False,
     )
     cache_mode: str = key(
@@ -54,6 +55,7 @@ class ClsDataConfig:
         choices=CACHE_MODES,
         required=False,
     )
+    shuffle_buffer: int = key("tar: samples in the training stream's shuffle buffer", min=1, required=False)
     train_split: str = key("imagenet/folder: the training folder under root", required=False)
     val_split: str = key("imagenet/folder: the validation folder under root", required=False)
     crop_pct: float = key(
@@ -209,7 +211,17 @@ def _optimizer_problems(cfg: DictConfig) -> list[str]:
 
 
 # The data keys only some datasets have (the schema lets them be absent), by dataset.
-_IMAGE_FOLDER_KEYS = ("format", "cache_mode", "train_split", "val_split", "crop_pct", "interpolation", "mean", "std")
+_IMAGE_FOLDER_KEYS = (
+    "format",
+    "cache_mode",
+    "shuffle_buffer",
+    "train_split",
+    "val_split",
+    "crop_pct",
+    "interpolation",
+    "mean",
+    "std",
+)
 _DATASET_KEYS = {
     "imagenet": _IMAGE_FOLDER_KEYS,
     "folder": _IMAGE_FOLDER_KEYS,
@@ -220,8 +232,10 @@ _DATASET_KEYS = {
 def _dataset_problems(cfg: DictConfig) -> list[str]:
     needed = _DATASET_KEYS.get(cfg.data.name, ())
     problems = [f"data.{name}: missing (data={cfg.data.name} needs it)" for name in needed if name not in cfg.data]
-    if not problems and cfg.data.get("format") == "folder" and cfg.data.cache_mode != "no":
-        problems.append(f"data.cache_mode={cfg.data.cache_mode}: caches a zip (data.format=zip), not a folder")
+    if not problems and cfg.data.get("format") in ("folder", "tar") and cfg.data.cache_mode != "no":
+        problems.append(
+            f"data.cache_mode={cfg.data.cache_mode}: caches a zip (data.format=zip), not a {cfg.data.format}"
+        )
     return problems
 
 
@@ -264,11 +278,10 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
         isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)
     ):
         splits = (cfg.data.get("train_split"), cfg.data.get("val_split"))
-        layout = (
-            f"{splits[0]}.zip, {splits[0]}_map.txt, {splits[1]}.zip and {splits[1]}_map.txt (data.format=zip)"
-            if cfg.data.get("format") == "zip"
-            else f"{splits[0]}/<class>/ and {splits[1]}/<class>/ image folders"
-        )
+        layout = {
+            "zip": f"{splits[0]}.zip, {splits[0]}_map.txt, {splits[1]}.zip and {splits[1]}_map.txt (data.format=zip)",
+            "tar": f"{splits[0]}-NNNNNN.tar and {splits[1]}-NNNNNN.tar shards with manifest.json (data.format=tar)",
+        }.get(cfg.data.get("format"), f"{splits[0]}/<class>/ and {splits[1]}/<class>/ image folders")
         problems.append(f"data.root={cfg.data.root}: not a folder (data={cfg.data.name} needs {layout})")
     if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
         problems.append(problem)

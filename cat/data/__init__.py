@@ -2,8 +2,9 @@
 
 ``imagenet`` and ``folder`` read the ImageNet layout with timm's transform pipeline, stored as
 ``data.format=folder`` (``root/train/<class>/*.jpg``, ``root/val/<class>/*.jpg``, through
-torchvision's ``ImageFolder``) or ``zip`` (the authors' ``<split>.zip`` + ``<split>_map.txt``, with
-their ``data.cache_mode``: :mod:`cat.data.packed`); ``digits`` (scikit-learn's bundled handwritten
+torchvision's ``ImageFolder``), ``zip`` (the authors' ``<split>.zip`` + ``<split>_map.txt``, with
+their ``data.cache_mode``: :mod:`cat.data.packed`) or ``tar`` (webdataset shards, streamed:
+:mod:`cat.data.shards`); ``digits`` (scikit-learn's bundled handwritten
 digits) and ``synthetic`` need no files at all.
 """
 
@@ -20,6 +21,7 @@ from cat.errors import ConfigError, DataError
 
 from .augment import install_timm_augment_fixes
 from .packed import ZipImageDataset
+from .shards import ShardStream
 from .tensor_sets import digits_dataset, synthetic_dataset
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "load_rgb",
     "IMAGE_EXTENSIONS",
     "ZipImageDataset",
+    "ShardStream",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -106,9 +109,12 @@ def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
     )
 
 
-def build_dataset(data: Any, aug: Any, split: str, rank: int = 0, world: int = 1) -> Dataset:
+def build_dataset(
+    data: Any, aug: Any, split: str, rank: int = 0, world: int = 1, batch_size: int = 1, seed: int = 0
+) -> Dataset:
     """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node, for
-    process ``rank`` of ``world`` (what a ``cache_mode=part`` zip holds)."""
+    process ``rank`` of ``world`` (what a ``cache_mode=part`` zip holds, which shards a tar stream
+    reads; a training stream is whole batches of ``batch_size``, shuffled from ``seed``)."""
     if split not in ("train", "val"):
         raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     if data.name == "digits":
@@ -129,5 +135,11 @@ def build_dataset(data: Any, aug: Any, split: str, rank: int = 0, world: int = 1
             )
         if data.get("format", "folder") == "zip":
             return _zip_split(data, aug, split, rank, world)
+        if data.get("format") == "tar":
+            name = data.train_split if split == "train" else data.val_split
+            transform = build_transform(data, aug, split == "train")
+            return ShardStream(
+                data.root, name, transform, split == "train", rank, world, batch_size, seed, data.shuffle_buffer
+            )
         return _image_folder(data, aug, split)
     raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

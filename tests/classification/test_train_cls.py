@@ -250,7 +250,8 @@ def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_a
 
 @pytest.fixture(scope="module")
 def image_data(tmp_path_factory) -> tuple[Path, Path]:
-    """A JPEG folder (4 classes, 24 train and 8 val images each) and its zip (tools/pack_dataset.py)."""
+    """A JPEG folder (4 classes, 24 train and 8 val images each), its zip and its tar shards
+    (tools/pack_dataset.py)."""
     root = tmp_path_factory.mktemp("image_data")
     rng = np.random.default_rng(0)
     for split, count in (("train", 24), ("val", 8)):
@@ -259,9 +260,9 @@ def image_data(tmp_path_factory) -> tuple[Path, Path]:
             for i in range(count):
                 pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(root / "folder" / split / name / f"{i}.jpg", quality=90)
-    subprocess.run(
-        [sys.executable, str(REPO / "tools" / "pack_dataset.py"), str(root / "folder"), str(root / "zip")], check=True
-    )
+    pack = [sys.executable, str(REPO / "tools" / "pack_dataset.py"), str(root / "folder")]
+    subprocess.run([*pack, str(root / "zip")], check=True)
+    subprocess.run([*pack, str(root / "tar"), "--format", "tar", "--shard-mb", "0.03"], check=True)
     return root / "folder", root / "zip"
 
 
@@ -272,6 +273,8 @@ def _format(fmt: str, image_data: tuple[Path, Path]) -> list[str]:
     folder, zipped = image_data
     if fmt == "folder":
         return [f"data.root={folder}"]
+    if fmt == "tar":
+        return [f"data.root={zipped.parent / 'tar'}", "data.format=tar", "data.shuffle_buffer=16"]
     return [f"data.root={zipped}", "data.format=zip", f"data.cache_mode={fmt.split('-')[1]}"]
 
 
@@ -294,6 +297,22 @@ def test_zip_trains_as_the_folder_and_resumes_exactly(fmt, image_data, uninterru
     run_train(out, *IMAGE_RUN, *_format(fmt, image_data))
     got = final_weights(out)
     for k, v in uninterrupted_folder.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
+def test_tar_stream_resumes_exactly(image_data, tmp_path):
+    """A tar stream has its own order (shards, then a shuffle buffer): preempted mid-epoch and
+    resumed, it ends with the uninterrupted stream's weights, bit for bit."""
+    uninterrupted = run_train(tmp_path / "whole", *IMAGE_RUN, *_format("tar", image_data))
+    assert uninterrupted["epoch"] == 12
+    out = tmp_path / "preempted"
+    proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format("tar", image_data))
+    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    assert torch.load(out / "last.pth", map_location="cpu", weights_only=True)["step_in_epoch"] > 0
+    run_train(out, *IMAGE_RUN, *_format("tar", image_data))
+    expected, got = final_weights(tmp_path / "whole"), final_weights(out)
+    for k, v in expected.items():
         assert torch.equal(got[k], v), k
 
 

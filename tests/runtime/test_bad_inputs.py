@@ -150,10 +150,17 @@ CASES = {
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
     ),
-    "data_format_tar": (_overrides("data=folder", "data.format=tar"), "data.format='tar': expected one of folder, zip"),
+    "data_format_lmdb": (
+        _overrides("data=folder", "data.format=lmdb"),
+        "data.format='lmdb': expected one of folder, zip, tar",
+    ),
     "cache_mode_on_a_folder": (
         _overrides("data=folder", "data.cache_mode=part"),
         "data.cache_mode=part: caches a zip (data.format=zip), not a folder",
+    ),
+    "tar_root_without_shards": (
+        _overrides("data=folder", "data.format=tar", f"data.root={REPO / 'configs'}", "data.num_classes=null"),
+        "no train-*.tar shards in",
     ),
     "zip_root_without_zips": (_zip_root_without_zips, "train.zip (data.format=zip reads <root>/<split>.zip"),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),

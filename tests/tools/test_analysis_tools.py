@@ -246,16 +246,18 @@ def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
 
 def test_bench_data_measures_every_format(run_tool, tmp_path):
     """tools/bench_data.py on a tiny generated set: every format loads, the opens and cache sizes
-    are what each layout claims (a folder opens every image, a zip reader one file per process,
-    part holds 1/world of full)."""
+    are what each layout claims (a folder opens every image, a zip reader one file per process, a
+    tar stream its rank's shards, part holds 1/world of full)."""
     args = ["--images", "24", "--classes", "3", "--batch", "4", "--batches", "1", "--rounds", "1", "--world", "2"]
+    args += ["--shard-mb", "0.2"]  # a few images per shard: rank 0 streams some of them
     rows = {r["format"]: r for r in json.loads(run_tool("bench_data", *args, "--data", str(tmp_path), "--json"))}
-    assert set(rows) == {"folder", "zip/no", "zip/part", "zip/full", "timm"}
+    assert set(rows) == {"folder", "zip/no", "zip/part", "zip/full", "tar", "timm"}
     assert all(r["images_per_s_per_worker"] > 0 for r in rows.values())
     assert rows["folder"]["files_opened_per_epoch"] == rows["folder"]["epoch_images"] == 24
     assert rows["timm"]["files_opened_per_epoch"] == 24
     assert rows["zip/no"]["files_opened_per_epoch"] == 1
     assert rows["zip/part"]["files_opened_per_epoch"] == rows["zip/full"]["files_opened_per_epoch"] == 0
     assert rows["zip/part"]["epoch_images"] == 12 and rows["zip/full"]["epoch_images"] == 24
+    assert rows["tar"]["epoch_images"] == 12 and 1 <= rows["tar"]["files_opened_per_epoch"] <= 6  # its shards
     part, full = rows["zip/part"]["cache_mb_per_rank"], rows["zip/full"]["cache_mb_per_rank"]
     assert 0.3 * full < part < 0.7 * full and rows["folder"]["cache_mb_per_rank"] == 0

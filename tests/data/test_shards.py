@@ -1,0 +1,122 @@
+"""Tar shards (tools/pack_dataset.py --format tar, cat.data.shards): each image once when evaluating,
+a fixed and equal number of samples per rank when training, a resumed epoch that continues the
+stream exactly (also across DataLoader workers), and damaged shards named."""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from cat.data.shards import ShardStream
+from cat.errors import DataError
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> tuple[Path, Path]:
+    """A PNG folder (3 classes; 10 train, 4 val images each) packed into ~7-image shards."""
+    root = tmp_path_factory.mktemp("sharded")
+    rng = np.random.default_rng(1)
+    for split, count in (("train", 10), ("val", 4)):
+        for name in ("a", "b", "c"):
+            (root / "src" / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
+                    root / "src" / split / name / f"{i}.png"
+                )
+    pack = runpy.run_path(str(REPO / "tools" / "pack_dataset.py"))["main"]
+    assert pack([str(root / "src"), str(root / "tar"), "--format", "tar", "--shard-mb", "0.0015"]) == 0
+    return root / "src", root / "tar"
+
+
+def _pixels(image: Image.Image) -> bytes:
+    return np.asarray(image).tobytes()
+
+
+def test_packed_into_several_shards_with_a_manifest(sharded):
+    _, tar = sharded
+    shards = sorted(p.name for p in tar.glob("train-*.tar"))
+    assert len(shards) >= 4 and shards[0] == "train-000000.tar"
+    stream = ShardStream(str(tar), "train", train=False)
+    assert sum(stream.counts) == 30 and stream.classes == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_evaluation_sees_every_image_once_across_ranks(sharded, world):
+    source, tar = sharded
+    expected = Counter((_pixels(img.convert("RGB")), label) for img, label in ImageFolder(str(source / "val")))
+    seen = Counter()
+    for rank in range(world):
+        seen.update(
+            (_pixels(img), label) for img, label in ShardStream(str(tar), "val", train=False, rank=rank, world=world)
+        )
+    assert seen == expected
+
+
+def test_training_gives_every_rank_the_same_whole_batches(sharded):
+    _, tar = sharded
+    streams = [ShardStream(str(tar), "train", rank=r, world=3, batch_size=4, seed=3) for r in range(3)]
+    lengths = [len(list(s)) for s in streams]
+    assert lengths == [len(s) for s in streams] == [8, 8, 8]  # 30 // 3 = 10, whole batches of 4: 8
+
+
+def test_the_order_is_seeded_by_epoch(sharded):
+    _, tar = sharded
+    stream = ShardStream(str(tar), "train", batch_size=2, seed=0, buffer=8)
+    first = [_pixels(i) for i, _ in stream]
+    assert [_pixels(i) for i, _ in stream] == first  # a pure function of (seed, epoch, rank, worker)
+    stream.set_epoch(1)
+    second = [_pixels(i) for i, _ in stream]
+    assert second != first and sorted(second) == sorted(first)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_epoch_continues_the_stream_exactly(sharded, workers):
+    """Skipping k batches of the rank (split over the workers as the DataLoader took them) gives
+    the uninterrupted epoch's remaining batches, in order."""
+    _, tar = sharded
+    stream = ShardStream(str(tar), "train", batch_size=2, seed=5, buffer=4)
+    stream.set_epoch(2)
+
+    def batches() -> list[torch.Tensor]:
+        loader = DataLoader(stream, batch_size=2, num_workers=workers, collate_fn=lambda b: [_pixels(i) for i, _ in b])
+        return list(loader)
+
+    whole = batches()
+    stream.set_epoch(2, skip=3 * 2)
+    assert batches() == whole[3:] and len(whole) == 15
+
+
+def test_truncated_shard_is_named(sharded, tmp_path):
+    tar = tmp_path / "tar"
+    shutil.copytree(sharded[1], tar)
+    shard = tar / "train-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:700])
+    with pytest.raises(DataError, match=r"train-000001\.tar has 700 bytes, its manifest says \d+"):
+        ShardStream(str(tar), "train")
+    (tar / "manifest.json").unlink()
+    with pytest.raises(DataError, match="has no manifest.json"):
+        ShardStream(str(tar), "train")
+
+
+def test_a_stray_shard_is_named(sharded, tmp_path):
+    tar = tmp_path / "tar"
+    shutil.copytree(sharded[1], tar)
+    shutil.copy(tar / "train-000000.tar", tar / "train-000099.tar")
+    with pytest.raises(DataError, match=r"train-000099\.tar is not in .*manifest\.json"):
+        ShardStream(str(tar), "train")
+
+
+def test_more_ranks_than_shards_is_one_line(sharded):
+    _, tar = sharded
+    with pytest.raises(DataError, match=r"shards cannot feed 16 rank\(s\) x 1 worker\(s\)"):
+        list(ShardStream(str(tar), "train", batch_size=1, world=16, rank=15))
