@@ -120,21 +120,18 @@ def test_pretrained_file_overlay_gives_the_release_logits(official_ca_deit):
     torch.testing.assert_close(other.blocks[1].attn.qkv.weight, model.blocks[1].attn.qkv.weight)
 
 
-def test_pretrained_url_downloads_into_timms_cache_and_checks_the_hash(official_ca_deit, tmp_path):
+def test_pretrained_url_downloads_into_timms_cache_and_checks_the_hash(official_ca_deit, tmp_path, monkeypatch):
     release = official_ca_deit / "small_p8_64.pth"
     digest = hashlib.sha256(release.read_bytes()).hexdigest()
-    hub = torch.hub.get_dir()
-    torch.hub.set_dir(str(tmp_path / "hub"))
-    try:
-        url = (release.as_uri(), f"ca_deit_fixture-{digest[:10]}.pth")
-        model = timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": url}, **FIXTURE_ARGS)
-        torch.testing.assert_close(*fixture_logits(official_ca_deit, model), rtol=1e-5, atol=1e-5)
-        assert (tmp_path / "hub" / "checkpoints" / url[1]).is_file()
-        wrong = (release.as_uri(), "ca_deit_fixture-0123abcd.pth")
-        with pytest.raises(CheckpointError, match="fails its hash check.*0123abcd"):
-            timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": wrong}, **FIXTURE_ARGS)
-    finally:
-        torch.hub.set_dir(hub)
+    # TORCH_HOME, not torch.hub.set_dir: set_dir pins the cache for the rest of the process.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    url = (release.as_uri(), f"ca_deit_fixture-{digest[:10]}.pth")
+    model = timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": url}, **FIXTURE_ARGS)
+    torch.testing.assert_close(*fixture_logits(official_ca_deit, model), rtol=1e-5, atol=1e-5)
+    assert (tmp_path / "torch" / "hub" / "checkpoints" / url[1]).is_file()
+    wrong = (release.as_uri(), "ca_deit_fixture-0123abcd.pth")
+    with pytest.raises(CheckpointError, match="fails its hash check.*0123abcd"):
+        timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": wrong}, **FIXTURE_ARGS)
 
 
 def test_pretrained_refuses_corrupt_and_hostile_files(official_ca_deit, tmp_path):
