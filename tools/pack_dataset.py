@@ -24,7 +24,9 @@ import json
 import os
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -78,27 +80,38 @@ def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> dict[st
 
 def pack_tar(source: Path, out: Path, split: str, classes: list[str], shard_bytes: int) -> dict[str, dict[str, object]]:
     """``<split>-000000.tar``, ...: ``<key>.<ext>`` + ``<key>.cls`` per image (webdataset's TarWriter),
-    a new shard once one holds ``shard_bytes``; images in ImageFolder's order (keys are positions)."""
+    a new shard once one holds ``shard_bytes`` of images; images in ImageFolder's order (keys are
+    positions). Each shard is written atomically: an interrupted run leaves no partial shard."""
     from webdataset import TarWriter
 
     images = split_images(source / split, classes)
-    shards: list[tuple[Path, int]] = []
-    writer, written = None, 0
-    for index, (member, label) in enumerate(images):
-        if writer is None or written >= shard_bytes:
-            if writer is not None:
-                writer.close()
-            shards.append((out / f"{split}-{len(shards):06d}.tar", 0))
-            writer, written = TarWriter(str(shards[-1][0]), encoder=False), 0
-        data = (source / split / member).read_bytes()
-        extension = Path(member).suffix.lstrip(".").lower()
-        writer.write({"__key__": f"{index:08d}", extension: data, "cls": str(label).encode()})
-        shards[-1] = (shards[-1][0], shards[-1][1] + 1)
-        written += len(data)
-    writer.close()
-    return {
-        path.name: {"bytes": path.stat().st_size, "images": count, "sha256": sha256_of(path)} for path, count in shards
-    }
+    groups: list[list[int]] = [[]]
+    held = 0
+    for index, (member, _) in enumerate(images):
+        if groups[-1] and held >= shard_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(index)
+        held += (source / split / member).stat().st_size
+
+    def write_shard(indices: list[int]) -> Callable[[Any], None]:
+        def write(f: Any) -> None:
+            writer = TarWriter(f, encoder=False)
+            for index in indices:
+                member, label = images[index]
+                extension = Path(member).suffix.lstrip(".").lower()
+                data = (source / split / member).read_bytes()
+                writer.write({"__key__": f"{index:08d}", extension: data, "cls": str(label).encode()})
+            writer.close()
+
+        return write
+
+    files = {}
+    for number, indices in enumerate(groups):
+        path = out / f"{split}-{number:06d}.tar"
+        atomic_write(str(path), write_shard(indices))
+        files[path.name] = {"bytes": path.stat().st_size, "images": len(indices), "sha256": sha256_of(path)}
+    return files
 
 
 def verify(out: Path) -> list[str]:

@@ -118,6 +118,12 @@ class ZipImageDataset(Dataset):
             if manifest and "classes" in manifest
             else [str(i) for i in range(max(self.targets) + 1)]
         )
+        bad_label = next((label for label in self.targets if not 0 <= label < len(self.classes)), None)
+        if bad_label is not None:
+            raise DataError(
+                f"{os.path.join(root, f'{split}_map.txt')} has label {bad_label}, not one of the "
+                f"{len(self.classes)} classes of {os.path.join(root, MANIFEST)}"
+            )
         self._zip: zipfile.ZipFile | None = None
         self._zip_pid: int | None = None
         members = set(self._archive().namelist())

@@ -92,6 +92,9 @@ class ShardStream(IterableDataset):
         for shard in self.shards:
             _check_against_manifest(shard, manifest)
         self.counts = [int(manifest["files"][os.path.basename(s)]["images"]) for s in self.shards]
+        empty = next((s for s, count in zip(self.shards, self.counts, strict=True) if count == 0), None)
+        if empty is not None:
+            raise DataError(f"{empty} holds no images (its manifest says 0): remove it, or re-pack")
         self.classes = list(manifest.get("classes", []))
         self.transform, self.train, self.rank, self.world = transform, train, rank, world
         self.batch_size, self.seed, self.buffer = batch_size, seed, buffer
@@ -129,9 +132,14 @@ class ShardStream(IterableDataset):
 
         while True:
             samples = tarfile_samples(({"url": s} for s in shards), handler=_raise_named)
-            yield from samples if rng is None else self._shuffled(samples, rng)
+            produced = 0
+            for sample in samples if rng is None else self._shuffled(samples, rng):
+                produced += 1
+                yield sample
             if not self.train:
                 return
+            if not produced:  # starting them over would never end
+                raise DataError(f"shards {', '.join(shards)} hold no samples (their manifest says otherwise)")
 
     def _shuffled(self, samples: Iterator[dict[str, Any]], rng: random.Random) -> Iterator[dict[str, Any]]:
         held: list[dict[str, Any]] = []
@@ -170,6 +178,8 @@ class ShardStream(IterableDataset):
             label = int(sample["cls"])
         except (OSError, ValueError) as error:
             raise DataError(f"cannot decode sample {name} ({error}); re-pack the shard") from None
+        if self.classes and not 0 <= label < len(self.classes):
+            raise DataError(f"sample {name} has label {label}, not one of the {len(self.classes)} classes")
         return (self.transform(rgb) if self.transform is not None else rgb), label
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:

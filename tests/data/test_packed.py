@@ -150,3 +150,19 @@ def test_a_worker_process_opens_its_own_zip(packed):
     dataset = ZipImageDataset(str(zipped), "val")
     copy = pickle.loads(pickle.dumps(dataset))
     assert copy._zip is None and np.array_equal(np.asarray(copy[0][0]), np.asarray(dataset[0][0]))
+
+
+def test_a_zip_without_its_image_list_is_named(packed, tmp_path):
+    zipped = _copy(packed[1], tmp_path)
+    (zipped / "val_map.txt").unlink()
+    with pytest.raises(DataError, match=r"no image list .*val_map\.txt \(the zip layout"):
+        ZipImageDataset(str(zipped), "val")
+
+
+def test_a_label_beyond_the_manifests_classes_is_named(packed, tmp_path):
+    zipped = _copy(packed[1], tmp_path)
+    lines = (zipped / "train_map.txt").read_text().splitlines()
+    lines[0] = lines[0].rsplit("\t", 1)[0] + "\t3"
+    (zipped / "train_map.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train_map\.txt has label 3, not one of the 3 classes"):
+        ZipImageDataset(str(zipped), "train")

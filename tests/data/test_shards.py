@@ -120,3 +120,64 @@ def test_more_ranks_than_shards_is_one_line(sharded):
     _, tar = sharded
     with pytest.raises(DataError, match=r"shards cannot feed 16 rank\(s\) x 1 worker\(s\)"):
         list(ShardStream(str(tar), "train", batch_size=1, world=16, rank=15))
+
+
+def _rewrite_shard(tar: Path, name: str, samples: list[dict]) -> None:
+    """Replace shard ``name`` with ``samples`` and update its manifest entry (a well-formed but
+    wrong shard: only its content is at fault)."""
+    import json
+
+    from webdataset import TarWriter
+
+    with TarWriter(str(tar / name), encoder=False) as writer:
+        for sample in samples:
+            writer.write(sample)
+    manifest = json.loads((tar / "manifest.json").read_text())
+    manifest["files"][name].update(bytes=(tar / name).stat().st_size, images=max(len(samples), 1))
+    (tar / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({"png": b"x"}, r"sample 00000000 in .*val-000000\.tar has no image or no \.cls label"),
+        ({"cls": b"7"}, r"has no image or no \.cls label"),
+        ({"png": None, "cls": b"7"}, r"sample 00000000 in .*val-000000\.tar has label 7, not one of the 3 classes"),
+    ],
+    ids=["no_label", "no_image", "label_out_of_range"],
+)
+def test_a_bad_sample_is_named_when_read(sharded, tmp_path, sample, message):
+    tar = tmp_path / "tar"
+    shutil.copytree(sharded[1], tar)
+    if sample.get("png", b"") is None:
+        sample["png"] = (sharded[0] / "val" / "a" / "0.png").read_bytes()
+    _rewrite_shard(tar, "val-000000.tar", [{"__key__": "00000000", **sample}])
+    with pytest.raises(DataError, match=message):
+        list(ShardStream(str(tar), "val", train=False))
+
+
+def test_an_empty_shard_is_refused_before_reading(sharded, tmp_path):
+    import json
+
+    tar = tmp_path / "tar"
+    shutil.copytree(sharded[1], tar)
+    manifest = json.loads((tar / "manifest.json").read_text())
+    manifest["files"]["train-000002.tar"]["images"] = 0
+    (tar / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"train-000002\.tar holds no images"):
+        ShardStream(str(tar), "train")
+
+
+def test_an_interrupted_pack_leaves_no_partial_file(sharded, tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(sharded[0], source)
+    (source / "train" / "b" / "5.png").unlink()
+    (source / "train" / "b" / "5.png").symlink_to(tmp_path / "gone.png")  # unreadable mid-pack
+    pack = runpy.run_path(str(REPO / "tools" / "pack_dataset.py"))["main"]
+    for fmt in ("tar", "zip"):
+        out = tmp_path / fmt
+        with pytest.raises(FileNotFoundError):
+            pack([str(source), str(out), "--format", fmt, "--shard-mb", "0.0015"])
+        left = sorted(p.name for p in out.iterdir())
+        assert not [n for n in left if n.endswith(".tmp") or n.startswith(".")], left
+        assert "manifest.json" not in left and "train.zip" not in left  # whole shards only, no manifest
