@@ -11,7 +11,8 @@ Training (:class:`ShardStream`):
   rank ``r`` takes every ``world``-th of them from ``r``, and its DataLoader worker ``w`` every
   ``workers``-th of those from ``w``;
 * samples pass a shuffle buffer of ``buffer`` samples (seeded per epoch, rank and worker), drained
-  at the end of each pass over the rank's shards, so an image does not repeat within a pass;
+  at the end of each pass over the rank's shards, so an image does not repeat within a pass, and
+  no more samples are read than the epoch still takes;
 * every rank yields exactly ``images // world`` samples, rounded down to whole batches: a rank whose
   shards hold fewer starts its shards over, one whose shards hold more stops (so every rank takes
   the same number of steps, as ``DistributedSampler(drop_last=True)`` gives the other formats);
@@ -124,32 +125,40 @@ class ShardStream(IterableDataset):
             )
         return [self.shards[i] for i in mine]
 
-    def _passes(self, shards: list[str], rng: random.Random | None) -> Iterator[dict[str, Any]]:
+    def _passes(self, shards: list[str], rng: random.Random | None, limit: int) -> Iterator[dict[str, Any]]:
         """The shards' samples, pass after pass when training (a rank whose shards hold fewer than
         its quota starts them over), each pass through the shuffle buffer and drained at its end,
-        so within a pass no image repeats; one unshuffled pass when evaluating."""
+        so within a pass no image repeats, and no pass reads past the ``limit`` samples the stream
+        still needs; one unshuffled pass when evaluating."""
         from webdataset.tariterators import tarfile_samples
 
+        total = 0
         while True:
             samples = tarfile_samples(({"url": s} for s in shards), handler=_raise_named)
             produced = 0
-            for sample in samples if rng is None else self._shuffled(samples, rng):
+            for sample in samples if rng is None else self._shuffled(samples, rng, limit - total):
                 produced += 1
                 yield sample
+            total += produced
             if not self.train:
                 return
             if not produced:  # starting them over would never end
                 raise DataError(f"shards {', '.join(shards)} hold no samples (their manifest says otherwise)")
 
-    def _shuffled(self, samples: Iterator[dict[str, Any]], rng: random.Random) -> Iterator[dict[str, Any]]:
+    def _shuffled(self, samples: Iterator[dict[str, Any]], rng: random.Random, limit: int) -> Iterator[dict[str, Any]]:
+        """``samples`` through the shuffle buffer, reading at most ``limit`` of them."""
         held: list[dict[str, Any]] = []
+        emitted = 0
         for sample in samples:
             if len(held) < self.buffer:
                 held.append(sample)
-                continue
-            index = rng.randrange(len(held))
-            held[index], sample = sample, held[index]
-            yield sample
+            else:
+                index = rng.randrange(len(held))
+                held[index], sample = sample, held[index]
+                emitted += 1
+                yield sample
+            if emitted + len(held) >= limit:
+                break
         rng.shuffle(held)
         yield from held
 
@@ -186,13 +195,13 @@ class ShardStream(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self.train:
-            for sample in self._passes(self._my_shards(worker, workers), None):
+            for sample in self._passes(self._my_shards(worker, workers), None, 0):
                 yield self._decode(sample)
             return
         role = self._role(worker, workers)
         rng = random.Random(hash((self.seed, self.epoch, self.rank, role)))
         quota, skip = self._quota(role, workers)
-        stream = self._passes(self._my_shards(role, workers), rng)
+        stream = self._passes(self._my_shards(role, workers), rng, quota)
         for position, sample in enumerate(stream):
             if position >= quota:
                 return
