@@ -30,7 +30,7 @@ from torch.utils.data import Dataset, Sampler
 
 from cat.errors import DataError
 
-__all__ = ["CACHE_MODES", "ZipImageDataset", "RankShardSampler", "read_manifest", "MANIFEST"]
+__all__ = ["CACHE_MODES", "ZipImageDataset", "RankShardSampler", "read_manifest", "check_against_manifest", "MANIFEST"]
 
 CACHE_MODES = ("no", "part", "full")
 MANIFEST = "manifest.json"
@@ -51,7 +51,7 @@ def read_manifest(root: str) -> dict[str, Any] | None:
         raise DataError(f"{path} is not a dataset manifest ({error}); re-run tools/pack_dataset.py") from None
 
 
-def _check_against_manifest(path: str, manifest: dict[str, Any] | None, images: int | None = None) -> None:
+def check_against_manifest(path: str, manifest: dict[str, Any] | None, images: int | None = None) -> None:
     entry = (manifest or {}).get("files", {}).get(os.path.basename(path))
     if entry is None:
         return
@@ -110,7 +110,7 @@ class ZipImageDataset(Dataset):
             raise DataError(f"no {self.zip_path} (data.format=zip reads <root>/<split>.zip and <split>_map.txt)")
         manifest = read_manifest(root)
         self.samples = _read_map(os.path.join(root, f"{split}_map.txt"))
-        _check_against_manifest(self.zip_path, manifest, len(self.samples))
+        check_against_manifest(self.zip_path, manifest, len(self.samples))
         self.targets = [label for _, label in self.samples]
         # The packer's class names; an authors' zip has only labels: their numbers stand in.
         self.classes = (

@@ -37,7 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from cat.errors import DataError
 
-from .packed import _check_against_manifest, read_manifest
+from .packed import check_against_manifest, read_manifest
 
 __all__ = ["ShardStream", "shard_paths"]
 
@@ -91,7 +91,7 @@ class ShardStream(IterableDataset):
         if missing:
             raise DataError(f"{missing[0]} is not in {root}/manifest.json: a stray shard, or the manifest is stale")
         for shard in self.shards:
-            _check_against_manifest(shard, manifest)
+            check_against_manifest(shard, manifest)
         self.counts = [int(manifest["files"][os.path.basename(s)]["images"]) for s in self.shards]
         empty = next((s for s, count in zip(self.shards, self.counts, strict=True) if count == 0), None)
         if empty is not None:

@@ -166,3 +166,11 @@ def test_a_label_beyond_the_manifests_classes_is_named(packed, tmp_path):
     (zipped / "train_map.txt").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"train_map\.txt has label 3, not one of the 3 classes"):
         ZipImageDataset(str(zipped), "train")
+
+
+@pytest.mark.parametrize("text", ["{not json", '["a list"]', '{"files": 3}'])
+def test_a_broken_manifest_is_named(packed, tmp_path, text):
+    zipped = _copy(packed[1], tmp_path)
+    (zipped / "manifest.json").write_text(text)
+    with pytest.raises(DataError, match=r"manifest\.json is not a dataset manifest .*re-run tools/pack_dataset\.py"):
+        ZipImageDataset(str(zipped), "val")

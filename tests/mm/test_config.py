@@ -36,6 +36,12 @@ BAD_KEYS = [
     ("seg", "strict_load=maybe", "strict_load='maybe': expected true or false"),
     ("det", "model.backbone.drop_path_rate=2", "model.backbone.drop_path_rate=2: expected a number >= 0 and <= 1"),
     ("seg", "model.backbone.lean_attention=maybe", "model.backbone.lean_attention='maybe': expected true or false"),
+    ("det", "accum_steps=0", "accum_steps=0: expected an integer >= 1"),
+    (
+        "seg",
+        "model.backbone.grad_checkpointing=maybe",
+        "model.backbone.grad_checkpointing='maybe': expected true or false",
+    ),
     ("det", "++model.backbone.kwargs.foo=1", "model.backbone.kwargs.foo: not an argument of ca_pvt_tiny (accepted:"),
 ]
 

@@ -162,6 +162,14 @@ CASES = {
         _overrides("data=folder", "data.format=tar", f"data.root={REPO / 'configs'}", "data.num_classes=null"),
         "no train-*.tar shards in",
     ),
+    "cache_mode_unknown": (
+        _overrides("data=folder", "data.cache_mode=some"),
+        "data.cache_mode='some': expected one of no, part, full",
+    ),
+    "shuffle_buffer_zero": (
+        _overrides("data=folder", "data.format=tar", "data.shuffle_buffer=0"),
+        "data.shuffle_buffer=0: expected an integer >= 1",
+    ),
     "zip_root_without_zips": (_zip_root_without_zips, "train.zip (data.format=zip reads <root>/<split>.zip"),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),
     "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),

@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,13 +203,19 @@ def test_make_tables_refuses_broken_and_hostile_run_files(run_tool, tmp_path):
     assert not marker.exists()
 
 
-def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_path):
-    cell = tmp_path / "cell"
-    cell.mkdir()
-    (tmp_path / "multirun.yaml").write_text(
+def _one_cell_sweep(sweep: Path) -> Path:
+    """A sweep folder with one cell (seed=0) and nothing run in it yet: the cell's folder."""
+    cell = sweep / "cell"
+    cell.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text(
         "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
     )
     (cell / "overrides.yaml").write_text("[seed=0]\n")
+    return cell
+
+
+def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_path):
+    cell = _one_cell_sweep(tmp_path)
     (cell / ".lock").write_text("[]")
     assert "1 failed" in run_tool("make_tables", str(tmp_path))
 
@@ -216,12 +223,7 @@ def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_p
 def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
     """A stopped cell's metrics.jsonl with junk in it: only real entries count, nothing raises; a
     history that cannot be read at all is one line naming it."""
-    cell = tmp_path / "cell"
-    cell.mkdir()
-    (tmp_path / "multirun.yaml").write_text(
-        "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
-    )
-    (cell / "overrides.yaml").write_text("[seed=0]\n")
+    cell = _one_cell_sweep(tmp_path)
     (cell / "config.yaml").write_text("model: {name: ca_deit_tiny}\ndata: {name: digits}\n")
     (cell / "metrics.json").write_text('{"preempted": true, "epoch": 1}')
     lines = [
