@@ -245,6 +245,14 @@ class Trainer:
             started = time.perf_counter()
             result = self._train_epoch(point)
             point = ResumePoint()
+            if result.interrupted and not self.env.is_main:  # rank 0 says what it saved
+                log.warning(
+                    "rank %d: stop requested, leaving with every rank at epoch %d step %d/%d",
+                    self.env.rank,
+                    state.epoch + 1,
+                    state.step_in_epoch,
+                    data.steps_per_epoch,
+                )
             if result.interrupted and state.step_in_epoch < data.steps_per_epoch:
                 state.wall_time_s += time.perf_counter() - started
                 _check_finite(state, checkpoints)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,7 +12,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["DistEnv", "init_distributed", "all_reduce_sum", "broadcast_object", "barrier"]
+__all__ = [
+    "DistEnv",
+    "init_distributed",
+    "rendezvous_port",
+    "describe_hosts",
+    "hosts_by_rank",
+    "all_reduce_sum",
+    "broadcast_object",
+    "barrier",
+]
 
 
 @dataclass(frozen=True)
@@ -38,13 +48,23 @@ def _submitit_to_torchrun_env() -> None:
     job = submitit.JobEnvironment()
     if job.num_tasks > 1:
         os.environ.setdefault("MASTER_ADDR", job.hostnames[0])
-        os.environ.setdefault("MASTER_PORT", str(20000 + zlib.crc32(job.job_id.encode()) % 20000))
+        os.environ.setdefault("MASTER_PORT", str(rendezvous_port(job.job_id)))
     os.environ.update(RANK=str(job.global_rank), WORLD_SIZE=str(job.num_tasks), LOCAL_RANK=str(job.local_rank))
 
 
-def init_distributed(device: str = "auto", timeout_min: int = 30) -> DistEnv:
+def rendezvous_port(job_id: str) -> int:
+    """A job's own rendezvous port, 20000-39999, as the sbatch templates derive it (common.sh): two
+    jobs sharing a node never bind the same one. Slurm's numeric job id (unique per array task) when
+    there is one, else a checksum of submitit's id (its local executor)."""
+    slurm_id = os.environ.get("SLURM_JOB_ID", "")
+    number = int(slurm_id) if slurm_id.isdigit() else zlib.crc32(job_id.encode())
+    return 20000 + number % 20000
+
+
+def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
     """Join the process group torchrun (or a submitit job) describes in the environment, or run
     single-process. Uses NCCL when CUDA is available (one GPU per local rank), gloo otherwise.
+    A collective that waits ``timeout_s`` for another rank (one lost with its node) raises.
     """
     if "WORLD_SIZE" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
         _submitit_to_torchrun_env()
@@ -60,10 +80,32 @@ def init_distributed(device: str = "auto", timeout_min: int = 30) -> DistEnv:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            timeout=timedelta(minutes=timeout_min),
+            timeout=timedelta(seconds=timeout_s),
             **({"device_id": dev} if use_cuda else {}),
         )
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+def describe_hosts(env: DistEnv) -> str:
+    """Where the ranks run, e.g. ``cat-n1 (ranks 0-7), cat-n2 (ranks 8-15)`` (one all-gather)."""
+    hosts: list[str] = [socket.gethostname()] * env.world_size
+    if env.distributed:
+        dist.all_gather_object(hosts, hosts[0])
+    return hosts_by_rank(hosts)
+
+
+def hosts_by_rank(hosts: list[str]) -> str:
+    """``hosts[r]`` is rank r's host: each host once, with its ranks (a span when they are consecutive)."""
+    ranks: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        ranks.setdefault(host, []).append(rank)
+
+    def span(r: list[int]) -> str:
+        if len(r) == 1:
+            return f"rank {r[0]}"
+        return f"ranks {r[0]}-{r[-1]}" if r == list(range(r[0], r[-1] + 1)) else "ranks " + ",".join(map(str, r))
+
+    return ", ".join(f"{host} ({span(r)})" for host, r in ranks.items())
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:

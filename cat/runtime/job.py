@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import OutputError, UserError
 
-from .dist import DistEnv, barrier, broadcast_object, init_distributed
+from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distributed
 from .io import atomic_write_json, atomic_write_text
 from .logger import setup_logging
 from .metrics import MetricSinks, build_metric_sinks
@@ -147,7 +147,7 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     it returns to ``metrics.json`` (rank 0), and tear down, whatever happened. A run that stopped
     on a signal (``preempted`` in its metrics) then hands the signal back (submitit requeues the
     cell). The config must already be checked."""
-    env = init_distributed(cfg.device)
+    env = init_distributed(cfg.device, cfg.dist_timeout_s)
     folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
     try:
         finished = _finished_record(cfg, folder)
@@ -165,9 +165,19 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
         try:
             seed_everything(cfg.seed + env.rank)
             folder.log.info(
-                "%s mode on %s (world size %d), output in %s", cfg.mode, env.device, env.world_size, folder.path
+                "%s mode on %s (world size %d: %s), output in %s",
+                cfg.mode,
+                env.device,
+                env.world_size,
+                describe_hosts(env),
+                folder.path,
             )
-            metrics = body(env, folder)
+            try:
+                metrics = body(env, folder)
+            except RuntimeError as error:
+                if env.distributed and _collective_failure(error):
+                    _record_lost_peer(folder, env, error, cfg.dist_timeout_s)
+                raise
             if env.is_main:
                 atomic_write_json(folder.file("metrics.json"), metrics)
         finally:
@@ -177,6 +187,27 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     if metrics.get("preempted"):
         signals.hand_back()
     return metrics
+
+
+def _collective_failure(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective that failed: a peer's connection closed, or it timed out."""
+    return isinstance(error, dist.DistError) or any(
+        mark in str(error) for mark in ("gloo/transport", "ProcessGroupGloo", "NCCL", "Timed out waiting")
+    )
+
+
+def _record_lost_peer(folder: RunFolder, env: DistEnv, error: RuntimeError, timeout_s: int) -> None:
+    """The run's log says why it ended: a collective failed, so another rank is gone (its node lost,
+    or it crashed: its own log says which), and the last complete checkpoint is where to resume from."""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    folder.log.error(
+        "rank %d of %d: a collective failed, another rank stopped answering (a node lost, or that rank failed; "
+        "dist_timeout_s=%s): %s. Checkpoints written before it are complete: rerun the same command to resume.",
+        env.rank,
+        env.world_size,
+        timeout_s,
+        first_line[:300],
+    )
 
 
 def _finished_record(cfg: DictConfig, folder: RunFolder) -> dict[str, Any] | None:

@@ -150,6 +150,11 @@ class JobConfig:
     device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"))
     amp: AmpConfig = section(AmpConfig, "mixed precision")
     workers: int = key("data-loading processes per training process", min=0)
+    dist_timeout_s: int = key(
+        "seconds a rank waits for the others in a collective before it fails (a lost node ends the job after it); "
+        "longer than anything one rank does alone (saving, COCO evaluation)",
+        min=1,
+    )
     log_interval: int = key("steps between console and metric log lines", min=1)
     save: SaveConfig = section(SaveConfig, "checkpoints")
     sweep_name: str = key("multirun (-m): the sweep's folder, outputs/<task>/sweeps/<sweep_name>/<cell>")

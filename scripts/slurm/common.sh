@@ -17,6 +17,12 @@ gpus_per_node() {
     fi
 }
 
+# The job's own rendezvous port, 20000-39999 (a requeued job keeps its id, so its port): two jobs that share
+# a node never bind the same one. cat's submitit path derives it the same way (cat/runtime/dist.py).
+rendezvous_port() {
+    echo $((20000 + SLURM_JOB_ID % 20000))
+}
+
 # Run the training step ("$@", an srun command) and handle preemption. On USR1 (time limit near,
 # --signal=B:USR1@300; or `scancel --signal=USR1 --batch JOB`) or TERM, send SIGTERM to the step's
 # tasks (not to srun, which would cancel the step and kill them), so every trainer finishes its

@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# A one-node Slurm on this machine, to try the sbatch templates (and to test them in CI):
-#   sudo bash scripts/slurm/local_cluster.sh start     # installs slurm-wlm + munge if missing, starts them
+# A real Slurm on this machine, to try the sbatch templates and the Slurm launcher (and to test them in CI):
+#   sudo bash scripts/slurm/local_cluster.sh start              # one node: this host
+#   sudo bash scripts/slurm/local_cluster.sh start --nodes 2    # two nodes, each its own network host
 #   sudo bash scripts/slurm/local_cluster.sh status
-#   sudo bash scripts/slurm/local_cluster.sh stop
-# Idempotent. Debian's packages, munge with a generated key, slurmctld and slurmd as root, one
-# partition "local" holding this node (its CPUs and memory), job-completion records for `sacct -c`.
+#   sudo bash scripts/slurm/local_cluster.sh fail cat-n2        # the node is lost: link down, everything on it killed
+#   sudo bash scripts/slurm/local_cluster.sh stop               # daemons, namespaces, bridge, addresses: all gone
+# Idempotent (a `start` after `fail` brings the lost node back). Debian's slurm-wlm and munge, a generated munge
+# key, slurmctld and slurmd as root, one partition "local", job-completion records for `sacct -c`.
+#
+# With --nodes N (N >= 2) node i is "cat-n<i>": a slurmd in its own network and UTS namespace (hostname cat-n<i>,
+# address $NET.<10+i> on a bridge "catslurm0" this script creates, the controller at $NET.1 on the bridge). Names
+# resolve inside the nodes through /etc/netns/cat-n<i>/hosts (ip-netns bind-mounts it as their /etc/hosts).
+# The nodes share this machine's filesystem, munge socket and CPUs; packets go only between the bridge, the
+# nodes and the loopback (nothing is routed: the bridge has no uplink and forwarding is left as it is).
 # State and logs live in $CAT_SLURM_DIR (default /tmp/cat-slurm). Needs root.
 set -euo pipefail
 
 STATE=${CAT_SLURM_DIR:-/tmp/cat-slurm}
+NET=${CAT_SLURM_NET:-10.231.0}  # the bridge's /24; refused if this machine already routes it elsewhere
+BRIDGE=catslurm0
 CONF_DIR=/etc/slurm
-NODE=$(hostname -s)
+HOST=$(hostname -s)
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs as root)"
+
+node_names() { ls /var/run/netns 2>/dev/null | grep -E '^cat-n[0-9]+$' | sort -V || true; }
 
 install_packages() {
     if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
@@ -35,22 +47,51 @@ start_munge() {
     runuser -u munge -- /usr/sbin/munged
 }
 
+# The bridge with the controller's address, then per node a namespace joined to it by a veth pair.
+start_network() {
+    local nodes=$1 i name
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        if ip route show | grep -q "^$NET\.0/24"; then die "$NET.0/24 is already routed on this machine; set CAT_SLURM_NET"; fi
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$NET.1/24" dev "$BRIDGE"
+        ip link set "$BRIDGE" up
+    fi
+    for i in $(seq "$nodes"); do
+        name=cat-n$i
+        ip netns add "$name" 2>/dev/null || true
+        if ! ip link show "$name-h" >/dev/null 2>&1; then
+            ip -n "$name" link del eth0 2>/dev/null || true
+            ip link add "$name-h" type veth peer name eth0 netns "$name"
+            ip link set "$name-h" master "$BRIDGE" up
+            ip -n "$name" addr add "$NET.$((10 + i))/24" dev eth0
+        fi
+        ip -n "$name" link set lo up
+        ip -n "$name" link set eth0 up
+        mkdir -p "/etc/netns/$name"
+        {
+            echo "127.0.0.1 localhost"
+            echo "$NET.1 $HOST"
+            for j in $(seq "$nodes"); do echo "$NET.$((10 + j)) cat-n$j"; done
+        } > "/etc/netns/$name/hosts"
+        echo "$name" > "/etc/netns/$name/hostname"
+    done
+}
+
 write_config() {
-    local mem
-    mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
+    local nodes=$1 mem cpus i
+    cpus=$(nproc)
+    [ "$cpus" -ge 2 ] || cpus=2  # two one-CPU jobs side by side on every node (the shared CPUs are oversubscribed)
+    mem=$(awk -v n="$nodes" '/MemTotal/ {print int($2 / 1024 * 0.9 / n)}' /proc/meminfo)
     mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/spool"
-    cat > "$CONF_DIR/slurm.conf" <<CONF
+    {
+        cat <<CONF
 ClusterName=cat-local
-SlurmctldHost=$NODE
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=$STATE/slurmctld.log
-SlurmdLogFile=$STATE/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -64,45 +105,132 @@ SchedulerParameters=bf_interval=1
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
 AccountingStorageType=accounting_storage/none
-NodeName=$NODE CPUs=$(nproc) RealMemory=$mem State=UNKNOWN
-PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
+        if [ "$nodes" = 1 ]; then
+            cat <<CONF
+SlurmctldHost=$HOST
+SlurmdSpoolDir=$STATE/spool
+SlurmdPidFile=$STATE/slurmd.pid
+SlurmdLogFile=$STATE/slurmd.log
+NodeName=$HOST CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=local Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+CONF
+        else
+            # A lost node is noticed within ~SlurmdTimeout (real clusters: minutes), its jobs then end NODE_FAIL.
+            cat <<CONF
+SlurmctldHost=$HOST($NET.1)
+SlurmdTimeout=20
+MessageTimeout=5
+SlurmdSpoolDir=$STATE/spool/%h
+SlurmdPidFile=$STATE/slurmd-%h.pid
+SlurmdLogFile=$STATE/slurmd-%h.log
+CONF
+            for i in $(seq "$nodes"); do
+                echo "NodeName=cat-n$i NodeAddr=$NET.$((10 + i)) NodeHostname=cat-n$i CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+            done
+            echo "PartitionName=local Nodes=cat-n[1-$nodes] Default=YES MaxTime=INFINITE State=UP"
+        fi
+    } > "$CONF_DIR/slurm.conf"
     cat > "$CONF_DIR/cgroup.conf" <<CONF
 CgroupPlugin=cgroup/v1
 IgnoreSystemd=yes
 CONF
 }
 
-wait_for_node() {
-    for _ in $(seq 60); do
-        if sinfo -h -n "$NODE" -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then return 0; fi
-        scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
-        sleep 1
-    done
-    die "node $NODE did not come up; see $STATE/slurmctld.log and $STATE/slurmd.log"
+# A node's slurmd, inside its namespace with its own hostname; started unless it runs.
+start_node() {
+    local name=$1
+    if ip netns pids "$name" 2>/dev/null | xargs -r ps -o comm= -p 2>/dev/null | grep -qx slurmd; then return; fi
+    mkdir -p "$STATE/spool/$name"
+    ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd"
 }
 
-case "${1:-start}" in
+wait_for_nodes() {
+    local names=("$@")
+    for _ in $(seq 60); do
+        if [ "$(sinfo -h -N -n "$(IFS=,; echo "${names[*]}")" -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = "${#names[@]}" ]; then
+            return 0
+        fi
+        for name in "${names[@]}"; do scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; done
+        sleep 1
+    done
+    die "nodes ${names[*]} did not come up; see $STATE/slurmctld.log and $STATE/slurmd*.log"
+}
+
+# Everything in a node's namespace, killed at once (slurmd, job steps, trainers): a node that is gone.
+kill_node() {
+    local name=$1 pids
+    pids=$(ip netns pids "$name" 2>/dev/null || true)
+    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+}
+
+stop_all() {
+    local name
+    scancel --user=root >/dev/null 2>&1 || true
+    for name in $(node_names); do kill_node "$name"; done
+    for daemon in slurmd slurmctld munged; do pkill -x "$daemon" || true; done
+    for _ in $(seq 20); do pidof slurmd slurmctld munged slurmstepd >/dev/null || break; sleep 0.5; done
+    for name in $(node_names); do
+        ip link del "$name-h" 2>/dev/null || true
+        ip netns del "$name"
+        rm -rf "/etc/netns/$name"
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    rmdir /etc/netns 2>/dev/null || true
+    rm -rf "$STATE"
+}
+
+command=${1:-start}
+shift || true
+nodes=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
+    --nodes=*) nodes=${1#--nodes=}; shift ;;
+    *) [ "$command" = fail ] && break; die "unknown option $1" ;;
+    esac
+done
+[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive number, got $nodes"
+
+case "$command" in
 start)
     install_packages
     start_munge
-    write_config
-    pgrep -x slurmctld >/dev/null || slurmctld
-    pgrep -x slurmd >/dev/null || slurmd
-    wait_for_node
+    if [ -f "$CONF_DIR/slurm.conf" ] && pgrep -x slurmctld >/dev/null; then
+        running=$(grep -c '^NodeName=' "$CONF_DIR/slurm.conf")
+        grep -q "^NodeName=cat-n" "$CONF_DIR/slurm.conf" || running=1
+        [ "$running" = "$nodes" ] || die "a $running-node cluster runs; stop it first"
+    fi
+    if [ "$nodes" = 1 ]; then
+        write_config 1
+        pgrep -x slurmctld >/dev/null || slurmctld
+        pgrep -x slurmd >/dev/null || slurmd
+        wait_for_nodes "$HOST"
+    else
+        start_network "$nodes"
+        write_config "$nodes"
+        pgrep -x slurmctld >/dev/null || slurmctld
+        names=()
+        for i in $(seq "$nodes"); do start_node "cat-n$i"; names+=("cat-n$i"); done
+        wait_for_nodes "${names[@]}"
+    fi
     sinfo
     ;;
+fail)
+    name=${1:?usage: local_cluster.sh fail NODE}
+    ip netns pids "$name" >/dev/null 2>&1 || die "no node $name"
+    ip -n "$name" link set eth0 down  # first the network, so nothing it held says goodbye
+    kill_node "$name"
+    echo "node $name lost"
+    ;;
 stop)
-    scancel --user=root >/dev/null 2>&1 || true
-    for daemon in slurmd slurmctld munged; do pkill -x "$daemon" || true; done
-    for _ in $(seq 20); do pgrep -x 'slurmd|slurmctld|munged' >/dev/null || break; sleep 0.5; done
-    rm -rf "$STATE"
+    stop_all
     echo "local Slurm stopped"
     ;;
 status)
     if pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null; then sinfo; squeue; else echo "not running"; exit 1; fi
     ;;
 *)
-    die "usage: local_cluster.sh start|stop|status"
+    die "usage: local_cluster.sh start [--nodes N]|fail NODE|status|stop"
     ;;
 esac

@@ -146,6 +146,7 @@ CASES = {
     "aug_mixup_mode": (_overrides("aug.mixup_mode=rows"), "aug.mixup_mode='rows': expected one of batch, pair, elem"),
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
+    "dist_timeout_zero": (_overrides("dist_timeout_s=0"), "dist_timeout_s=0: expected an integer >= 1"),
     "grad_checkpointing_unsupported": (
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",

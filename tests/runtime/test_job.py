@@ -4,13 +4,17 @@ happens when the body fails or the run already finished."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from cat.errors import DataError, RunDirLockedError
 from cat.runtime import DistEnv, open_run_folder, run_job
 from cat.runtime.metrics import read_history
-from tests.conftest import TINY_CLS, compose_config
+from tests.conftest import REPO, TINY_CLS, compose_config
 
 
 def test_run_folder_is_created_locked_and_released(tmp_path):
@@ -52,3 +56,50 @@ def test_run_job_releases_the_folder_when_the_body_fails(tmp_path):
     assert not (tmp_path / "metrics.json").exists()
     assert read_history(tmp_path / "metrics.jsonl")[0]["train/loss"] == 1.0  # what it logged stays
     open_run_folder(str(tmp_path), DistEnv()).close()  # the lock was released
+
+
+# Two ranks of a real gloo group; rank 1 joins, then never reaches the collective (a lost node, as seen
+# from rank 0). Started as two processes, not through torchrun, which would kill rank 0 once rank 1 ends.
+LOST_PEER = """
+import os, sys, time
+import torch, torch.distributed as dist
+from cat.runtime import run_job
+from tests.conftest import TINY_CLS, compose_config
+
+cfg = compose_config("cls", *TINY_CLS, "output_dir=" + sys.argv[1], "dist_timeout_s=3")
+
+def body(env, folder):
+    if env.rank == 1:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(1))
+    return {}
+
+run_job(cfg, body)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_left_waiting_for_a_lost_peer_says_so_in_the_run_log(tmp_path):
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOST_PEER, str(tmp_path / "run")],
+            cwd=REPO,
+            env={**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        out, _ = ranks[0].communicate(timeout=120)
+    finally:
+        ranks[1].kill()
+    assert ranks[0].returncode != 0
+    record = (tmp_path / "run" / "log.txt").read_text()
+    assert "rank 0 of 2: a collective failed, another rank stopped answering" in record, out[-2000:]
+    assert "dist_timeout_s=3" in record and "Timed out waiting" in record

@@ -51,16 +51,13 @@ def cells(sweep_dir: Path) -> dict[str, Path]:
 
 @pytest.mark.slow
 def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
-    start = time.perf_counter()
     sweep(tmp_path, "model=ca_deit_tiny,deit_tiny", "seed=0,1", "epochs=2")
-    elapsed = time.perf_counter() - start
     folders = cells(tmp_path)
     names = {(m, s): f"{KWARGS},epochs=2,model={m},seed={s}" for m in ("ca_deit_tiny", "deit_tiny") for s in (0, 1)}
     assert sorted(folders) == sorted(names.values())
     for folder in folders.values():
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["epoch"] == 2 and not metrics.get("preempted")
-    assert elapsed < 120, f"the 2 x 2 sweep took {elapsed:.0f} s"
 
     text = run_tool("make_tables", str(tmp_path), "--csv", str(tmp_path / "sweep.csv"))
     rows = [line for line in text.splitlines() if line.startswith(f"| {KWARGS}")]

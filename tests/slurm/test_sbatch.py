@@ -1,5 +1,10 @@
-"""The sbatch templates under a real one-node Slurm (scripts/slurm/local_cluster.sh): a job runs,
-a preempted job checkpoints mid-epoch, is requeued and ends with an uninterrupted run's weights."""
+"""The sbatch templates and the Slurm launcher under a real Slurm (scripts/slurm/local_cluster.sh): two
+nodes, each its own network host in a namespace of this machine (one node, this host, where namespaces
+cannot be made). A job runs; a preempted job checkpoints mid-epoch, is requeued and ends with an
+uninterrupted run's weights; two nodes train as two processes on one; two jobs share the nodes; a lost
+node ends its job in bounded time and the requeued job resumes; and `stop` leaves nothing behind.
+
+All in one file: one cluster, its tests in order, never two workers at once."""
 
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ from tests.classification.test_train_cls import env_single_thread, final_weights
 from tests.conftest import REPO, TINY_CLS
 
 pytestmark = pytest.mark.slow
-# Long enough per epoch (179 steps of a few ms) to be signalled in the middle of one.
+CLUSTER = ["bash", str(REPO / "scripts" / "slurm" / "local_cluster.sh")]
+NODES = ("cat-n1", "cat-n2")
+# Long enough per epoch (179 steps of a few ms; 89 on two ranks) to be signalled in the middle of one.
 DIGITS = [
     "data=digits",
     "data.img_size=64",
@@ -37,20 +44,32 @@ SYNTHETIC = [
     "epochs=2",
 ]
 CPU_JOB = ["--gpus-per-node=0", "--cpus-per-task=1"]
+TWO_NODES = ("--nodes=2",)
+
+
+def cluster(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLUSTER, *args], capture_output=True, text=True, timeout=600, check=check)
 
 
 @pytest.fixture(scope="module")
-def slurm() -> None:
+def slurm() -> int:
+    """The local cluster's node count: 2, or 1 where network namespaces cannot be made here."""
     if os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
         pytest.skip("a local Slurm needs root and Debian's slurm-wlm/munge packages")
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "slurm" / "local_cluster.sh"), "start"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"the local Slurm daemons could not start: {proc.stderr.strip().splitlines()[-1:]}")
+    proc = cluster("start", "--nodes", "2", check=False)
+    if proc.returncode == 0:
+        return 2
+    cluster("stop", check=False)
+    one = cluster("start", check=False)
+    if one.returncode != 0:
+        pytest.skip(f"the local Slurm daemons could not start: {one.stderr.strip().splitlines()[-1:]}")
+    return 1
+
+
+@pytest.fixture
+def two_nodes(slurm: int) -> None:
+    if slurm < 2:
+        pytest.skip("a two-node local Slurm needs network namespaces (ip netns), which could not be made here")
 
 
 def sbatch(template: str, log: Path, *args: str, options: tuple[str, ...] = ()) -> str:
@@ -118,34 +137,53 @@ def test_multi_node_template_on_one_node(slurm, tmp_path):
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["epoch"] == 2
 
 
-def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_path):
-    out, log = tmp_path / "run", tmp_path / "job.out"
-    job = sbatch("single_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}")
-    deadline = time.time() + 300
-    while not re.search(
-        r"epoch 1/2 step (2\d|[3-9]\d)/179", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
-    ):
-        assert time.time() < deadline, log.read_text() if log.exists() else "no log"
+def wait_for_line(path: Path, pattern: str, timeout: float = 300) -> re.Match:
+    """The first match of ``pattern`` in ``path`` once it appears (the file may not exist yet)."""
+    deadline = time.time() + timeout
+    while not (match := re.search(pattern, path.read_text() if path.exists() else "")):
+        assert time.time() < deadline, f"no {pattern!r} in {path} after {timeout} s"
         time.sleep(0.1)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-    assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
-    text = log.read_text()
-    assert "requeueing job" in text and int(job_field(job, "Restarts")) == 1
-    resumed = re.search(r"resumed from .*last\.pth: epoch 1, step (\d+) of 179", text)
-    assert resumed and 20 <= int(resumed.group(1)) < 179, text[-3000:]
-    reference = tmp_path / "reference"  # the same job, uninterrupted, outside Slurm
+    return match
+
+
+def local_run(output_dir: Path, args: list[str], nproc: int = 1) -> Path:
+    """The same training outside Slurm: one process, or ``nproc`` on this host through torchrun."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     subprocess.run(
-        [sys.executable, str(REPO / "train_cls.py"), *DIGITS, f"output_dir={reference}"],
+        [sys.executable, *launcher, str(REPO / "train_cls.py"), *args, f"output_dir={output_dir}"],
         cwd=REPO,
         env=env_single_thread(),
         check=True,
         capture_output=True,
         timeout=600,
     )
-    expected = final_weights(reference)
-    got = final_weights(out)
-    for key, value in expected.items():
-        assert torch.equal(got[key], value), key
+    return output_dir
+
+
+def assert_same_weights(got: Path, expected: Path) -> None:
+    reference = final_weights(expected)
+    weights = final_weights(got)
+    for key, value in reference.items():
+        assert torch.equal(weights[key], value), key
+
+
+@pytest.fixture(scope="module")
+def digits_on_two_ranks(tmp_path_factory) -> Path:
+    """DIGITS trained uninterrupted by two processes on one host: what the two-node jobs must end with."""
+    return local_run(tmp_path_factory.mktemp("digits2") / "run", DIGITS, nproc=2)
+
+
+def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    job = sbatch("single_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}")
+    wait_for_line(out / "log.txt", r"epoch 1/2 step (2\d|[3-9]\d)/179")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
+    text = log.read_text()
+    assert "requeueing job" in text and int(job_field(job, "Restarts")) == 1
+    resumed = re.search(r"resumed from .*last\.pth: epoch 1, step (\d+) of 179", text)
+    assert resumed and 20 <= int(resumed.group(1)) < 179, text[-3000:]
+    assert_same_weights(out, local_run(tmp_path / "reference", DIGITS))
 
 
 def test_segmentation_job_through_sbatch(slurm, toy_ade, tmp_path):
@@ -164,3 +202,164 @@ def test_segmentation_job_through_sbatch(slurm, toy_ade, tmp_path):
     )
     assert wait_for(job) == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["mIoU"] is not None
+
+
+def test_two_node_jobs_side_by_side_train_as_two_processes_on_one_node(two_nodes, tmp_path):
+    """Two two-node jobs at once on the same two nodes (each its own rendezvous port), and the first
+    ends exactly as two processes on one host with the same global batch."""
+    runs = {seed: tmp_path / f"seed{seed}" for seed in (0, 1)}
+    jobs = {
+        seed: sbatch(
+            "multi_node.sbatch",
+            run.with_suffix(".out"),
+            "train_cls.py",
+            *SYNTHETIC,
+            f"seed={seed}",
+            f"output_dir={run}",
+            options=TWO_NODES,
+        )
+        for seed, run in runs.items()
+    }
+    for seed, job in jobs.items():
+        assert wait_for(job) == "COMPLETED", runs[seed].with_suffix(".out").read_text()[-3000:]
+    ports = {
+        re.search(r"rendezvous cat-n1:(\d+)", run.with_suffix(".out").read_text()).group(1) for run in runs.values()
+    }
+    assert len(ports) == 2
+    (start0, end0), (start1, end1) = ((job_field(job, "StartTime"), job_field(job, "EndTime")) for job in jobs.values())
+    assert start0 < end1 and start1 < end0, "the two jobs did not run at the same time"
+    for run in runs.values():
+        assert "world size 2: cat-n1 (rank 0), cat-n2 (rank 1)" in (run / "log.txt").read_text()
+    reference = local_run(tmp_path / "one_node", [*SYNTHETIC, "seed=0"], nproc=2)
+    got, expected = (json.loads((path / "metrics.json").read_text()) for path in (runs[0], reference))
+    for key in ("top1", "top5", "val_loss", "train_loss", "epoch"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
+    steps = re.compile(r"\d+ steps/epoch")
+    assert steps.findall((runs[0] / "log.txt").read_text()) == steps.findall((reference / "log.txt").read_text())
+    weights, reference_weights = final_weights(runs[0]), final_weights(reference)
+    for key, value in reference_weights.items():
+        torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_two_node_job_preempted_mid_epoch_saves_once_requeues_and_matches(two_nodes, digits_on_two_ranks, tmp_path):
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    job = sbatch("multi_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}", options=TWO_NODES)
+    wait_for_line(out / "log.txt", r"epoch 1/2 step (2\d|[3-8]\d)/89")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
+    text, record = log.read_text(), (out / "log.txt").read_text()
+    assert int(job_field(job, "Restarts")) == 1 and "requeueing job" in text
+    saved = re.findall(r"stop requested \(signal\): saved epoch 1 step (\d+)/89", record)
+    assert len(saved) == 1, record  # one checkpoint, written once, holding both ranks' states
+    assert f"rank 1: stop requested, leaving with every rank at epoch 1 step {saved[0]}/89" in text
+    assert re.search(rf"resumed from .*last\.pth: epoch 1, step {saved[0]} of 89", record), record
+    assert "restart 1) on 2 nodes" in text
+    assert_same_weights(out, digits_on_two_ranks)
+
+
+def test_lost_node_ends_the_job_in_bounded_time_and_the_requeued_job_resumes(two_nodes, digits_on_two_ranks, tmp_path):
+    """cat-n2 vanishes mid-epoch 2 (its network first, then every process on it). Rank 0 gives up
+    after dist_timeout_s in its collective and says so in output_dir; Slurm marks the node down and
+    requeues the job; the node comes back and the job resumes from epoch 1's checkpoint."""
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    timeout_s = 30
+    job = sbatch(
+        "multi_node.sbatch",
+        log,
+        "train_cls.py",
+        *DIGITS,
+        f"dist_timeout_s={timeout_s}",
+        f"output_dir={out}",
+        options=TWO_NODES,
+    )
+    wait_for_line(out / "log.txt", r"epoch 2/2 step (2\d|[3-8]\d)/89")
+    lost = time.time()
+    try:
+        cluster("fail", "cat-n2")
+        while job_field(job, "JobState") in ("RUNNING", "COMPLETING") and time.time() - lost < 300:
+            time.sleep(0.5)
+        ended = time.time() - lost
+        # The bound: the collective's timeout or Slurm's SlurmdTimeout (20 s here), whichever comes first,
+        # then up to KillWait (60 s) while srun waits for the lost node's step, and a margin (measured: 26-84 s).
+        assert ended < timeout_s + 60 + 30, f"the job still ran {ended:.0f} s after its node was lost"
+        state = job_field(job, "JobState")
+        assert state in ("PENDING", "NODE_FAIL", "FAILED"), state
+        record = (out / "log.txt").read_text()
+        assert "a collective failed, another rank stopped answering" in record, record[-2000:]
+        checkpoint = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
+        assert (checkpoint["epoch"], checkpoint["step_in_epoch"]) == (0, 0)  # epoch 1 (0-based 0), whole
+    finally:
+        cluster("start", "--nodes", "2")
+    if state != "PENDING":  # not requeued by Slurm: resubmit
+        job = sbatch("multi_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}", options=TWO_NODES)
+    assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
+    assert re.search(r"resumed from .*last\.pth: epoch 2, step 0 of 89", (out / "log.txt").read_text())
+    assert_same_weights(out, digits_on_two_ranks)
+
+
+def test_slurm_launcher_sweep_cells_on_two_nodes(two_nodes, tmp_path):
+    sweep = tmp_path / "sweep"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train_cls.py"),
+            "-m",
+            "hydra/launcher=slurm",
+            "cluster.nodes=2",
+            "cluster.gpus_per_node=0",
+            "cluster.tasks_per_node=1",
+            "cluster.cpus_per_task=1",
+            "cluster.time_min=10",
+            *SYNTHETIC,
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        env=env_single_thread(),
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    cells = sorted(path.parent for path in sweep.glob("*/metrics.json"))
+    assert [cell.name.rsplit("seed=", 1)[1] for cell in cells] == ["0", "1"]
+    for cell in cells:
+        assert json.loads((cell / "metrics.json").read_text())["epoch"] == 2
+        assert "world size 2: cat-n1 (rank 0), cat-n2 (rank 1)" in (cell / "log.txt").read_text()
+
+
+def test_detection_on_two_nodes(two_nodes, toy_coco, tmp_path):
+    pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
+    log = tmp_path / "job.out"
+    job = sbatch(
+        "multi_node.sbatch",
+        log,
+        "train_det.py",
+        f"data.root={toy_coco}",
+        f"output_dir={tmp_path / 'run'}",
+        "schedule.epochs=1",
+        "logger.wandb.mode=disabled",
+        "log_interval=1",
+        "batch_size=2",
+        "workers=0",
+        options=TWO_NODES,
+    )
+    assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
+    assert "world size 2: cat-n1 (rank 0), cat-n2 (rank 1)" in (tmp_path / "run" / "log.txt").read_text()
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["bbox_mAP_50"] is not None
+
+
+def test_stop_leaves_no_daemon_namespace_or_bridge(slurm):
+    """Last in this file: the cluster is gone afterwards, and a second stop is harmless."""
+    for _ in range(2):
+        cluster("stop")
+    for daemon in ("slurmctld", "slurmd", "slurmstepd", "munged"):
+        assert subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode == 1, daemon
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r"^cat-n\d", netns, re.M), netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert "catslurm0" not in links and "cat-n" not in links, links
+    addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    assert "10.231.0." not in addresses
+    assert (
+        not Path("/etc/netns/cat-n1").exists() and not Path(os.environ.get("CAT_SLURM_DIR", "/tmp/cat-slurm")).exists()
+    )
