@@ -32,6 +32,12 @@ TINY_CLS = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Slurm tests first: their jobs mostly wait on the cluster, so under xdist they overlap
+    the other workers' files instead of running alone at the end."""
+    items.sort(key=lambda item: 0 if "tests/slurm/" in item.nodeid else 1)
+
+
 def pytest_report_header() -> str:
     """The versions this run tests (the pins in requirements*.txt are the set CI runs)."""
     import importlib.metadata as md

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from cat.data import ZipImageDataset
 from cat.errors import ConfigError
-from cat.runtime import DistEnv, RunFolder, capture_rng_state, restore_rng_state, seed_everything
+from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.preemption import stop_requested
 
 from .builders import build_train_data, build_train_options, build_train_state
@@ -239,6 +240,7 @@ class Trainer:
             state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
             data.steps_per_epoch,
         )
+        self._log_cache()
         if state.epoch >= cfg.epochs:
             log.info("%s already holds a finished run of %d epochs", self.folder.path, cfg.epochs)
         while state.epoch < cfg.epochs:
@@ -276,6 +278,22 @@ class Trainer:
                 )
                 return _summary(state, preempted=True)
         return _summary(state, epoch=cfg.epochs)
+
+    def _log_cache(self) -> None:
+        """A zip cache's bytes per rank (``part``: each its 1/world share; ``full``: all on each)."""
+        train_set, env = self.data.train_set, self.env
+        if not isinstance(train_set, ZipImageDataset) or train_set.cache_mode == "no":
+            return
+        held = torch.zeros(env.world_size, dtype=torch.float64)
+        held[env.rank] = train_set.cached_bytes()
+        all_reduce_sum(held)
+        self.folder.log.info(
+            "zip cache (%s): %s MB held by ranks 0-%d; the train split's images: %.1f MB",
+            train_set.cache_mode,
+            ", ".join(f"{b / 1e6:.1f}" for b in held.tolist()),
+            env.world_size - 1,
+            train_set.image_bytes() / 1e6,
+        )
 
     def _resume(self) -> ResumePoint:
         """Where training starts: ``last.pth`` if resuming, and the config record to write now or

@@ -141,6 +141,11 @@ class ZipImageDataset(Dataset):
     def cached_bytes(self) -> int:
         return sum(len(b) for b in self.cache.values())
 
+    def image_bytes(self) -> int:
+        """The bytes of all this split's images as stored (what ``full`` holds on each rank)."""
+        sizes = {info.filename: info.file_size for info in self._archive().infolist()}
+        return sum(sizes[member] for member, _ in self.samples)
+
     def _archive(self) -> zipfile.ZipFile:
         # One open zip per process: a handle inherited across fork would share its file offset.
         if self._zip is None or self._zip_pid != os.getpid():

@@ -100,7 +100,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 JobRequeue=1
-KillWait=60
+KillWait=20
 SchedulerParameters=bf_interval=1
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -250,15 +251,17 @@ def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_a
 
 @pytest.fixture(scope="module")
 def image_data(tmp_path_factory) -> tuple[Path, Path]:
-    """A JPEG folder (4 classes, 24 train and 8 val images each), its zip and its tar shards
-    (tools/pack_dataset.py)."""
+    """A JPEG folder (4 classes told apart by their colour under noise, 24 train and 8 val images
+    each), its zip and its tar shards (tools/pack_dataset.py)."""
     root = tmp_path_factory.mktemp("image_data")
     rng = np.random.default_rng(0)
+    colours = {"a": (200, 40, 40), "b": (40, 200, 40), "c": (40, 40, 200), "d": (200, 200, 40)}
     for split, count in (("train", 24), ("val", 8)):
-        for name in ("a", "b", "c", "d"):
+        for name, colour in colours.items():
             (root / "folder" / split / name).mkdir(parents=True)
             for i in range(count):
-                pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+                noise = rng.integers(-50, 50, (40, 48, 3))
+                pixels = np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(root / "folder" / split / name / f"{i}.jpg", quality=90)
     pack = [sys.executable, str(REPO / "tools" / "pack_dataset.py"), str(root / "folder")]
     subprocess.run([*pack, str(root / "zip")], check=True)
@@ -279,10 +282,15 @@ def _format(fmt: str, image_data: tuple[Path, Path]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_folder(image_data, tmp_path_factory) -> dict[str, torch.Tensor]:
+def folder_run(image_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted_folder")
     run_train(out, *IMAGE_RUN, *_format("folder", image_data))
-    return final_weights(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_folder(folder_run) -> dict[str, torch.Tensor]:
+    return final_weights(folder_run)
 
 
 @pytest.mark.slow
@@ -301,11 +309,14 @@ def test_zip_trains_as_the_folder_and_resumes_exactly(fmt, image_data, uninterru
 
 
 @pytest.mark.slow
-def test_tar_stream_resumes_exactly(image_data, tmp_path):
-    """A tar stream has its own order (shards, then a shuffle buffer): preempted mid-epoch and
-    resumed, it ends with the uninterrupted stream's weights, bit for bit."""
+def test_tar_stream_trains_as_the_folder_and_resumes_exactly(image_data, folder_run, tmp_path):
+    """A tar stream has its own order (shards, then a shuffle buffer), so not the folder's weights but
+    its accuracy on the same images; preempted mid-epoch and resumed, it ends with the uninterrupted
+    stream's weights, bit for bit."""
     uninterrupted = run_train(tmp_path / "whole", *IMAGE_RUN, *_format("tar", image_data))
-    assert uninterrupted["epoch"] == 12
+    folder = json.loads((folder_run / "metrics.json").read_text())
+    assert uninterrupted["epoch"] == folder["epoch"] == 12
+    assert folder["top1"] >= 90 and uninterrupted["top1"] == folder["top1"], (uninterrupted, folder)
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format("tar", image_data))
     assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
@@ -407,3 +418,20 @@ def test_model_convert_fine_tunes_a_softmax_checkpoint(tmp_path):
         )
     )  # fmt: skip
     assert evaluated["top1"] == pytest.approx(trained["best_top1"])
+
+
+@pytest.mark.slow
+def test_zip_part_cache_holds_half_the_images_on_each_of_two_ranks(image_data, tmp_path):
+    folder, _ = image_data
+    one_epoch = [o for o in IMAGE_RUN if not o.startswith("epochs=")] + ["epochs=1"]
+    proc = train_proc(tmp_path, *one_epoch, *_format("zip-part", image_data), nproc=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = re.search(
+        r"zip cache \(part\): ([\d.]+), ([\d.]+) MB held by ranks 0-1; the train split's images: ([\d.]+) MB",
+        (tmp_path / "log.txt").read_text(),
+    )
+    assert line, (tmp_path / "log.txt").read_text()
+    rank0, rank1, total = map(float, line.groups())
+    assert total == pytest.approx(sum(f.stat().st_size for f in (folder / "train").rglob("*.jpg")) / 1e6, abs=0.05)
+    assert rank0 + rank1 == pytest.approx(total, abs=0.1)
+    assert rank0 == pytest.approx(total / 2, rel=0.1) and rank1 == pytest.approx(total / 2, rel=0.1)

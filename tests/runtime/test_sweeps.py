@@ -103,7 +103,7 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
 def test_cell_with_two_tasks_runs_distributed_without_torchrun(tmp_path):
     sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0")
     (folder,) = cells(tmp_path).values()
-    assert "(world size 2)" in (folder / "log.txt").read_text()
+    assert "(world size 2: " in (folder / "log.txt").read_text()
     assert json.loads((folder / "metrics.json").read_text())["epoch"] == 1
 
 

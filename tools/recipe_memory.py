@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Which of the paper's Table 2 recipes fit a 40 or 80 GB GPU as they are, and what makes the rest fit.
+
+For every Table 2 model at its resolution, one fresh process measures the memory a training
+forward+backward adds at two small batches, as trained (the lean circulant attention, AMP in
+``--dtype``) and with activation checkpointing (``model.grad_checkpointing=true``). Activation memory
+grows linearly with the batch, so the difference is the memory per image. At the recipe's batch per
+GPU (``batch_size=128``: global 1024 on 8 GPUs) the estimate is
+
+    16 B x params (fp32 weights, gradients, AdamW's two moments) + per-image x batch + --overhead-gib
+
+and a GPU is taken to hold 90 % of its memory. Each row says what fits: the recipe as is,
+``model.grad_checkpointing=true``, or ``accum_steps=k`` (the smallest k whose batch/k fits; the
+global batch, learning rate and schedule are unchanged). Measured on this machine's CPU (its
+allocator and FFT library, not CUDA's): an estimate to plan with, not a guarantee.
+
+    python tools/recipe_memory.py                      # bf16 autocast (amp.enabled=true), the whole table
+    python tools/recipe_memory.py --dtype fp32 --models ca_deit_base deit_base_patch16_224 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import timm
+import torch
+
+import cat  # noqa: F401  (registers cat's models with timm)
+from cat.paper import paper_table
+from cat.runtime import AMP_DTYPES, report_user_errors
+from cat.toolkit import peak_growth_mib
+
+GPUS_GIB = (40, 80)
+USABLE = 0.9
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, dtype: str) -> None:
+    amp = torch.autocast("cpu", dtype=AMP_DTYPES[dtype]) if dtype in AMP_DTYPES else contextlib.nullcontext()
+    with amp:
+        loss = model(x).float().logsumexp(-1).mean()
+    loss.backward()
+
+
+def step_growth(model_name: str, res: int, batch: int, checkpointed: bool, dtype: str) -> dict[str, float]:
+    """Parameters, and MiB one training forward+backward adds (call in a fresh process: memory freed
+    by an earlier step stays resident and would hide a later step's growth)."""
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, img_size=res).train()
+    model.set_grad_checkpointing(checkpointed)
+    step = functools.partial(train_step, model, torch.randn(batch, 3, res, res), dtype)
+    return {"params": float(sum(p.numel() for p in model.parameters())), "mib": peak_growth_mib(step, "cpu")}
+
+
+def measure(model_name: str, res: int, batches: tuple[int, int], dtype: str) -> dict[str, float]:
+    """Every (variant, batch) of one model, each in its own process, two at a time."""
+    jobs = {(v, b): (v == "ckpt", b) for v in ("plain", "ckpt") for b in batches}
+
+    def run(variant_batch: tuple[str, int]) -> dict[str, float]:
+        checkpointed, batch = jobs[variant_batch]
+        cmd = [sys.executable, __file__, "--dtype", dtype, "--worker", model_name, str(res), str(batch)]
+        proc = subprocess.run([*cmd, *(["--checkpointed"] if checkpointed else [])], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory worker failed for {model_name} {variant_batch}:\n{proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(jobs, pool.map(run, jobs), strict=True))
+    growth = {f"{v}_{b}": r["mib"] for (v, b), r in results.items()}
+    return {"params": next(iter(results.values()))["params"], **growth}
+
+
+def smallest_accum(gib_per_image: float, batch: int, room_gib: float) -> int | None:
+    """The smallest accum_steps k >= 2 whose micro-batch ceil(batch / k) fits ``room_gib``."""
+    return next((k for k in range(2, batch + 1) if gib_per_image * math.ceil(batch / k) <= room_gib), None)
+
+
+def plan(growth: dict[str, float], batches: tuple[int, int], recipe_batch: int, overhead_gib: float) -> dict:
+    """The estimate at ``recipe_batch`` per GPU and what fits each GPU size."""
+    fixed_gib = 16 * growth["params"] / 2**30 + overhead_gib
+    lo, hi = batches
+    per_image = {v: max(growth[f"{v}_{hi}"] - growth[f"{v}_{lo}"], 0.0) / (hi - lo) / 1024 for v in ("plain", "ckpt")}
+    row: dict[str, object] = {
+        "params_m": growth["params"] / 1e6,
+        "gib_per_image": per_image["plain"],
+        "gib_per_image_ckpt": per_image["ckpt"],
+        "estimate_gib": fixed_gib + per_image["plain"] * recipe_batch,
+        "estimate_gib_ckpt": fixed_gib + per_image["ckpt"] * recipe_batch,
+    }
+    for gpu in GPUS_GIB:
+        room = USABLE * gpu - fixed_gib
+        accum = smallest_accum(per_image["plain"], recipe_batch, room)
+        if per_image["plain"] * recipe_batch <= room:
+            row[f"fits_{gpu}"] = "as is"
+        elif per_image["ckpt"] * recipe_batch <= room:
+            row[f"fits_{gpu}"] = "grad_checkpointing" + (f" or accum_steps={accum}" if accum else "")
+        else:
+            row[f"fits_{gpu}"] = f"accum_steps={accum}" if accum else "does not fit"
+    return row
+
+
+@report_user_errors
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", help="Table 2 model names (default: every row)")
+    parser.add_argument("--dtype", choices=sorted(AMP_DTYPES) + ["fp32"], default="bf16")
+    parser.add_argument("--batches", type=int, nargs=2, default=(8, 16), help="the two measured batches")
+    parser.add_argument("--recipe-batch", type=int, default=128, help="images per GPU (global 1024 on 8)")
+    parser.add_argument("--overhead-gib", type=float, default=1.0, help="CUDA context and allocator slack")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)  # internal: MODEL RES BATCH
+    parser.add_argument("--checkpointed", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    batches = tuple(args.batches)
+    if args.worker:
+        model_name, res, batch = args.worker
+        print(json.dumps(step_growth(model_name, int(res), int(batch), args.checkpointed, args.dtype)))
+        return
+    rows = [r for r in paper_table(2)["rows"] if not args.models or r["model"] in args.models]
+    results = []
+    for row in rows:
+        growth = measure(row["model"], row["img_size"], batches, args.dtype)
+        results.append(
+            {
+                "label": row["label"],
+                "model": row["model"],
+                "img_size": row["img_size"],
+                **plan(growth, batches, args.recipe_batch, args.overhead_gib),
+            }
+        )
+        if not args.json:
+            r = results[-1]
+            mib, mib_ckpt = r["gib_per_image"] * 1024, r["gib_per_image_ckpt"] * 1024
+            print(
+                f"| {r['label']} | {r['img_size']} | {mib:.0f} | {mib_ckpt:.0f} | {r['estimate_gib']:.1f} "
+                f"| {r['estimate_gib_ckpt']:.1f} | {r['fits_40']} | {r['fits_80']} |",
+                flush=True,
+            )
+    if args.json:
+        print(
+            json.dumps(
+                {"dtype": args.dtype, "batches": batches, "recipe_batch": args.recipe_batch, "rows": results}, indent=1
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
