@@ -11,16 +11,20 @@ Forward, and forward+backward with --backward. Then the cost-growth exponent of 
 attention over larger grids (slope of log time vs log N), and whole models (CA-DeiT-T vs DeiT-T,
 images/s, forward) at the --models-res resolutions and --models-batches batches.
 
-Memory mode (--memory-res): the peak memory of one training forward+backward of each model of the
+Training mode (--train-res): a whole training step (forward, cross-entropy, backward, AdamW step) of
+each of the --train-models, interleaved, at each resolution, relative to the first. Memory mode
+(--memory-res): the peak memory of one training forward+backward of each model of the
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
-A model named ``ca_deit_tiny+released`` runs its attention through the released pipeline,
-``ca_deit_tiny+autograd`` through autograd instead of the lean function (``set_lean_attention``),
-``ca_deit_tiny+checkpointed`` (any model) with timm's activation checkpointing on
-(``set_grad_checkpointing``, what ``model.grad_checkpointing=true`` does in training).
+Models are MODEL[+VARIANT]: as created (circulant attention's lean policy ``auto``), ``+lean`` or
+``+autograd`` (every block through the lean function, or through autograd: ``set_lean_attention``),
+``+released`` (the released pipeline), ``+checkpointed`` (any model: timm's activation checkpointing,
+what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a softmax model after
+``cat.convert``: the plug-in).
 
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
+    python tools/bench_attention.py --grids --train-res 224 512 --train-batches 8 2   # training steps
     python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
     python tools/bench_attention.py --grids --memory-res 1024 --memory-pairs \
         ca_deit_tiny+checkpointed:ca_deit_tiny deit_tiny_patch16_224+checkpointed:deit_tiny_patch16_224
@@ -127,28 +131,73 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
     return rows
 
 
-def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
-    """MiB one training forward+backward adds to the peak (call in a fresh process)."""
+VARIANTS = ("", "lean", "autograd", "released", "checkpointed", "converted")
+
+
+def build_variant(model_name: str, res: int, device: str) -> torch.nn.Module:
+    """``MODEL[+VARIANT]`` in training mode: as created (circulant attention's policy ``auto``), ``+lean``
+    or ``+autograd`` (:func:`set_lean_attention` True / False), ``+released`` (the released pipeline),
+    ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model)."""
     name, _, variant = model_name.partition("+")
-    if variant not in ("", "released", "autograd", "checkpointed"):
-        raise ValueError(
-            f"unknown model variant +{variant} in {model_name!r} (known: +released, +autograd, +checkpointed)"
-        )
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown model variant +{variant} in {model_name!r} (known: {', '.join(VARIANTS[1:])})")
     torch.manual_seed(0)
     with torch.device(device):
         model = timm.create_model(name, img_size=res).train()
-        x = torch.randn(batch, 3, res, res)
-    set_lean_attention(model, variant != "autograd")
+    if variant == "converted":
+        cat.convert(model)
+    if variant in ("lean", "autograd"):
+        set_lean_attention(model, variant == "lean")
     model.set_grad_checkpointing(variant == "checkpointed")
     if variant == "released":
         for module in model.modules():
             if isinstance(module, CirculantAttention):
                 module.forward = lambda x, hw, m=module: released_circulant_attention(m, x, hw)
+    return model
+
+
+def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
+    """MiB one training forward+backward adds to the peak (call in a fresh process)."""
+    model = build_variant(model_name, res, device)
+    x = torch.randn(batch, 3, res, res, device=device)
 
     def step() -> None:
         model(x).logsumexp(-1).mean().backward()
 
     return peak_growth_mib(step, device)
+
+
+def train_steps(
+    models: list[str], resolutions: list[int], batches: list[int], rounds: int, min_block_s: float, device: str
+) -> list[dict[str, object]]:
+    """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
+    resolution; each model's speed relative to the first (its time over theirs)."""
+    rows = []
+    for i, res in enumerate(resolutions):
+        batch = batches[min(i, len(batches) - 1)]
+        x = torch.randn(batch, 3, res, res, device=device)
+        fns = {}
+        for name in models:
+            model = build_variant(name, res, device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            target = torch.randint(0, model.num_classes, (batch,), device=device)
+
+            def step(model=model, optimizer=optimizer, x=x, target=target) -> None:
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x), target).backward()
+                optimizer.step()
+
+            fns[name] = step
+        t = interleaved_medians(fns, rounds, min_block_s)
+        rows.append(
+            {
+                "resolution": res,
+                "batch": batch,
+                **{f"{name}_ms": t[name] * 1e3 for name in models},
+                **{f"{name}_speed": t[models[0]] / t[name] for name in models},
+            }
+        )
+    return rows
 
 
 def memory_table(pairs: list[str], resolutions: list[int], batch: int, device: str) -> list[dict[str, object]]:
@@ -200,6 +249,10 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         result["growth_exponent"] = growth_exponent(args.dim, args.growth, max(3, args.rounds // 2), args.min_block)
     if args.models_res:
         result["models"] = whole_models(args.models_res, args.models_batches, max(3, args.rounds // 2), args.min_block)
+    if args.train_res:
+        result["train_steps"] = train_steps(
+            args.train_models, args.train_res, args.train_batches, max(3, args.rounds // 2), args.min_block, args.device
+        )
     if args.memory_res:
         result["train_memory"] = memory_table(args.memory_pairs, args.memory_res, args.memory_batch, args.device)
     return result
@@ -239,6 +292,11 @@ def report(args: argparse.Namespace, result: dict) -> None:
             f"CA-DeiT-T vs DeiT-T at {r['resolution']}^2, batch {r['batch']}: {r['ca_deit_tiny_img_s']:.2f} vs "
             f"{r['deit_tiny_img_s']:.2f} img/s = {r['speedup']:.2f}x"
         )
+    for r in result.get("train_steps", []):
+        names = [k[: -len("_speed")] for k in r if k.endswith("_speed")]
+        print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']} (speed relative to {names[0]})")
+        for name in names:
+            print(f"{name:>36} {r[f'{name}_ms']:>9.1f} ms {r[f'{name}_speed']:>6.2f}x")
     if result.get("train_memory"):
         print("\npeak memory of one training forward+backward (MiB, each in a fresh process)")
         print(f"{'model':>24} {'baseline':>24} {'res':>5} {'B':>2} {'model':>9} {'baseline':>9} {'ratio':>6}")
@@ -260,6 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
     parser.add_argument(
         "--models-batches", type=int, nargs="*", default=[1], help="batch per resolution (last repeats)"
+    )
+    parser.add_argument("--train-res", type=int, nargs="*", default=[], help="resolutions for whole training steps")
+    parser.add_argument("--train-batches", type=int, nargs="*", default=[8, 2], help="batch per --train-res")
+    parser.add_argument(
+        "--train-models",
+        nargs="*",
+        default=[
+            "deit_tiny_patch16_224",
+            "ca_deit_tiny",
+            "ca_deit_tiny+lean",
+            "ca_deit_tiny+autograd",
+            "deit_tiny_patch16_224+converted",
+        ],
+        help="MODEL[+VARIANT] for --train-res, the first the baseline",
     )
     parser.add_argument("--memory-res", type=int, nargs="*", default=[], help="resolutions for the memory mode")
     parser.add_argument(

@@ -31,7 +31,11 @@ class ClsModelConfig:
     name: str = key("a registered model: cat's (ca_deit_tiny, ca_pvt_small, ...) or any timm model")
     drop_path_rate: float | None = key("stochastic depth; null: the model factory's value", min=0, max=1)
     kwargs: dict[str, Any] = key("extra model arguments, checked against the model's, e.g. {embed_dim: 64}")
-    lean_attention: bool = key("circulant attention's memory-lean backward (recomputes instead of storing)")
+    lean_attention: Any = key(
+        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
+        "true (every block: least memory) or false (autograd: faster, more memory)",
+        choices=("auto", True, False),
+    )
     grad_checkpointing: bool = key("recompute each block's activations in the backward (timm's set_grad_checkpointing)")
     convert: dict[str, Any] | None = key(
         "cat.convert a timm ViT/Swin/PVT v2 to circulant attention: {} (defaults), {stages: [0, 1]}, ..."

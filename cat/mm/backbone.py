@@ -32,8 +32,9 @@ class TimmBackbone(BaseModule):
         pretrained: an ImageNet checkpoint (release format, bare state dict or cat's); the classifier
             is dropped and position tables resized; whatever does not load is logged.
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
-        lean_attention: train circulant attention through its memory-lean function (``False``:
-            through autograd, faster steps, more memory; :func:`cat.ops.set_lean_attention`).
+        lean_attention: train circulant attention through its memory-lean function (``True``), through
+            autograd (``False``: faster steps, more memory) or by block size (``'auto'``;
+            :func:`cat.ops.set_lean_attention`).
         grad_checkpointing: recompute each block's activations in the backward (timm's
             ``set_grad_checkpointing``): less memory, slower steps.
     """
@@ -45,7 +46,7 @@ class TimmBackbone(BaseModule):
         out_norm: bool = True,
         pretrained: str | None = None,
         model_kwargs: dict[str, Any] | None = None,
-        lean_attention: bool = True,
+        lean_attention: bool | str = "auto",
         grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:

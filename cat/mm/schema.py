@@ -23,7 +23,11 @@ class BackboneConfig:
     drop_path_rate: float | None = key("stochastic depth; null: the model factory's value", min=0, max=1)
     out_indices: list[int] = key("the stages whose feature maps feed the neck", min=0)
     out_norm: bool = key("normalise each output feature map")
-    lean_attention: bool = key("circulant attention's memory-lean backward (recomputes instead of storing)")
+    lean_attention: Any = key(
+        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
+        "true (every block: least memory) or false (autograd: faster, more memory)",
+        choices=("auto", True, False),
+    )
     grad_checkpointing: bool = key("recompute each block's activations in the backward (timm's set_grad_checkpointing)")
     kwargs: dict[str, Any] = key("extra model arguments, checked against the model's")
 

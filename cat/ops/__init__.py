@@ -1,6 +1,7 @@
 """The circulant-attention operator. Pure torch: imports nothing else from ``cat``."""
 
 from .circulant import (
+    LEAN_AUTO_MIN_FLOATS,
     CirculantAttention,
     attend_spectra,
     bccb_project,
@@ -11,6 +12,7 @@ from .circulant import (
 )
 
 __all__ = [
+    "LEAN_AUTO_MIN_FLOATS",
     "circulant_attention",
     "attend_spectra",
     "CirculantAttention",

@@ -29,6 +29,25 @@ from .spectral import attend_spectra, fft_dtype, head_sum, no_autocast
 
 Reweight = Literal["post", "pre", "none"]
 FFTBackend = Literal["fft", "matmul"]
+LeanPolicy = bool | Literal["auto"]
+
+# lean="auto": a block trains through the lean function when its input holds at least this many floats
+# (B*N*C), through autograd below it. Autograd is the faster of the two wherever it was measured (CPU:
+# docs/perf.md), and the lean function's saving grows with B*N*C: from here on (a 1024^2 image of CA-DeiT-T,
+# 786k; a 224^2 batch of 8 holds 301k, a 512^2 batch of 2 393k) it keeps the memory lean puts it at.
+LEAN_AUTO_MIN_FLOATS = 2**19
+
+
+def check_lean(lean: object) -> LeanPolicy:
+    """``lean`` if it is a lean policy: True (always the lean function), False (always autograd) or 'auto'."""
+    if lean is True or lean is False or lean == "auto":
+        return lean  # type: ignore[return-value]
+    raise ValueError(f"lean must be True, False or 'auto'; got {lean!r}")
+
+
+def uses_lean(lean: LeanPolicy, floats: int) -> bool:
+    """Whether a block whose input holds ``floats`` (B*N*C) trains through the lean function."""
+    return lean is True or (lean == "auto" and floats >= LEAN_AUTO_MIN_FLOATS)
 
 
 def _attend_pairs(
@@ -140,11 +159,13 @@ class CirculantAttention(nn.Module):
     The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
     so this equals projecting before the FFT while taking one FFT instead of three
     (``pack_spectrum=True``: to the spectrum's N independent reals; docs/perf.md compares them).
-    With ``lean`` (default), the FFT backend and post- or no reweighting, gate, attention and
+    With ``lean=True``, the FFT backend and post- or no reweighting, gate, attention and
     projection run as one autograd function (:mod:`cat.ops.fused`) that keeps only x and the
     gate's pre-activation for the backward and recomputes the rest: it trades a recomputation in
-    the backward for the activations autograd would store (``lean=False``, or
-    :func:`set_lean_attention` on a whole model, keeps them; docs/perf.md has the measured costs).
+    the backward for the activations autograd would store (``lean=False`` keeps them). ``'auto'``
+    (default) takes the lean function only for inputs of at least :data:`LEAN_AUTO_MIN_FLOATS`
+    floats (B*N*C), where the memory it saves is large; :func:`set_lean_attention` sets a whole
+    model (docs/perf.md has the measured costs).
     With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
     convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
@@ -162,7 +183,7 @@ class CirculantAttention(nn.Module):
         scale: float | None = None,
         fft_backend: FFTBackend = "fft",
         pack_spectrum: bool = False,
-        lean: bool = True,
+        lean: LeanPolicy = "auto",
     ) -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
@@ -175,7 +196,7 @@ class CirculantAttention(nn.Module):
         check_fft_backend(fft_backend)  # validate early
         self.fft_backend = fft_backend
         self.pack_spectrum = pack_spectrum
-        self.lean = lean
+        self.lean = check_lean(lean)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
@@ -233,7 +254,7 @@ def circulant_attention_layer(
     scale: float | None,
     reweight: str,
     fft_backend: str,
-    lean: bool,
+    lean: bool | str,
     keep_weights: bool,
     pack_spectrum: bool,
 ) -> tuple[Tensor, Tensor]:
@@ -252,7 +273,7 @@ def circulant_attention_layer(
     backend = check_fft_backend(fft_backend)
     # Exported programs take the plain autograd ops: the lean function's channel groups depend on
     # B*N and would pin the exported batch and resolution.
-    if lean and backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting():
+    if uses_lean(lean, B * N * C) and backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting():
         gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
         return lean_circulant_attention(
             x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, pack_spectrum
@@ -328,9 +349,11 @@ def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     return model
 
 
-def set_lean_attention(model: nn.Module, lean: bool) -> nn.Module:
+def set_lean_attention(model: nn.Module, lean: LeanPolicy) -> nn.Module:
     """Train every :class:`CirculantAttention` in ``model`` through the lean function (``True``:
-    less memory) or through autograd (``False``: faster steps, more memory); returns ``model``."""
+    less memory), through autograd (``False``: faster steps, more memory), or each block by its size
+    (``'auto'``: :data:`LEAN_AUTO_MIN_FLOATS`); returns ``model``."""
+    lean = check_lean(lean)
     for module in model.modules():
         if isinstance(module, CirculantAttention):
             module.lean = lean

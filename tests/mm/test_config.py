@@ -35,7 +35,11 @@ BAD_KEYS = [
     ("det", "strict_load=maybe", "strict_load='maybe': expected true or false"),
     ("seg", "strict_load=maybe", "strict_load='maybe': expected true or false"),
     ("det", "model.backbone.drop_path_rate=2", "model.backbone.drop_path_rate=2: expected a number >= 0 and <= 1"),
-    ("seg", "model.backbone.lean_attention=maybe", "model.backbone.lean_attention='maybe': expected true or false"),
+    (
+        "seg",
+        "model.backbone.lean_attention=maybe",
+        "model.backbone.lean_attention='maybe': expected one of auto, True, False",
+    ),
     ("det", "accum_steps=0", "accum_steps=0: expected an integer >= 1"),
     (
         "seg",

@@ -111,7 +111,7 @@ def test_lean_backward_passes_gradcheck(case, packed, grouping):
 def test_lean_module_equals_autograd_path_in_values_and_gradients(case, packed, grouping, reference):
     B, hw, dim, head_dim, reweight = case
     torch.manual_seed(1)
-    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, pack_spectrum=packed).double()
+    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, pack_spectrum=packed, lean=True).double()
     x = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64, requires_grad=True)
     g = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64)
     params = [x, *attn.parameters()]
@@ -126,7 +126,7 @@ def test_lean_module_equals_autograd_path_in_values_and_gradients(case, packed, 
 
 def test_lean_backward_under_bf16_autocast_keeps_dtypes():
     torch.manual_seed(2)
-    attn = CirculantAttention(16)
+    attn = CirculantAttention(16, lean=True)
     x = torch.randn(2, 35, 16, requires_grad=True)
     ref = attn(x, (5, 7))
     ref_grad = torch.autograd.grad(ref.sum(), x)[0]
@@ -158,7 +158,7 @@ def test_lean_attention_saves_one_token_map_of_its_own():
     """The budget of docs/perf.md: x (shared with the gate's linear) and the gate's pre-activation;
     autograd through the plain ops keeps far more."""
     B, hw, dim = 2, (8, 8), 16
-    attn = CirculantAttention(dim)
+    attn = CirculantAttention(dim, lean=True)
     x = torch.randn(B, 64, dim, requires_grad=True)
     unit = B * 64 * dim * 4
     leaves = [x, *attn.parameters()]
@@ -170,7 +170,7 @@ def test_lean_attention_saves_one_token_map_of_its_own():
 
 def test_set_lean_attention_switches_to_autograd_with_the_same_result():
     torch.manual_seed(3)
-    model = torch.nn.ModuleList([CirculantAttention(8), CirculantAttention(8)]).double()
+    model = torch.nn.ModuleList([CirculantAttention(8, lean=True), CirculantAttention(8, lean=True)]).double()
     x = torch.randn(2, 12, 8, dtype=torch.float64, requires_grad=True)
     run = lambda: model[1](model[0](x, (3, 4)), (3, 4))  # noqa: E731
     leaves = [x, *model.parameters()]
@@ -179,3 +179,33 @@ def test_set_lean_attention_switches_to_autograd_with_the_same_result():
     assert not any(m.lean for m in model)
     torch.testing.assert_close(run(), lean_out, rtol=1e-10, atol=1e-12)
     assert saved_bytes(run, leaves) > 5 * lean_saved
+
+
+def test_auto_takes_the_lean_function_only_from_its_threshold_on(monkeypatch):
+    """lean='auto' (the default): below LEAN_AUTO_MIN_FLOATS (B*N*C) a block trains through autograd,
+    from it on through the lean function; the outputs agree either way."""
+    from cat.ops import circulant
+
+    torch.manual_seed(4)
+    attn = CirculantAttention(16).double()
+    assert attn.lean == "auto"
+    x = torch.randn(2, 64, 16, dtype=torch.float64, requires_grad=True)  # 2048 floats
+    leaves, run = [x, *attn.parameters()], lambda: attn(x, (8, 8))
+    measured = {}
+    for policy in (False, True, "auto"):
+        attn.lean = policy
+        measured[policy] = (run(), saved_bytes(run, leaves))
+    monkeypatch.setattr(circulant, "LEAN_AUTO_MIN_FLOATS", 2048)
+    measured["auto, at the threshold"] = (run(), saved_bytes(run, leaves))
+    assert measured["auto"][1] == measured[False][1] > 5 * measured[True][1]
+    assert measured["auto, at the threshold"][1] == measured[True][1]
+    for out, _ in measured.values():
+        torch.testing.assert_close(out, measured[False][0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["maybe", 1, None])
+def test_a_lean_policy_other_than_true_false_auto_is_refused(policy):
+    with pytest.raises(ValueError, match="lean must be True, False or 'auto'"):
+        CirculantAttention(8, lean=policy)
+    with pytest.raises(ValueError, match="lean must be True, False or 'auto'"):
+        set_lean_attention(torch.nn.Sequential(CirculantAttention(8)), policy)

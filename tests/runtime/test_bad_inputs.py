@@ -142,7 +142,10 @@ CASES = {
         _overrides("++model.kwargs.foo=1"),
         "model.kwargs.foo: not an argument of ca_deit_tiny (accepted: cache_dir, checkpoint_path, depth,",
     ),
-    "lean_attention_maybe": (_overrides("model.lean_attention=maybe"), "model.lean_attention='maybe': expected true"),
+    "lean_attention_maybe": (
+        _overrides("model.lean_attention=maybe"),
+        "model.lean_attention='maybe': expected one of auto, True, False",
+    ),
     "aug_mixup_mode": (_overrides("aug.mixup_mode=rows"), "aug.mixup_mode='rows': expected one of batch, pair, elem"),
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),

@@ -49,7 +49,7 @@ def test_every_dataset_option_conforms(data):
     [
         ("schedule.sched=bogus", "schedule.sched='bogus': expected one of cosine, tanh"),
         ("model.drop_path_rate=-1", "model.drop_path_rate=-1: expected a number >= 0 and <= 1 (or null)"),
-        ("model.lean_attention=maybe", "model.lean_attention='maybe': expected true or false"),
+        ("model.lean_attention=maybe", "model.lean_attention='maybe': expected one of auto, True, False"),
         ("aug.hflip=1.5", "aug.hflip=1.5: expected a number >= 0 and <= 1"),
         ("aug.smoothing=1", "aug.smoothing=1: expected a number >= 0 and < 1"),
         ("aug.mixup_mode=rows", "aug.mixup_mode='rows': expected one of batch, pair, elem"),
@@ -75,7 +75,11 @@ def test_cls_schema_names_the_problem(override, problem):
     ("task", "override", "problem"),
     [
         ("det", "model.backbone.drop_path_rate=2", "model.backbone.drop_path_rate=2: expected a number >= 0"),
-        ("det", "model.backbone.lean_attention=maybe", "model.backbone.lean_attention='maybe': expected true"),
+        (
+            "det",
+            "model.backbone.lean_attention=maybe",
+            "model.backbone.lean_attention='maybe': expected one of auto, True, False",
+        ),
         (
             "det",
             "model.backbone.out_indices=[0,-1]",

@@ -67,13 +67,13 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
             "--memory-res",
             "256",
             "--memory-pairs",
-            "ca_deit_tiny:ca_deit_tiny+autograd",
+            "ca_deit_tiny+lean:ca_deit_tiny+autograd",
             "--json",
         )
     )
     (row,) = result["train_memory"]
     assert (row["model"], row["baseline"], row["resolution"], row["batch"]) == (
-        "ca_deit_tiny",
+        "ca_deit_tiny+lean",
         "ca_deit_tiny+autograd",
         256,
         1,
@@ -81,6 +81,33 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
     # The lean backward keeps far less than autograd through the same model (docs/perf.md).
     assert 0 < row["model_mib"] < row["baseline_mib"]
     assert row["ratio"] == row["model_mib"] / row["baseline_mib"]
+
+
+def test_bench_attention_times_whole_training_steps(run_tool):
+    import json
+
+    models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+autograd", "deit_tiny_patch16_224+converted"]
+    result = json.loads(
+        run_tool(
+            "bench_attention",
+            "--grids",
+            "--train-res",
+            "32",
+            "--train-batches",
+            "2",
+            "--train-models",
+            *models,
+            "--rounds",
+            "1",
+            "--min-block",
+            "0.001",
+            "--json",
+        )
+    )
+    (row,) = result["train_steps"]
+    assert (row["resolution"], row["batch"], row[f"{models[0]}_speed"]) == (32, 2, 1.0)
+    for name in models:
+        assert row[f"{name}_ms"] > 0 and row[f"{name}_speed"] == row[f"{models[0]}_ms"] / row[f"{name}_ms"]
 
 
 def test_gpu_check_correctness_dry_run_on_cpu():
