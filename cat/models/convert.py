@@ -27,6 +27,8 @@ from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
 from cat.ops import circulant_attention
+from cat.ops.circulant import LeanPolicy, check_lean, uses_lean
+from cat.ops.fused import lean_circulant_attention
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
 
@@ -44,7 +46,13 @@ class PluginCirculantAttention(nn.Module):
     """
 
     def __init__(
-        self, qkv: nn.Linear, proj: nn.Linear, num_heads: int, head_dim: int = 1, num_prefix_tokens: int = 0
+        self,
+        qkv: nn.Linear,
+        proj: nn.Linear,
+        num_heads: int,
+        head_dim: int = 1,
+        num_prefix_tokens: int = 0,
+        lean: LeanPolicy = "auto",
     ) -> None:
         super().__init__()
         dim = proj.in_features
@@ -57,10 +65,11 @@ class PluginCirculantAttention(nn.Module):
         self.num_heads = num_heads  # of the prefix tokens' softmax attention, as in the source
         self.head_dim = head_dim
         self.num_prefix_tokens = num_prefix_tokens
+        self.lean = check_lean(lean)  # as CirculantAttention's (cat.ops.set_lean_attention sets it)
         self.grid: tuple[int, int] | None = None
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}"
+        return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}, lean={self.lean}"
 
     def set_window_size(self, window_size: Any) -> None:
         """Swin's resize hook: circulant attention has no window."""
@@ -72,15 +81,47 @@ class PluginCirculantAttention(nn.Module):
         P = self.num_prefix_tokens
         if hw is None or hw[0] * hw[1] != T - P:
             raise ValueError(f"{T} tokens ({P} prefix) do not fit the grid {hw}")
+        C = self.proj.in_features
+        if uses_lean(self.lean, B * (T - P) * C) and not torch.compiler.is_exporting():
+            return self._lean_forward(x, (hw[0], hw[1]))
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        C = q.shape[-1]
         grid = [t[:, P:].reshape(B, hw[0], hw[1], C) for t in (q, k, v)]
         out = circulant_attention(*grid, head_dim=self.head_dim).reshape(B, T - P, C)
         if P:
-            heads = [t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q[:, :P], k, v)]
-            prefix = F.scaled_dot_product_attention(*heads).transpose(1, 2).reshape(B, P, C)
-            out = torch.cat([prefix, out.to(prefix.dtype)], dim=1)
+            out = torch.cat([self._prefix_attention(q[:, :P], k, v), out.to(q.dtype)], dim=1)
         return self.proj(out * self.gate(x))
+
+    def _prefix_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The prefix tokens' softmax attention over all tokens, as in the source (B, P, C)."""
+        B, P, C = q.shape
+        heads = [t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v)]
+        return F.scaled_dot_product_attention(*heads).transpose(1, 2).reshape(B, P, C)
+
+    def _lean_forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """The grid tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
+        domain, gate and projection fused, almost nothing stored), the prefix tokens as in :meth:`forward`."""
+        B, T, _ = x.shape
+        P, C = self.num_prefix_tokens, self.proj.in_features
+        gate_pre = self.gate[0](x)
+        scale = (hw[0] * hw[1] * self.head_dim) ** -0.5
+        qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
+        grid, _ = lean_circulant_attention(
+            x[:, P:],
+            qkv_weight,
+            gate_pre[:, P:],
+            self.proj.weight,
+            self.proj.bias,
+            hw,
+            self.head_dim,
+            scale,
+            qkv_bias=qkv_bias,
+        )
+        if not P:
+            return grid
+        q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
+        k, v = F.linear(x, qkv_weight[C:], qkv_bias[C:] if qkv_bias is not None else None).chunk(2, dim=-1)
+        prefix = self.proj(self._prefix_attention(q, k, v) * F.silu(gate_pre[:, :P]))
+        return torch.cat([prefix, grid.to(prefix.dtype)], dim=1)
 
 
 class CirculantSwinBlock(SwinTransformerBlock):

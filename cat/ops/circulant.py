@@ -355,6 +355,6 @@ def set_lean_attention(model: nn.Module, lean: LeanPolicy) -> nn.Module:
     (``'auto'``: :data:`LEAN_AUTO_MIN_FLOATS`); returns ``model``."""
     lean = check_lean(lean)
     for module in model.modules():
-        if isinstance(module, CirculantAttention):
+        if isinstance(module, CirculantAttention) or hasattr(module, "lean"):  # and cat.convert's attention
             module.lean = lean
     return model

@@ -77,21 +77,28 @@ def input_spectrum(x: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
         return spectrum_rows(torch.fft.rfft2(x.transpose(1, 2).reshape(B, C, *hw).to(fft_dtype(x.dtype))), hw, packed)
 
 
-def group_rows(qkv_weight: Tensor, lo: int, hi: int) -> Tensor:
-    """The rows of the (3C, C) qkv weight that make channels [lo, hi) of q, k and v."""
-    C = qkv_weight.shape[1]
+def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
+    """The rows of the (3C, C) qkv weight (or entries of its (3C,) bias) that make channels [lo, hi)
+    of q, k and v."""
+    C = qkv.shape[0] // 3
     if (lo, hi) == (0, C):
-        return qkv_weight
-    return torch.cat([qkv_weight[lo:hi], qkv_weight[C + lo : C + hi], qkv_weight[2 * C + lo : 2 * C + hi]])
+        return qkv
+    return torch.cat([qkv[lo:hi], qkv[C + lo : C + hi], qkv[2 * C + lo : 2 * C + hi]])
 
 
-def group_spectra(spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool) -> tuple[Tensor, Tensor, Tensor]:
+def group_spectra(
+    spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The rfft2 spectra (B, c, H, W//2+1) of q, k, v from the input spectrum's real rows
-    (:func:`input_spectrum`) and qkv ``rows``. The FFT is linear, so the weight is applied to the
-    spectrum of x: one FFT instead of three."""
+    (:func:`input_spectrum`), qkv ``rows`` and their ``bias``. The FFT is linear, so the weight is
+    applied to the spectrum of x: one FFT instead of three; a bias is a constant map, N * bias at
+    frequency 0 and nothing elsewhere."""
     qkv = torch.matmul(rows, spectrum).to(spectrum.dtype)  # autocast may run the GEMM in bf16/fp16
     with no_autocast(spectrum.device):
-        return rows_spectrum(qkv, hw, packed).chunk(3, dim=1)
+        spectra = rows_spectrum(qkv, hw, packed)
+        if bias is not None:
+            spectra[:, :, 0, 0] += hw[0] * hw[1] * bias.to(spectrum.dtype)
+        return spectra.chunk(3, dim=1)
 
 
 def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
@@ -107,14 +114,15 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed):
+def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias):
     """The forward of :func:`lean_circulant_attention`, without autograd."""
     B, N, C = x.shape
     spectrum = input_spectrum(x, hw, packed)
     y = spectrum.new_empty(B, C, *hw)
     weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
     for lo, hi in channel_groups(C, head_dim, B * N):
-        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed)
+        bias = group_rows(qkv_bias, lo, hi) if qkv_bias is not None else None
+        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed, bias)
         with no_autocast(x.device):
             _, w = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True, out=y[:, lo:hi])
         if keep_weights:
@@ -131,8 +139,8 @@ class _LeanCirculantAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *args) -> tuple[Tensor, Tensor]:  # the arguments of _forward
         out, weights = _forward(*args)
-        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed = args
-        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight)
+        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed, qkv_bias = args
+        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias)
         ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
         ctx.has_bias = proj_bias is not None
         ctx.autocast = _autocast_state(x.device)
@@ -141,7 +149,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_out: Tensor, _g_weights: Tensor | None):
-        x, qkv_weight, gate_pre, proj_weight = ctx.saved_tensors
+        x, qkv_weight, gate_pre, proj_weight, qkv_bias = ctx.saved_tensors
         hw, head_dim, scale = ctx.hw, ctx.head_dim, ctx.scale
         B, N, C = x.shape
         work = fft_dtype(x.dtype)
@@ -157,11 +165,13 @@ class _LeanCirculantAttention(torch.autograd.Function):
             g_qkv_weight = torch.empty_like(qkv_weight, dtype=work)
             g_proj_weight = torch.empty_like(proj_weight, dtype=work)
             g_gate_pre = torch.empty_like(gate_pre) if gate_pre is not None else None
+            g_qkv_bias = torch.empty_like(qkv_bias, dtype=work) if qkv_bias is not None else None
             for lo, hi in channel_groups(C, head_dim, B * N):
                 c = hi - lo
                 rows = group_rows(qkv_weight, lo, hi)
                 # Recompute what the forward did not keep: the spectra, weights and pre-gate output.
-                q_f, k_f, v_f = group_spectra(spectrum, rows, hw, ctx.packed)
+                bias = group_rows(qkv_bias, lo, hi) if qkv_bias is not None else None
+                q_f, k_f, v_f = group_spectra(spectrum, rows, hw, ctx.packed, bias)
                 with no_autocast(device):
                     w = circulant_weights(q_f, k_f, hw, head_dim, scale)
                     w_f = torch.fft.rfft2(w)
@@ -193,6 +203,10 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     g_qkv_f[:, c : 2 * c] = per_head(l_f, q_f, head_dim)
                     g_qkv_f[:, 2 * c :] = per_head(w_f, g_f, head_dim)
                     del q_f, k_f, v_f, g_f, l_f, w_f
+                    if g_qkv_bias is not None:  # a bias's gradient: its map's gradient summed, frequency 0
+                        g_bias = g_qkv_f[:, :, 0, 0].real.sum(0)
+                        for i in range(3):
+                            g_qkv_bias[i * C + lo : i * C + hi] = g_bias[i * c : (i + 1) * c]
                     g_qkv = spectrum_rows(g_qkv_f, hw, ctx.packed)
                 # Through the qkv projection, on the spectrum's rows.
                 g_rows = torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0)
@@ -215,6 +229,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
             None,
             None,
             None,
+            g_qkv_bias.to(qkv_bias.dtype) if g_qkv_bias is not None else None,
         )
 
 
@@ -229,14 +244,16 @@ def lean_circulant_attention(
     scale: float,
     keep_weights: bool = False,
     packed: bool = False,
+    qkv_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid,
     and, with ``keep_weights``, the attention weights (B, heads, H, W), not differentiable (else an
-    empty tensor). ``gate_pre`` None: no gate. ``packed``: the qkv GEMM runs on the packed spectrum's
+    empty tensor). ``gate_pre`` None: no gate. ``qkv_bias`` (3C,): q, k, v with a bias (timm's
+    ``qkv_bias=True`` models, converted by :func:`cat.convert`). ``packed``: the qkv GEMM runs on the packed spectrum's
     N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output
     (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
-    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:5]):
+    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias)):
         return _LeanCirculantAttention.apply(*args)
     return _forward(*args)  # inference: no autograd.Function overhead

@@ -209,3 +209,22 @@ def test_a_lean_policy_other_than_true_false_auto_is_refused(policy):
         CirculantAttention(8, lean=policy)
     with pytest.raises(ValueError, match="lean must be True, False or 'auto'"):
         set_lean_attention(torch.nn.Sequential(CirculantAttention(8)), policy)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
+def test_lean_backward_with_a_qkv_bias_passes_gradcheck(packed):
+    """A qkv bias (timm's qkv_bias=True models, converted) enters as N * bias at frequency 0."""
+    torch.manual_seed(5)
+    B, hw, dim, head_dim = 2, (3, 4), 6, 2
+    x = torch.randn(B, 12, dim, dtype=torch.float64, requires_grad=True)
+    params = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((18, 6), (18,), (6, 6), (6,))]
+    gate_pre = torch.randn(B, 12, dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, 12, dim, dtype=torch.float64)
+
+    def fn(x, qkv_w, qkv_b, proj_w, proj_b, gate_pre):
+        out, _ = lean_circulant_attention(
+            x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, packed=packed, qkv_bias=qkv_b
+        )
+        return (out * weight).sum()
+
+    assert torch.autograd.gradcheck(fn, (x, *params, gate_pre))
