@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if args.out is None:
         parser.error("give the output folder")
-    if not (args.source / args.splits[0]).is_dir():
-        raise DataError(f"no {args.source / args.splits[0]} folder to pack")
+    missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
+    if missing is not None:  # before anything is written
+        raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
     classes = sorted(e.name for e in os.scandir(args.source / args.splits[0]) if e.is_dir())
     args.out.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, object]] = {}

@@ -174,3 +174,10 @@ def test_a_broken_manifest_is_named(packed, tmp_path, text):
     (zipped / "manifest.json").write_text(text)
     with pytest.raises(DataError, match=r"manifest\.json is not a dataset manifest .*re-run tools/pack_dataset\.py"):
         ZipImageDataset(str(zipped), "val")
+
+
+def test_a_split_folder_that_is_not_there_is_named_before_anything_is_written(packed, tmp_path, run_tool):
+    folder = packed[0]
+    out = tmp_path / "out"
+    error = run_tool("pack_dataset", str(folder), str(out), "--splits", "train", "test", expect=2, stderr=True)
+    assert f"no {folder / 'test'} folder to pack" in error and not out.exists()
