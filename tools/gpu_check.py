@@ -12,7 +12,8 @@ Checks: ``circulant_attention`` and ``CirculantAttention`` under ``torch.autocas
 bf16 (cuFFT rejects half precision for non-power-of-two grids, so the FFTs must stay fp32) on
 square, non-square and non-power-of-two grids, the module's input gradient too; a whole CA-DeiT-T;
 then ``tools/bench_attention.py`` on the GPU in fp32 and bf16 (the released pipeline, SDPA and
-GEMM-floor ratios, growth exponent, CA-DeiT-T vs DeiT-T at 224^2 (batch 8) and 1536^2, and the
+GEMM-floor ratios, growth exponent, CA-DeiT-T vs DeiT-T at 224^2 (batch 8) and 1536^2, whole training
+steps of DeiT-T, CA-DeiT-T (auto, lean, autograd) and the converted DeiT-T at 224^2/512^2/1024^2, and the
 training-memory ratios at 1024^2 and 2048^2).
 """
 
@@ -147,6 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             "--models-batches",
             "8",
             "1",
+            "--train-res",
+            "224",
+            "512",
+            "1024",
+            "--train-batches",
+            "64",
+            "16",
+            "2",
             "--memory-res",
             "1024",
             "2048",

@@ -82,7 +82,7 @@ class PluginCirculantAttention(nn.Module):
         if hw is None or hw[0] * hw[1] != T - P:
             raise ValueError(f"{T} tokens ({P} prefix) do not fit the grid {hw}")
         C = self.proj.in_features
-        if uses_lean(self.lean, B * (T - P) * C) and not torch.compiler.is_exporting():
+        if not torch.compiler.is_exporting() and uses_lean(self.lean, B * (T - P) * C):  # export first: no guard
             return self._lean_forward(x, (hw[0], hw[1]))
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         grid = [t[:, P:].reshape(B, hw[0], hw[1], C) for t in (q, k, v)]

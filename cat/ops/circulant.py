@@ -272,8 +272,9 @@ def circulant_attention_layer(
     scale = (N * head_dim) ** -0.5 if scale is None else scale
     backend = check_fft_backend(fft_backend)
     # Exported programs take the plain autograd ops: the lean function's channel groups depend on
-    # B*N and would pin the exported batch and resolution.
-    if uses_lean(lean, B * N * C) and backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting():
+    # B*N and would pin the exported batch and resolution; so would the size test of lean="auto",
+    # hence the export check comes before it.
+    if backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting() and uses_lean(lean, B * N * C):
         gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
         return lean_circulant_attention(
             x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, pack_spectrum
