@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.memory_worker:
         model, res, batch = args.memory_worker
-        print(train_memory(model, int(res), int(batch), args.device))
+        with autocast_for(args.device, args.amp is not None, args.amp):
+            print(train_memory(model, int(res), int(batch), args.device))
         return 0
     torch.set_default_device(args.device)
     with autocast_for(args.device, args.amp is not None, args.amp):

@@ -21,13 +21,12 @@ allocator and FFT library, not CUDA's): an estimate to plan with, not a guarante
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import timm
 import torch
@@ -35,45 +34,34 @@ import torch
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, report_user_errors
-from cat.toolkit import peak_growth_mib
 
+BENCH = Path(__file__).with_name("bench_attention.py")
 GPUS_GIB = (40, 80)
 USABLE = 0.9
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, dtype: str) -> None:
-    amp = torch.autocast("cpu", dtype=AMP_DTYPES[dtype]) if dtype in AMP_DTYPES else contextlib.nullcontext()
-    with amp:
-        loss = model(x).float().logsumexp(-1).mean()
-    loss.backward()
-
-
-def step_growth(model_name: str, res: int, batch: int, checkpointed: bool, dtype: str) -> dict[str, float]:
-    """Parameters, and MiB one training forward+backward adds (call in a fresh process: memory freed
-    by an earlier step stays resident and would hide a later step's growth)."""
-    torch.manual_seed(0)
-    model = timm.create_model(model_name, img_size=res).train()
-    model.set_grad_checkpointing(checkpointed)
-    step = functools.partial(train_step, model, torch.randn(batch, 3, res, res), dtype)
-    return {"params": float(sum(p.numel() for p in model.parameters())), "mib": peak_growth_mib(step, "cpu")}
-
-
 def measure(model_name: str, res: int, batches: tuple[int, int], dtype: str) -> dict[str, float]:
-    """Every (variant, batch) of one model, each in its own process, two at a time."""
-    jobs = {(v, b): (v == "ckpt", b) for v in ("plain", "ckpt") for b in batches}
+    """Parameters, and the MiB one training forward+backward adds for every (variant, batch) of one
+    model: tools/bench_attention.py's memory worker, each in its own process (memory freed by an
+    earlier step stays resident and would hide a later one's growth), two at a time."""
+    jobs = [(v, b) for v in ("plain", "ckpt") for b in batches]
 
-    def run(variant_batch: tuple[str, int]) -> dict[str, float]:
-        checkpointed, batch = jobs[variant_batch]
-        cmd = [sys.executable, __file__, "--dtype", dtype, "--worker", model_name, str(res), str(batch)]
-        proc = subprocess.run([*cmd, *(["--checkpointed"] if checkpointed else [])], capture_output=True, text=True)
+    def run(variant_batch: tuple[str, int]) -> float:
+        variant, batch = variant_batch
+        # "+lean": at the recipe's batch every circulant block is past lean_attention=auto's threshold,
+        # while the small measured batches may not be (a softmax model is unchanged by it).
+        name = model_name + ("+checkpointed" if variant == "ckpt" else "+lean")
+        cmd = [sys.executable, str(BENCH), "--device", "cpu", *(["--amp", dtype] if dtype in AMP_DTYPES else [])]
+        proc = subprocess.run([*cmd, "--memory-worker", name, str(res), str(batch)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"memory worker failed for {model_name} {variant_batch}:\n{proc.stderr[-2000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+            raise RuntimeError(f"memory worker failed for {name} at batch {batch}:\n{proc.stderr[-2000:]}")
+        return float(proc.stdout.strip().splitlines()[-1])
 
     with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(jobs, pool.map(run, jobs), strict=True))
-    growth = {f"{v}_{b}": r["mib"] for (v, b), r in results.items()}
-    return {"params": next(iter(results.values()))["params"], **growth}
+        growth = {f"{v}_{b}": mib for (v, b), mib in zip(jobs, pool.map(run, jobs), strict=True)}
+    with torch.device("meta"):
+        params = sum(p.numel() for p in timm.create_model(model_name, img_size=res).parameters())
+    return {"params": float(params), **growth}
 
 
 def smallest_accum(gib_per_image: float, batch: int, room_gib: float) -> int | None:
@@ -106,7 +94,7 @@ def plan(growth: dict[str, float], batches: tuple[int, int], recipe_batch: int, 
 
 
 @report_user_errors
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", help="Table 2 model names (default: every row)")
     parser.add_argument("--dtype", choices=sorted(AMP_DTYPES) + ["fp32"], default="bf16")
@@ -114,14 +102,8 @@ def main() -> None:
     parser.add_argument("--recipe-batch", type=int, default=128, help="images per GPU (global 1024 on 8)")
     parser.add_argument("--overhead-gib", type=float, default=1.0, help="CUDA context and allocator slack")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)  # internal: MODEL RES BATCH
-    parser.add_argument("--checkpointed", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     batches = tuple(args.batches)
-    if args.worker:
-        model_name, res, batch = args.worker
-        print(json.dumps(step_growth(model_name, int(res), int(batch), args.checkpointed, args.dtype)))
-        return
     rows = [r for r in paper_table(2)["rows"] if not args.models or r["model"] in args.models]
     results = []
     for row in rows:
@@ -148,7 +130,8 @@ def main() -> None:
                 {"dtype": args.dtype, "batches": batches, "recipe_batch": args.recipe_batch, "rows": results}, indent=1
             )
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,6 +10,7 @@ from torch import nn
 import cat
 from cat.models.convert import GATE_IDENTITY_BIAS, PluginCirculantAttention
 from cat.ops import circulant_attention, set_lean_attention
+from tests.ops.test_lean import saved_bytes
 
 # Small widths and depths keep the CPU tests fast; the conversion sees the same block types.
 SOURCES = {
@@ -95,19 +96,6 @@ def test_save_load_and_features_only(name, tmp_path):
     assert all(m.dim() == 4 for m in maps)
 
 
-def _saved_bytes(fn) -> int:
-    """Bytes autograd keeps for the backward of ``fn`` (each storage once)."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("name", ["deit_tiny_patch16_224", "pvt_v2_b0", "eva02_tiny_patch14_224"])
 def test_converted_attention_on_the_lean_function_equals_the_plain_ops(name):
     """qkv biases (all three sources) in the frequency domain, the class token (DeiT, EVA) beside the
@@ -126,7 +114,7 @@ def test_converted_attention_on_the_lean_function_equals_the_plain_ops(name):
         out = model(x)
         out.logsumexp(1).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        results[lean] = (out.detach(), grads, _saved_bytes(lambda: model(x).sum()))
+        results[lean] = (out.detach(), grads, saved_bytes(lambda: model(x).sum(), [x, *model.parameters()]))
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-10, atol=1e-12)
     assert results[True][1].keys() == results[False][1].keys()
     for n, g in results[False][1].items():

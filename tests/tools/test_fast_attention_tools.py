@@ -124,3 +124,17 @@ def test_gpu_check_correctness_dry_run_on_cpu():
     assert sum(r["what"] == "CirculantAttention grad" for r in rows) == 10
     for r in rows:
         assert r["rel_err"] < max(3e-2, r["tolerance"]), r
+
+
+@pytest.mark.slow
+def test_recipe_memory_estimates_a_row_from_two_measured_batches(run_tool):
+    import json
+
+    result = json.loads(
+        run_tool("recipe_memory", "--models", "ca_deit_tiny", "--batches", "1", "2", "--recipe-batch", "4", "--json")
+    )
+    (row,) = result["rows"]
+    assert (row["label"], row["img_size"], result["batches"]) == ("CA-DeiT-T", 224, [1, 2])
+    fixed = 16 * row["params_m"] * 1e6 / 2**30 + 1.0  # the parameters' share and the default overhead
+    assert row["gib_per_image"] > 0 and row["estimate_gib"] == pytest.approx(fixed + 4 * row["gib_per_image"])
+    assert row["fits_40"] == row["fits_80"] == "as is"
