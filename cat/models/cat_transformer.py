@@ -80,7 +80,7 @@ class CATStage(nn.Module):
         """NCHW in, NCHW out."""
         x = self.downsample(x)
         B, C, H, W = x.shape
-        tokens = x.flatten(2).transpose(1, 2)
+        tokens = x.flatten(2).transpose(1, 2).contiguous()  # token-major memory, as in CA-DeiT's _tokens
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
             tokens = checkpoint_blocks(self.blocks, tokens, (H, W))
         else:

@@ -114,7 +114,9 @@ class CirculantVisionTransformer(TimmApiMixin, nn.Module):
             x = check_patch_grid(x, self.patch_embed.patch_size)
         x = self.patch_embed(x)
         B, H, W, C = x.shape
-        return x.reshape(B, H * W, C), (H, W)
+        # The patch embedding's NHWC is a permuted view of its conv's NCHW output. Copied once here: the residual
+        # stream keeps its input's layout, and every block's LayerNorm and linear layers would copy it again.
+        return x.reshape(B, H * W, C).contiguous(), (H, W)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, 3, H, W) -> normalised tokens (B, N, C), N = (H / patch) * (W / patch)."""

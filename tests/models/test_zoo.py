@@ -49,6 +49,20 @@ def test_forward_backward_small_resolution(name):
     assert not missing, missing[:5]
 
 
+@pytest.mark.parametrize("name", [n for n in OURS if n.startswith("ca") and n.endswith("tiny")])
+def test_blocks_take_token_major_memory(name):
+    """Every circulant block gets contiguous (B, N, C) tokens. A residual stream in another layout (a
+    transposed view of a conv's NCHW output) stays so through every add, and each LayerNorm and linear layer
+    copies it again, forward and backward: about 4 % of CA-DeiT-T's training step at 224^2 (docs/perf.md)."""
+    model = timm.create_model(name, num_classes=5, img_size=64).train()
+    layouts = []
+    for block in model.modules():
+        if isinstance(block, cat.layers.CirculantBlock):
+            block.register_forward_pre_hook(lambda _m, args: layouts.append(args[0].is_contiguous()))
+    model(torch.randn(2, 3, 64, 64)).sum().backward()
+    assert layouts and all(layouts), layouts
+
+
 DENSE_CASES = [("cat_tiny", None)] + [
     (name, pattern) for name in ("pvt_tiny", "ca_pvt_tiny", "ca_swin_tiny") for pattern in (None, "SSSS", "CM1SS")
 ]
