@@ -49,7 +49,7 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import interleaved_medians, peak_growth_mib
+from cat.toolkit import interleaved_medians, paired_speedups, peak_growth_mib
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -168,10 +168,17 @@ def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
 
 
 def train_steps(
-    models: list[str], resolutions: list[int], batches: list[int], rounds: int, min_block_s: float, device: str
+    models: list[str],
+    resolutions: list[int],
+    batches: list[int],
+    rounds: int,
+    min_block_s: float,
+    device: str,
+    pairs: int = 0,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
-    resolution; each model's speed relative to the first (its time over theirs)."""
+    resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
+    from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles)."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
@@ -189,12 +196,14 @@ def train_steps(
 
             fns[name] = step
         t = interleaved_medians(fns, rounds, min_block_s)
+        paired = paired_speedups(fns, pairs, device) if pairs else {}
         rows.append(
             {
                 "resolution": res,
                 "batch": batch,
                 **{f"{name}_ms": t[name] * 1e3 for name in models},
                 **{f"{name}_speed": t[models[0]] / t[name] for name in models},
+                **{f"{name}_paired": list(paired[name]) for name in paired},
             }
         )
     return rows
@@ -251,7 +260,13 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         result["models"] = whole_models(args.models_res, args.models_batches, max(3, args.rounds // 2), args.min_block)
     if args.train_res:
         result["train_steps"] = train_steps(
-            args.train_models, args.train_res, args.train_batches, max(3, args.rounds // 2), args.min_block, args.device
+            args.train_models,
+            args.train_res,
+            args.train_batches,
+            max(3, args.rounds // 2),
+            args.min_block,
+            args.device,
+            args.pairs,
         )
     if args.memory_res:
         result["train_memory"] = memory_table(args.memory_pairs, args.memory_res, args.memory_batch, args.device)
@@ -294,9 +309,14 @@ def report(args: argparse.Namespace, result: dict) -> None:
         )
     for r in result.get("train_steps", []):
         names = [k[: -len("_speed")] for k in r if k.endswith("_speed")]
-        print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']} (speed relative to {names[0]})")
+        paired = f"; paired: median of {args.pairs} step pairs (q1-q3)" if args.pairs else ""
+        print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']} (speed relative to {names[0]}{paired})")
         for name in names:
-            print(f"{name:>36} {r[f'{name}_ms']:>9.1f} ms {r[f'{name}_speed']:>6.2f}x")
+            line = f"{name:>36} {r[f'{name}_ms']:>9.1f} ms {r[f'{name}_speed']:>6.2f}x"
+            if f"{name}_paired" in r:
+                median, q1, q3 = r[f"{name}_paired"]
+                line += f"   paired {median:.3f}x ({q1:.3f}-{q3:.3f})"
+            print(line)
     if result.get("train_memory"):
         print("\npeak memory of one training forward+backward (MiB, each in a fresh process)")
         print(f"{'model':>24} {'baseline':>24} {'res':>5} {'B':>2} {'model':>9} {'baseline':>9} {'ratio':>6}")
@@ -343,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-batch", type=int, default=1)
     parser.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)  # internal: MODEL RES BATCH
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="training steps: also time single steps in this many pairs per model"
+    )
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
     parser.add_argument(

@@ -4,7 +4,15 @@ line, sample images and figure saving. Nothing here is a tool itself; ``tools/``
 from .figures import save_figure
 from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
 from .models import add_model_arguments, model_from_args, model_tool_parser
-from .timing import interleaved_medians, peak_growth_mib, peak_memory_mib, reset_peak_memory, synchronize, time_calls
+from .timing import (
+    interleaved_medians,
+    paired_speedups,
+    peak_growth_mib,
+    peak_memory_mib,
+    reset_peak_memory,
+    synchronize,
+    time_calls,
+)
 
 __all__ = [
     "save_figure",
@@ -16,6 +24,7 @@ __all__ = [
     "model_from_args",
     "model_tool_parser",
     "interleaved_medians",
+    "paired_speedups",
     "peak_growth_mib",
     "peak_memory_mib",
     "reset_peak_memory",

@@ -15,6 +15,7 @@ __all__ = [
     "synchronize",
     "time_calls",
     "interleaved_medians",
+    "paired_speedups",
     "reset_peak_memory",
     "peak_memory_mib",
     "peak_growth_mib",
@@ -52,7 +53,8 @@ def time_calls(
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
     """Median seconds per call of each function, with ``torch.utils.benchmark`` (which synchronises
-    CUDA): every round times one block of each function in turn."""
+    CUDA): every round times one block of each function in turn, starting one function later each round, so
+    each takes every place in the order (on CPU the place alone moved two instances of one model by 14 %)."""
     from torch.utils import benchmark  # imports torch's C++-extension builder, which warns without CUDA
 
     timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}) for name, fn in fns.items()}
@@ -61,10 +63,34 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_b
         once = timer.timeit(1).mean
         reps[name] = max(1, int(min_block_s / max(once, 1e-6)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            samples[name].append(timer.timeit(reps[name]).mean)
+    names = list(timers)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(timers[name].timeit(reps[name]).mean)
     return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def paired_speedups(
+    fns: dict[str, Callable[[], object]], pairs: int, device: torch.device | str
+) -> dict[str, tuple[float, float, float]]:
+    """Speed of each function relative to the first, from single calls in pairs: the baseline, then the
+    candidate, in alternating order, ``pairs`` times per candidate. Returns, per name, the median of the per-pair
+    ratios (baseline time / candidate time) and its lower and upper quartiles. A pair's two calls are seconds apart,
+    so the machine's drifts cancel within each ratio; a step of a whole model varies by 10 % on a shared CPU."""
+    names = list(fns)
+    for name in names:  # warm-up: allocator pools, lazy initialisation
+        time_calls(fns[name], 1, 1, device)
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    for i in range(pairs):
+        for name in names[1:]:
+            order = (names[0], name) if i % 2 == 0 else (name, names[0])
+            t = {n: time_calls(fns[n], 1, 0, device)[0] for n in order}
+            ratios[name].append(t[names[0]] / t[name])
+    out = {names[0]: (1.0, 1.0, 1.0)}
+    for name, r in ratios.items():
+        q1, median, q3 = np.quantile(r, [0.25, 0.5, 0.75])
+        out[name] = (float(median), float(q1), float(q3))
+    return out
 
 
 def reset_peak_memory(device: torch.device | str) -> None:

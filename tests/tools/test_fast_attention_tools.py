@@ -101,13 +101,18 @@ def test_bench_attention_times_whole_training_steps(run_tool):
             "1",
             "--min-block",
             "0.001",
+            "--pairs",
+            "3",
             "--json",
         )
     )
     (row,) = result["train_steps"]
     assert (row["resolution"], row["batch"], row[f"{models[0]}_speed"]) == (32, 2, 1.0)
+    assert row[f"{models[0]}_paired"] == [1.0, 1.0, 1.0]
     for name in models:
         assert row[f"{name}_ms"] > 0 and row[f"{name}_speed"] == row[f"{models[0]}_ms"] / row[f"{name}_ms"]
+        median, q1, q3 = row[f"{name}_paired"]  # from single steps in pairs with the baseline
+        assert 0 < q1 <= median <= q3
 
 
 def test_gpu_check_correctness_dry_run_on_cpu():
