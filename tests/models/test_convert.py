@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import cat
@@ -56,13 +57,19 @@ def test_vit_conversion_reuses_weights_and_matches_the_definition():
     assert not isinstance(model.blocks[0].attn, PluginCirculantAttention)
     attn = model.blocks[1].attn
     assert attn.qkv is qkv and attn.proj is proj and attn.num_prefix_tokens == 1
+    torch.nn.init.normal_(qkv.bias, std=0.5)  # timm starts it at zero, where a lost bias would not show
     # The grid tokens: circulant attention of the block's own q, k, v (gate = 1), then its projection.
     tokens = torch.randn(2, 1 + 4 * 6, 192)
     attn.grid = (4, 6)
     q, k, v = (t[:, 1:].reshape(2, 4, 6, 192) for t in qkv(tokens).chunk(3, dim=-1))
     expected = proj(circulant_attention(q, k, v).reshape(2, 24, 192))
+    # The class token: the source's softmax attention over every token (3 heads), then its projection.
+    q, k, v = (t.unflatten(-1, (3, 64)).transpose(1, 2) for t in qkv(tokens).chunk(3, dim=-1))
+    expected_cls = proj(F.scaled_dot_product_attention(q[:, :, :1], k, v).transpose(1, 2).reshape(2, 1, 192))
     with torch.no_grad():
-        torch.testing.assert_close(attn(tokens)[:, 1:], expected)
+        out = attn(tokens)
+        torch.testing.assert_close(out[:, 1:], expected)
+        torch.testing.assert_close(out[:, :1], expected_cls)
     with pytest.raises(ValueError, match="do not fit the grid"):
         attn(torch.randn(2, 20, 192))
 
@@ -106,6 +113,8 @@ def test_converted_attention_on_the_lean_function_equals_the_plain_ops(name):
     for m in model.modules():  # a gate that is not the identity, so its gradient path is checked too
         if isinstance(m, PluginCirculantAttention):
             torch.nn.init.normal_(m.gate[0].weight, std=0.02)
+            if m.qkv.bias is not None:  # timm starts it at zero
+                torch.nn.init.normal_(m.qkv.bias, std=0.5)
     x = torch.randn(2, 3, *NON_SQUARE[name], dtype=torch.float64)
     results = {}
     for lean in (False, True):
