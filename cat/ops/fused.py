@@ -86,6 +86,13 @@ def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
     return torch.cat([qkv[lo:hi], qkv[C + lo : C + hi], qkv[2 * C + lo : 2 * C + hi]])
 
 
+def set_group_rows(qkv: Tensor, lo: int, hi: int, group: Tensor) -> None:
+    """Write ``group`` (what :func:`group_rows` took for channels [lo, hi)) back into the rows of ``qkv``."""
+    C, c = qkv.shape[0] // 3, hi - lo
+    for i in range(3):
+        qkv[i * C + lo : i * C + hi] = group[i * c : (i + 1) * c]
+
+
 def group_spectra(
     spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool, bias: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -204,16 +211,12 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     g_qkv_f[:, 2 * c :] = per_head(w_f, g_f, head_dim)
                     del q_f, k_f, v_f, g_f, l_f, w_f
                     if g_qkv_bias is not None:  # a bias's gradient: its map's gradient summed, frequency 0
-                        g_bias = g_qkv_f[:, :, 0, 0].real.sum(0)
-                        for i in range(3):
-                            g_qkv_bias[i * C + lo : i * C + hi] = g_bias[i * c : (i + 1) * c]
+                        set_group_rows(g_qkv_bias, lo, hi, g_qkv_f[:, :, 0, 0].real.sum(0))
                     g_qkv = spectrum_rows(g_qkv_f, hw, ctx.packed)
                 # Through the qkv projection, on the spectrum's rows.
-                g_rows = torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0)
-                for i in range(3):
-                    g_qkv_weight[i * C + lo : i * C + hi] = g_rows[i * c : (i + 1) * c]
+                set_group_rows(g_qkv_weight, lo, hi, torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0))
                 g_x_rows += torch.matmul(rows.t(), g_qkv)
-                del g_qkv, g_qkv_f, g_rows
+                del g_qkv, g_qkv_f
             del spectrum, weighted
             with no_autocast(device):
                 g_x = torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw).view(B, C, N)
