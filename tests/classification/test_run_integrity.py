@@ -34,8 +34,11 @@ def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
 
 
 def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path):
+    # Epochs of the tiny config take a fraction of a second: the first run is given more than it can
+    # finish before it is killed, and the wait is for last.pth (kept from the first save on) rather
+    # than an epoch snapshot, which keep_last rotates away within one epoch.
     first = subprocess.Popen(
-        train_cmd(tmp_path, "epochs=500", "batch_size=8"),
+        train_cmd(tmp_path, "epochs=100000", "batch_size=8"),
         cwd=REPO,
         env=env_single_thread(),
         stdout=subprocess.DEVNULL,
@@ -43,10 +46,10 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
     )
     try:
         deadline = time.time() + 120
-        while not (tmp_path / "epoch_0001.pth").exists():
+        while not (tmp_path / "last.pth").exists():
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.05)
-        second = train_proc(tmp_path, "epochs=500", "batch_size=8", timeout=300)
+        second = train_proc(tmp_path, "epochs=100000", "batch_size=8", timeout=300)
         assert second.returncode == 2
         assert (
             second.stderr.strip()
