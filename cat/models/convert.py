@@ -88,14 +88,25 @@ class PluginCirculantAttention(nn.Module):
         grid = [t[:, P:].reshape(B, hw[0], hw[1], C) for t in (q, k, v)]
         out = circulant_attention(*grid, head_dim=self.head_dim).reshape(B, T - P, C)
         if P:
-            out = torch.cat([self._prefix_attention(q[:, :P], k, v), out.to(q.dtype)], dim=1)
+            out = torch.cat([self._prefix_attention(x, q[:, :P]), out.to(q.dtype)], dim=1)
         return self.proj(out * self.gate(x))
 
-    def _prefix_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The prefix tokens' softmax attention over all tokens, as in the source (B, P, C)."""
+    def _prefix_attention(self, x: Tensor, q: Tensor) -> Tensor:
+        """The prefix tokens' softmax attention over all tokens x (B, T, C_in), as in the source, from
+        their queries q (B, P, C): (B, P, C). It needs no key or value of any token. Per head,
+        q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the last term, the same for every
+        key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v. Two products with x
+        of a few rows each, instead of the (T, 2C) keys and values."""
         B, P, C = q.shape
-        heads = [t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v)]
-        return F.scaled_dot_product_attention(*heads).transpose(1, 2).reshape(B, P, C)
+        heads = self.num_heads
+        head_dim = C // heads
+        weight, bias = self.qkv.weight, self.qkv.bias
+        w_k, w_v = (w.view(heads, head_dim, -1) for w in (weight[C : 2 * C], weight[2 * C :]))
+        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, head_dim) * head_dim**-0.5, w_k)
+        attn = (queries.flatten(1, 2) @ x.transpose(1, 2)).softmax(dim=-1)  # (B, heads * P, T)
+        mixed = (attn @ x).view(B, heads, P, -1)
+        out = torch.einsum("bhpi,hdi->bphd", mixed, w_v).reshape(B, P, C)
+        return out if bias is None else out + bias[2 * C :]
 
     def _lean_forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """The grid tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
@@ -119,8 +130,7 @@ class PluginCirculantAttention(nn.Module):
         if not P:
             return grid
         q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
-        k, v = F.linear(x, qkv_weight[C:], qkv_bias[C:] if qkv_bias is not None else None).chunk(2, dim=-1)
-        prefix = self.proj(self._prefix_attention(q, k, v) * F.silu(gate_pre[:, :P]))
+        prefix = self.proj(self._prefix_attention(x, q) * F.silu(gate_pre[:, :P]))
         return torch.cat([prefix, grid.to(prefix.dtype)], dim=1)
 
 
