@@ -49,27 +49,30 @@ def test_converted_model_trains_at_a_non_square_input(name):
     assert all(p.grad is not None for m in plugins for p in m.parameters())
 
 
-def test_vit_conversion_reuses_weights_and_matches_the_definition():
-    model = source("deit_tiny_patch16_224").eval()
+@pytest.mark.parametrize("reg_tokens", [0, 4])
+@pytest.mark.parametrize("lean", [False, True])
+def test_vit_conversion_reuses_weights_and_matches_the_definition(reg_tokens, lean):
+    model = source("deit_tiny_patch16_224", reg_tokens=reg_tokens).eval()
     qkv, proj = model.blocks[1].attn.qkv, model.blocks[1].attn.proj
     cat.convert(model, blocks="blocks.1")
     assert model.circulant_blocks == ["blocks.1"]
     assert not isinstance(model.blocks[0].attn, PluginCirculantAttention)
-    attn = model.blocks[1].attn
-    assert attn.qkv is qkv and attn.proj is proj and attn.num_prefix_tokens == 1
+    attn = set_lean_attention(model, lean).blocks[1].attn
+    P = 1 + reg_tokens
+    assert attn.qkv is qkv and attn.proj is proj and attn.num_prefix_tokens == P
     torch.nn.init.normal_(qkv.bias, std=0.5)  # timm starts it at zero, where a lost bias would not show
     # The grid tokens: circulant attention of the block's own q, k, v (gate = 1), then its projection.
-    tokens = torch.randn(2, 1 + 4 * 6, 192)
+    tokens = torch.randn(2, P + 4 * 6, 192)
     attn.grid = (4, 6)
-    q, k, v = (t[:, 1:].reshape(2, 4, 6, 192) for t in qkv(tokens).chunk(3, dim=-1))
+    q, k, v = (t[:, P:].reshape(2, 4, 6, 192) for t in qkv(tokens).chunk(3, dim=-1))
     expected = proj(circulant_attention(q, k, v).reshape(2, 24, 192))
-    # The class token: the source's softmax attention over every token (3 heads), then its projection.
+    # Class and register tokens: the source's softmax attention over every token (3 heads), then its projection.
     q, k, v = (t.unflatten(-1, (3, 64)).transpose(1, 2) for t in qkv(tokens).chunk(3, dim=-1))
-    expected_cls = proj(F.scaled_dot_product_attention(q[:, :, :1], k, v).transpose(1, 2).reshape(2, 1, 192))
+    expected_prefix = proj(F.scaled_dot_product_attention(q[:, :, :P], k, v).transpose(1, 2).reshape(2, P, 192))
     with torch.no_grad():
         out = attn(tokens)
-        torch.testing.assert_close(out[:, 1:], expected)
-        torch.testing.assert_close(out[:, :1], expected_cls)
+        torch.testing.assert_close(out[:, P:], expected)
+        torch.testing.assert_close(out[:, :P], expected_prefix)
     with pytest.raises(ValueError, match="do not fit the grid"):
         attn(torch.randn(2, 20, 192))
 
