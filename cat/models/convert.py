@@ -99,10 +99,10 @@ class PluginCirculantAttention(nn.Module):
         of a few rows each, instead of the (T, 2C) keys and values."""
         B, P, C = q.shape
         heads = self.num_heads
-        head_dim = C // heads
+        width = C // heads  # the source's softmax heads, not the circulant self.head_dim
         weight, bias = self.qkv.weight, self.qkv.bias
-        w_k, w_v = (w.view(heads, head_dim, -1) for w in (weight[C : 2 * C], weight[2 * C :]))
-        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, head_dim) * head_dim**-0.5, w_k)
+        w_k, w_v = (w.view(heads, width, -1) for w in (weight[C : 2 * C], weight[2 * C :]))
+        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, width) * width**-0.5, w_k)
         attn = (queries.flatten(1, 2) @ x.transpose(1, 2)).softmax(dim=-1)  # (B, heads * P, T)
         mixed = (attn @ x).view(B, heads, P, -1)
         out = torch.einsum("bhpi,hdi->bphd", mixed, w_v).reshape(B, P, C)
