@@ -54,10 +54,14 @@ def time_calls(
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
     """Median seconds per call of each function, with ``torch.utils.benchmark`` (which synchronises
     CUDA): every round times one block of each function in turn, starting one function later each round, so
-    each takes every place in the order (on CPU the place alone moved two instances of one model by 14 %)."""
+    each takes every place in the order (on CPU the place alone moved two instances of one model by 14 %).
+    The functions run with the caller's thread count (``torch.utils.benchmark`` would run them on one)."""
     from torch.utils import benchmark  # imports torch's C++-extension builder, which warns without CUDA
 
-    timers = {name: benchmark.Timer(stmt="fn()", globals={"fn": fn}) for name, fn in fns.items()}
+    timers = {
+        name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        for name, fn in fns.items()
+    }
     reps = {}
     for name, timer in timers.items():  # warm-up, and size each block to about min_block_s
         once = timer.timeit(1).mean

@@ -38,6 +38,19 @@ def test_interleaved_rounds_give_every_function_every_place():
     assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]], blocks
 
 
+def test_interleaved_medians_run_on_the_callers_threads():
+    """torch.utils.benchmark's Timer runs on one thread unless told otherwise: the training table's medians were
+    one-thread steps under a header that said two."""
+    threads = torch.get_num_threads()
+    seen = set()
+    try:
+        torch.set_num_threads(2)
+        interleaved_medians({"f": lambda: seen.add(torch.get_num_threads())}, rounds=2, min_block_s=0.0)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {2}
+
+
 def test_paired_speedups_alternate_the_order_and_see_a_slower_candidate():
     import time
 
