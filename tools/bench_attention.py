@@ -49,7 +49,7 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import interleaved_medians, paired_speedups, peak_growth_mib
+from cat.toolkit import interleaved_medians, median_quartiles, paired_ratios, paired_speedups, peak_growth_mib
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -167,6 +167,51 @@ def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
     return peak_growth_mib(step, device)
 
 
+def train_step_fns(models: list[str], res: int, batch: int, device: str) -> dict[str, Callable[[], None]]:
+    """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch."""
+    x = torch.randn(batch, 3, res, res, device=device)
+    fns = {}
+    for name in models:
+        model = build_variant(name, res, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        target = torch.randint(0, model.num_classes, (batch,), device=device)
+
+        def step(model=model, optimizer=optimizer, target=target) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), target).backward()
+            optimizer.step()
+
+        fns[name] = step
+    return fns
+
+
+# A process's tensors land where its allocator puts them, and on CPU that alone moved one model against
+# another by 3 % (docs/perf.md: an elementwise op 3x slower when its input and output alias modulo 4 KiB).
+# Worker i of --processes K first holds i * HEAP_SHIFT_BYTES // K bytes, so each worker's heap is laid out anew.
+HEAP_SHIFT_BYTES = 4096 + 64 * 17
+
+
+def train_pairs_worker(spec: dict, device: str) -> dict[str, list[float]]:
+    """One --processes worker: the paired ratios of ``spec``'s models at its resolution and batch."""
+    shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)
+    ratios = paired_ratios(train_step_fns(spec["models"], spec["res"], spec["batch"], device), spec["pairs"], device)
+    del shift
+    return ratios
+
+
+def worker_command(device: str, amp: str | None, *worker: str) -> list[str]:
+    """This tool run as a worker in a fresh process, with the parent's device and autocast."""
+    return [sys.executable, __file__, "--device", device, *(["--amp", amp] if amp else []), *worker]
+
+
+def run_worker(cmd: list[str], what: str) -> str:
+    """The last line a worker printed (its result); a worker's failure is an error naming ``what``."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed for {what}:\n{proc.stderr[-2000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def train_steps(
     models: list[str],
     resolutions: list[int],
@@ -175,49 +220,55 @@ def train_steps(
     min_block_s: float,
     device: str,
     pairs: int = 0,
+    processes: int = 0,
+    amp: str | None = None,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
-    from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles)."""
+    from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles): in this
+    process, or with ``processes`` in that many fresh ones (each laid out anew in memory, ``pairs`` each),
+    pooled, with each process's median beside."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
-        x = torch.randn(batch, 3, res, res, device=device)
-        fns = {}
-        for name in models:
-            model = build_variant(name, res, device)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            target = torch.randint(0, model.num_classes, (batch,), device=device)
-
-            def step(model=model, optimizer=optimizer, x=x, target=target) -> None:
-                optimizer.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), target).backward()
-                optimizer.step()
-
-            fns[name] = step
+        fns = train_step_fns(models, res, batch, device)
         t = interleaved_medians(fns, rounds, min_block_s)
-        paired = paired_speedups(fns, pairs, device) if pairs else {}
-        rows.append(
-            {
-                "resolution": res,
-                "batch": batch,
-                **{f"{name}_ms": t[name] * 1e3 for name in models},
-                **{f"{name}_speed": t[models[0]] / t[name] for name in models},
-                **{f"{name}_paired": list(paired[name]) for name in paired},
-            }
-        )
+        row: dict[str, object] = {
+            "resolution": res,
+            "batch": batch,
+            **{f"{name}_ms": t[name] * 1e3 for name in models},
+            **{f"{name}_speed": t[models[0]] / t[name] for name in models},
+        }
+        if pairs and processes:
+            del fns  # the workers get the machine to themselves
+            spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
+            runs = [
+                json.loads(
+                    run_worker(
+                        worker_command(device, amp, "--train-worker", json.dumps({**spec, "index": k})),
+                        f"the paired steps at {res}^2 (process {k})",
+                    )
+                )
+                for k in range(processes)
+            ]
+            row[f"{models[0]}_paired"] = [1.0, 1.0, 1.0]
+            for name in models[1:]:
+                row[f"{name}_paired"] = list(median_quartiles([r for run in runs for r in run[name]]))
+                row[f"{name}_paired_by_process"] = [median_quartiles(run[name])[0] for run in runs]
+        elif pairs:
+            row.update({f"{name}_paired": list(v) for name, v in paired_speedups(fns, pairs, device).items()})
+        rows.append(row)
     return rows
 
 
-def memory_table(pairs: list[str], resolutions: list[int], batch: int, device: str) -> list[dict[str, object]]:
+def memory_table(
+    pairs: list[str], resolutions: list[int], batch: int, device: str, amp: str | None = None
+) -> list[dict[str, object]]:
     """Every model of every ``model:baseline`` pair at every resolution, each in a fresh process."""
 
     def isolated(model: str, res: int) -> float:
-        cmd = [sys.executable, __file__, "--device", device, "--memory-worker", model, str(res), str(batch)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory worker failed for {model} at {res}:\n{proc.stderr[-2000:]}")
-        return float(proc.stdout.strip().splitlines()[-1])
+        cmd = worker_command(device, amp, "--memory-worker", model, str(res), str(batch))
+        return float(run_worker(cmd, f"the memory of {model} at {res}^2"))
 
     rows = []
     for res in resolutions:
@@ -267,9 +318,13 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             args.min_block,
             args.device,
             args.pairs,
+            args.processes,
+            args.amp,
         )
     if args.memory_res:
-        result["train_memory"] = memory_table(args.memory_pairs, args.memory_res, args.memory_batch, args.device)
+        result["train_memory"] = memory_table(
+            args.memory_pairs, args.memory_res, args.memory_batch, args.device, args.amp
+        )
     return result
 
 
@@ -309,13 +364,16 @@ def report(args: argparse.Namespace, result: dict) -> None:
         )
     for r in result.get("train_steps", []):
         names = [k[: -len("_speed")] for k in r if k.endswith("_speed")]
-        paired = f"; paired: median of {args.pairs} step pairs (q1-q3)" if args.pairs else ""
+        where = f" in each of {args.processes} fresh processes, pooled" if args.processes else ""
+        paired = f"; paired: median of {args.pairs} step pairs{where} (q1-q3)" if args.pairs else ""
         print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']} (speed relative to {names[0]}{paired})")
         for name in names:
             line = f"{name:>36} {r[f'{name}_ms']:>9.1f} ms {r[f'{name}_speed']:>6.2f}x"
             if f"{name}_paired" in r:
                 median, q1, q3 = r[f"{name}_paired"]
                 line += f"   paired {median:.3f}x ({q1:.3f}-{q3:.3f})"
+            if f"{name}_paired_by_process" in r:
+                line += "  by process " + " ".join(f"{m:.3f}" for m in r[f"{name}_paired_by_process"])
             print(line)
     if result.get("train_memory"):
         print("\npeak memory of one training forward+backward (MiB, each in a fresh process)")
@@ -366,6 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pairs", type=int, default=0, help="training steps: also time single steps in this many pairs per model"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="training steps: time the --pairs in this many fresh processes, each laid out anew in memory, "
+        "and pool them (on CPU where a process's tensors land moves one model against another by a few %%)",
+    )
+    parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
     parser.add_argument(
@@ -386,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         model, res, batch = args.memory_worker
         with autocast_for(args.device, args.amp is not None, args.amp):
             print(train_memory(model, int(res), int(batch), args.device))
+        return 0
+    if args.train_worker:
+        with autocast_for(args.device, args.amp is not None, args.amp):
+            print(json.dumps(train_pairs_worker(json.loads(args.train_worker), args.device)))
         return 0
     torch.set_default_device(args.device)
     with autocast_for(args.device, args.amp is not None, args.amp):

@@ -6,6 +6,8 @@ from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
 from .models import add_model_arguments, model_from_args, model_tool_parser
 from .timing import (
     interleaved_medians,
+    median_quartiles,
+    paired_ratios,
     paired_speedups,
     peak_growth_mib,
     peak_memory_mib,
@@ -24,6 +26,8 @@ __all__ = [
     "model_from_args",
     "model_tool_parser",
     "interleaved_medians",
+    "median_quartiles",
+    "paired_ratios",
     "paired_speedups",
     "peak_growth_mib",
     "peak_memory_mib",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,8 @@ __all__ = [
     "synchronize",
     "time_calls",
     "interleaved_medians",
+    "paired_ratios",
+    "median_quartiles",
     "paired_speedups",
     "reset_peak_memory",
     "peak_memory_mib",
@@ -74,13 +76,13 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_b
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
-def paired_speedups(
+def paired_ratios(
     fns: dict[str, Callable[[], object]], pairs: int, device: torch.device | str
-) -> dict[str, tuple[float, float, float]]:
-    """Speed of each function relative to the first, from single calls in pairs: the baseline, then the
-    candidate, in alternating order, ``pairs`` times per candidate. Returns, per name, the median of the per-pair
-    ratios (baseline time / candidate time) and its lower and upper quartiles. A pair's two calls are seconds apart,
-    so the machine's drifts cancel within each ratio; a step of a whole model varies by 10 % on a shared CPU."""
+) -> dict[str, list[float]]:
+    """Per candidate (every function after the first), the ratios baseline time / candidate time of ``pairs``
+    single calls in pairs: the baseline, then the candidate, in alternating order. A pair's two calls are
+    seconds apart, so the machine's drifts cancel within each ratio; a step of a whole model varies by 10 % on
+    a shared CPU."""
     names = list(fns)
     for name in names:  # warm-up: allocator pools, lazy initialisation
         time_calls(fns[name], 1, 1, device)
@@ -90,10 +92,23 @@ def paired_speedups(
             order = (names[0], name) if i % 2 == 0 else (name, names[0])
             t = {n: time_calls(fns[n], 1, 0, device)[0] for n in order}
             ratios[name].append(t[names[0]] / t[name])
+    return ratios
+
+
+def median_quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, lower quartile, upper quartile)."""
+    q1, median, q3 = np.quantile(values, [0.25, 0.5, 0.75])
+    return float(median), float(q1), float(q3)
+
+
+def paired_speedups(
+    fns: dict[str, Callable[[], object]], pairs: int, device: torch.device | str
+) -> dict[str, tuple[float, float, float]]:
+    """Speed of each function relative to the first, from :func:`paired_ratios`: per name, the median of the
+    per-pair ratios and its lower and upper quartiles (the first: 1.0 three times)."""
+    names = list(fns)
     out = {names[0]: (1.0, 1.0, 1.0)}
-    for name, r in ratios.items():
-        q1, median, q3 = np.quantile(r, [0.25, 0.5, 0.75])
-        out[name] = (float(median), float(q1), float(q3))
+    out.update({name: median_quartiles(r) for name, r in paired_ratios(fns, pairs, device).items()})
     return out
 
 

@@ -115,6 +115,35 @@ def test_bench_attention_times_whole_training_steps(run_tool):
         assert 0 < q1 <= median <= q3
 
 
+def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
+    """--processes: the pairs run in fresh worker processes (each laid out anew in memory) and are pooled."""
+    import json
+
+    models = ["deit_tiny_patch16_224", "ca_deit_tiny"]
+    args = ["--grids", "--train-res", "32", "--train-batches", "2", "--train-models", *models]
+    result = json.loads(
+        run_tool(
+            "bench_attention",
+            *args,
+            "--rounds",
+            "1",
+            "--min-block",
+            "0.001",
+            "--pairs",
+            "3",
+            "--processes",
+            "2",
+            "--json",
+        )
+    )
+    (row,) = result["train_steps"]
+    assert row[f"{models[0]}_paired"] == [1.0, 1.0, 1.0]
+    median, q1, q3 = row[f"{models[1]}_paired"]
+    by_process = row[f"{models[1]}_paired_by_process"]
+    assert len(by_process) == 2 and all(m > 0 for m in by_process)
+    assert q1 <= median <= q3 and min(by_process) - 1e-12 <= median <= max(by_process) + 1e-12
+
+
 def test_gpu_check_correctness_dry_run_on_cpu():
     """The prepared GPU script's correctness part, run on the CPU (autocast there too)."""
     import importlib.util
