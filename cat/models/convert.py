@@ -88,15 +88,23 @@ class PluginCirculantAttention(nn.Module):
         grid = [t[:, P:].reshape(B, hw[0], hw[1], C) for t in (q, k, v)]
         out = circulant_attention(*grid, head_dim=self.head_dim).reshape(B, T - P, C)
         if P:
-            out = torch.cat([self._prefix_attention(x, q[:, :P]), out.to(q.dtype)], dim=1)
+            out = torch.cat([self._prefix_softmax(q[:, :P], k, v), out.to(q.dtype)], dim=1)
         return self.proj(out * self.gate(x))
 
+    def _prefix_softmax(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The prefix tokens' softmax attention over all tokens, as in the source, from their queries q
+        (B, P, C) and every token's keys and values (B, T, C), which this path has: (B, P, C)."""
+        B, P, C = q.shape
+        q, k, v = (t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, P, C)
+
     def _prefix_attention(self, x: Tensor, q: Tensor) -> Tensor:
-        """The prefix tokens' softmax attention over all tokens x (B, T, C_in), as in the source, from
-        their queries q (B, P, C): (B, P, C). It needs no key or value of any token. Per head,
+        """What :meth:`_prefix_softmax` computes, for the lean path, where no token's key or value exists:
+        from all tokens x (B, T, C_in) and the prefix's queries q (B, P, C). Per head,
         q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the last term, the same for every
         key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v. Two products with x
-        of a few rows each, instead of the (T, 2C) keys and values."""
+        of a few rows each, instead of the (T, 2C) keys and values. (Where the keys and values exist, SDPA on
+        them is cheaper: these products' gradients for x are (B, T, C) tensors of their own, docs/perf.md.)"""
         B, P, C = q.shape
         heads = self.num_heads
         width = C // heads  # the source's softmax heads, not the circulant self.head_dim
@@ -110,7 +118,7 @@ class PluginCirculantAttention(nn.Module):
 
     def _lean_forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """The grid tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
-        domain, gate and projection fused, almost nothing stored), the prefix tokens as in :meth:`forward`."""
+        domain, gate and projection fused, almost nothing stored), the prefix tokens by :meth:`_prefix_attention`."""
         B, T, _ = x.shape
         P, C = self.num_prefix_tokens, self.proj.in_features
         gate_pre = self.gate[0](x)
