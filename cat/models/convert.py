@@ -102,44 +102,43 @@ class PluginCirculantAttention(nn.Module):
         """What :meth:`_prefix_softmax` computes, for the lean path, where no token's key or value exists:
         from all tokens x (B, T, C_in) and the prefix's queries q (B, P, C). Per head,
         q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the last term, the same for every
-        key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v. Two products with x
-        of a few rows each, instead of the (T, 2C) keys and values. (Where the keys and values exist, SDPA on
-        them is cheaper: these products' gradients for x are (B, T, C) tensors of their own, docs/perf.md.)"""
+        key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v. So the heads * P queries
+        W_k^T q attend to x itself, as keys and values, in one SDPA call, instead of the (T, 2C) keys and
+        values. (Where those exist, SDPA on them is cheaper still: docs/perf.md.)"""
         B, P, C = q.shape
         heads = self.num_heads
         width = C // heads  # the source's softmax heads, not the circulant self.head_dim
         weight, bias = self.qkv.weight, self.qkv.bias
         w_k, w_v = (w.view(heads, width, -1) for w in (weight[C : 2 * C], weight[2 * C :]))
-        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, width) * width**-0.5, w_k)
-        attn = (queries.flatten(1, 2) @ x.transpose(1, 2)).softmax(dim=-1)  # (B, heads * P, T)
-        mixed = (attn @ x).view(B, heads, P, -1)
+        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, width), w_k).flatten(1, 2).unsqueeze(1)
+        tokens = x.unsqueeze(1)  # one "head" of width C_in, keys and values alike
+        mixed = F.scaled_dot_product_attention(queries, tokens, tokens, scale=width**-0.5).view(B, heads, P, -1)
         out = torch.einsum("bhpi,hdi->bphd", mixed, w_v).reshape(B, P, C)
         return out if bias is None else out + bias[2 * C :]
 
     def _lean_forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        """The grid tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
-        domain, gate and projection fused, almost nothing stored), the prefix tokens by :meth:`_prefix_attention`."""
-        B, T, _ = x.shape
+        """All tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
+        domain, gate and projection fused, almost nothing stored): the grid's circulant attention there, the
+        prefix tokens' by :meth:`_prefix_attention` handed to it, so that no token map is sliced or joined."""
         P, C = self.num_prefix_tokens, self.proj.in_features
-        gate_pre = self.gate[0](x)
-        scale = (hw[0] * hw[1] * self.head_dim) ** -0.5
         qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
-        grid, _ = lean_circulant_attention(
-            x[:, P:],
+        prefix = None
+        if P:
+            q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
+            prefix = self._prefix_attention(x, q)
+        out, _ = lean_circulant_attention(
+            x,
             qkv_weight,
-            gate_pre[:, P:],
+            self.gate[0](x),
             self.proj.weight,
             self.proj.bias,
             hw,
             self.head_dim,
-            scale,
+            (hw[0] * hw[1] * self.head_dim) ** -0.5,
             qkv_bias=qkv_bias,
+            prefix=prefix,
         )
-        if not P:
-            return grid
-        q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
-        prefix = self.proj(self._prefix_attention(x, q) * F.silu(gate_pre[:, :P]))
-        return torch.cat([prefix, grid.to(prefix.dtype)], dim=1)
+        return out
 
 
 class CirculantSwinBlock(SwinTransformerBlock):

@@ -108,6 +108,11 @@ def group_spectra(
         return spectra.chunk(3, dim=1)
 
 
+def silu_slope(z: Tensor, sig: Tensor) -> Tensor:
+    """d SiLU(z) / dz from z and sigmoid(z)."""
+    return sig * (1 + z * (1 - sig))
+
+
 def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
     if not torch.amp.is_autocast_available(device.type):
         return False, None
@@ -121,10 +126,14 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias):
+def _forward(
+    x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias, prefix
+):
     """The forward of :func:`lean_circulant_attention`, without autograd."""
-    B, N, C = x.shape
-    spectrum = input_spectrum(x, hw, packed)
+    B, T, C = x.shape
+    P = prefix.shape[1] if prefix is not None else 0
+    N = T - P
+    spectrum = input_spectrum(x[:, P:], hw, packed)
     y = spectrum.new_empty(B, C, *hw)
     weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
     for lo, hi in channel_groups(C, head_dim, B * N):
@@ -137,8 +146,13 @@ def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scal
         del q_f, k_f, v_f, w
     del spectrum
     y = y.view(B, C, N).transpose(1, 2)
-    # The gate multiplied into its own fresh buffer: one token-major transient, not two.
-    u = F.silu(gate_pre).mul_(y) if gate_pre is not None else y
+    if gate_pre is None:
+        u = torch.cat([prefix.to(y.dtype), y], dim=1) if P else y
+    else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
+        u = F.silu(gate_pre)
+        u[:, P:].mul_(y)
+        if P:
+            u[:, :P].mul_(prefix)
     return F.linear(u, proj_weight, proj_bias), weights
 
 
@@ -146,8 +160,8 @@ class _LeanCirculantAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *args) -> tuple[Tensor, Tensor]:  # the arguments of _forward
         out, weights = _forward(*args)
-        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed, qkv_bias = args
-        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias)
+        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed, qkv_bias, prefix = args
+        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix)
         ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
         ctx.has_bias = proj_bias is not None
         ctx.autocast = _autocast_state(x.device)
@@ -156,15 +170,17 @@ class _LeanCirculantAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_out: Tensor, _g_weights: Tensor | None):
-        x, qkv_weight, gate_pre, proj_weight, qkv_bias = ctx.saved_tensors
+        x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix = ctx.saved_tensors
         hw, head_dim, scale = ctx.hw, ctx.head_dim, ctx.scale
-        B, N, C = x.shape
+        B, T, C = x.shape
+        P = prefix.shape[1] if prefix is not None else 0
+        N = T - P
         work = fft_dtype(x.dtype)
         device = x.device
         with _autocast_as(device, ctx.autocast):
-            spectrum = input_spectrum(x, hw, ctx.packed)
+            spectrum = input_spectrum(x[:, P:], hw, ctx.packed)
             g_u = torch.matmul(g_out, proj_weight)  # the gradient of the projection's input
-            g_out_cf = g_out.transpose(1, 2)
+            g_out_cf = g_out[:, P:].transpose(1, 2)
             # Gradients of the qkv weight and of x from the gradient spectra (Parseval), so the
             # three gradient maps of each group need no inverse FFT: one for all of g_x at the end.
             weighted = spectrum * parseval_weights(hw, ctx.packed, work, device)
@@ -184,12 +200,12 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     w_f = torch.fft.rfft2(w)
                     y = torch.fft.irfft2(per_head(torch.conj(w_f), v_f, head_dim), s=hw).view(B, c, N)
                 # Through the projection and the gate (channels first: (B, c, N)).
-                g_u_g = g_u[..., lo:hi].transpose(1, 2)
+                g_u_g = g_u[:, P:, lo:hi].transpose(1, 2)
                 if gate_pre is not None:
-                    z = gate_pre[..., lo:hi].transpose(1, 2).to(work)
+                    z = gate_pre[:, P:, lo:hi].transpose(1, 2).to(work)
                     sig = torch.sigmoid(z)
                     gate = z * sig
-                    g_gate_pre[..., lo:hi] = (g_u_g * y * (sig * (1 + z * (1 - sig)))).transpose(1, 2)
+                    g_gate_pre[:, P:, lo:hi] = (g_u_g * y * silu_slope(z, sig)).transpose(1, 2)
                     g_y, u = g_u_g * gate, y * gate
                     del z, sig, gate
                 else:
@@ -218,11 +234,25 @@ class _LeanCirculantAttention(torch.autograd.Function):
                 g_x_rows += torch.matmul(rows.t(), g_qkv)
                 del g_qkv, g_qkv_f
             del spectrum, weighted
+            g_prefix = None
+            if P:  # the prefix rows: through the projection and the gate only
+                u = prefix.to(work)
+                g_prefix = g_u[:, :P].to(work)
+                if gate_pre is not None:
+                    z = gate_pre[:, :P].to(work)
+                    sig = torch.sigmoid(z)
+                    g_gate_pre[:, :P] = g_prefix * u * silu_slope(z, sig)
+                    g_prefix, u = g_prefix * z * sig, u * z * sig
+                g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
+                g_prefix = g_prefix.to(prefix.dtype)
             with no_autocast(device):
-                g_x = torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw).view(B, C, N)
+                g_grid = torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw).view(B, C, N)
+            g_x = g_grid.transpose(1, 2).to(x.dtype)
+            if P:  # x's prefix rows reach the output only through the caller's own ops
+                g_x = torch.cat([g_x.new_zeros(B, P, C), g_x], dim=1)
             g_proj_bias = g_out.sum((0, 1)) if ctx.has_bias else None
         return (
-            g_x.transpose(1, 2).to(x.dtype),
+            g_x,
             g_qkv_weight.to(qkv_weight.dtype),
             g_gate_pre,
             g_proj_weight.to(proj_weight.dtype),
@@ -233,6 +263,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
             None,
             None,
             g_qkv_bias.to(qkv_bias.dtype) if g_qkv_bias is not None else None,
+            g_prefix,
         )
 
 
@@ -248,15 +279,32 @@ def lean_circulant_attention(
     keep_weights: bool = False,
     packed: bool = False,
     qkv_bias: Tensor | None = None,
+    prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid,
     and, with ``keep_weights``, the attention weights (B, heads, H, W), not differentiable (else an
     empty tensor). ``gate_pre`` None: no gate. ``qkv_bias`` (3C,): q, k, v with a bias (timm's
-    ``qkv_bias=True`` models, converted by :func:`cat.convert`). ``packed``: the qkv GEMM runs on the packed spectrum's
+    ``qkv_bias=True`` models, converted by :func:`cat.convert`). ``prefix`` (B, P, C): the attention outputs
+    of P tokens that precede the grid (a converted ViT's class and register tokens, whose softmax
+    attention the caller computes); x and ``gate_pre`` then hold those tokens first, (B, P + N, C), and
+    the output covers all of them, gated and projected alike. ``packed``: the qkv GEMM runs on the packed spectrum's
     N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output
     (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
-    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias)):
+    args = (
+        x,
+        qkv_weight,
+        gate_pre,
+        proj_weight,
+        proj_bias,
+        hw,
+        head_dim,
+        scale,
+        keep_weights,
+        packed,
+        qkv_bias,
+        prefix,
+    )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias, prefix)):
         return _LeanCirculantAttention.apply(*args)
     return _forward(*args)  # inference: no autograd.Function overhead

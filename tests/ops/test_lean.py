@@ -228,3 +228,42 @@ def test_lean_backward_with_a_qkv_bias_passes_gradcheck(packed):
         return (out * weight).sum()
 
     assert torch.autograd.gradcheck(fn, (x, *params, gate_pre))
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gate", "no-gate"])
+def test_lean_backward_with_prefix_tokens_passes_gradcheck(gated):
+    """Tokens before the grid (a converted ViT's class and register tokens): their attention outputs come in as
+    ``prefix`` and are gated and projected with the grid's; x's rows of them reach nothing here."""
+    torch.manual_seed(6)
+    B, hw, dim, head_dim, P = 2, (3, 4), 6, 2, 2
+    T = P + hw[0] * hw[1]
+    x = torch.randn(B, T, dim, dtype=torch.float64, requires_grad=True)
+    params = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((18, 6), (18,), (6, 6), (6,))]
+    gate_pre = [torch.randn(B, T, dim, dtype=torch.float64, requires_grad=True)] if gated else []
+    prefix = torch.randn(B, P, dim, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(B, T, dim, dtype=torch.float64)
+
+    def fn(x, qkv_w, qkv_b, proj_w, proj_b, prefix, *gate_pre):
+        gate = gate_pre[0] if gate_pre else None
+        out, _ = lean_circulant_attention(
+            x, qkv_w, gate, proj_w, proj_b, hw, head_dim, 0.7, qkv_bias=qkv_b, prefix=prefix
+        )
+        return (out * weight).sum()
+
+    assert torch.autograd.gradcheck(fn, (x, *params, prefix, *gate_pre))
+    out, _ = lean_circulant_attention(
+        x,
+        *params[:1],
+        gate_pre[0] if gated else None,
+        *params[2:],
+        hw,
+        head_dim,
+        0.7,
+        qkv_bias=params[1],
+        prefix=prefix,
+    )
+    grid, _ = lean_circulant_attention(
+        x[:, P:], *params[:1], gate_pre[0][:, P:] if gated else None, *params[2:], hw, head_dim, 0.7, qkv_bias=params[1]
+    )
+    gate = F.silu(gate_pre[0][:, :P]) if gated else 1.0
+    torch.testing.assert_close(out, torch.cat([F.linear(prefix * gate, *params[2:]), grid], dim=1))
