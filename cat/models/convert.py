@@ -26,9 +26,7 @@ from timm.models.swin_transformer import SwinTransformerBlock
 from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
-from cat.ops import circulant_attention
-from cat.ops.circulant import LeanPolicy, check_lean, uses_lean
-from cat.ops.fused import lean_circulant_attention
+from cat.ops.circulant import LeanPolicy, check_lean, circulant_attention_layer
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
 
@@ -77,34 +75,42 @@ class PluginCirculantAttention(nn.Module):
     def forward(self, x: Tensor, hw: Sequence[int] | None = None, **_block_kwargs: Any) -> Tensor:
         # _block_kwargs: what ViT/EVA blocks pass to softmax attention (masks, rope), meaningless here.
         hw = self.grid if hw is None else hw
-        B, T, _ = x.shape
-        P = self.num_prefix_tokens
+        T, P, C = x.shape[1], self.num_prefix_tokens, self.proj.in_features
         if hw is None or hw[0] * hw[1] != T - P:
             raise ValueError(f"{T} tokens ({P} prefix) do not fit the grid {hw}")
-        C = self.proj.in_features
-        if not torch.compiler.is_exporting() and uses_lean(self.lean, B * (T - P) * C):  # export first: no guard
-            return self._lean_forward(x, (hw[0], hw[1]))
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        grid = [t[:, P:].reshape(B, hw[0], hw[1], C) for t in (q, k, v)]
-        out = circulant_attention(*grid, head_dim=self.head_dim).reshape(B, T - P, C)
+        qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
+        prefix = None
         if P:
-            out = torch.cat([self._prefix_softmax(q[:, :P], k, v), out.to(q.dtype)], dim=1)
-        return self.proj(out * self.gate(x))
-
-    def _prefix_softmax(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The prefix tokens' softmax attention over all tokens, as in the source, from their queries q
-        (B, P, C) and every token's keys and values (B, T, C), which this path has: (B, P, C)."""
-        B, P, C = q.shape
-        q, k, v = (t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for t in (q, k, v))
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, P, C)
+            q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
+            prefix = self._prefix_attention(x, q)
+        # The native layer: the grid's q, k, v from one FFT of x and its spectrum's GEMM (the bias at
+        # frequency 0), the prefix tokens gated and projected with the grid, the lean policy as native.
+        out, _ = circulant_attention_layer(
+            x,
+            (hw[0], hw[1]),
+            qkv_weight,
+            self.gate[0].weight,
+            self.gate[0].bias,
+            self.proj.weight,
+            self.proj.bias,
+            self.head_dim,
+            None,
+            "post",
+            "fft",
+            self.lean,
+            False,
+            False,
+            qkv_bias,
+            prefix,
+        )
+        return out
 
     def _prefix_attention(self, x: Tensor, q: Tensor) -> Tensor:
-        """What :meth:`_prefix_softmax` computes, for the lean path, where no token's key or value exists:
-        from all tokens x (B, T, C_in) and the prefix's queries q (B, P, C). Per head,
-        q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the last term, the same for every
-        key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v. So the heads * P queries
-        W_k^T q attend to x itself, as keys and values, in one SDPA call, instead of the (T, 2C) keys and
-        values. (Where those exist, SDPA on them is cheaper still: docs/perf.md.)"""
+        """The prefix tokens' softmax attention over all tokens x (B, T, C_in), as in the source, from their
+        queries q (B, P, C): (B, P, C). It needs no key or value of any token, which the circulant layer
+        never forms in token space. Per head, q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the
+        last term, the same for every key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v.
+        So the heads * P queries W_k^T q attend to x itself, as keys and values, in one SDPA call."""
         B, P, C = q.shape
         heads = self.num_heads
         width = C // heads  # the source's softmax heads, not the circulant self.head_dim
@@ -115,30 +121,6 @@ class PluginCirculantAttention(nn.Module):
         mixed = F.scaled_dot_product_attention(queries, tokens, tokens, scale=width**-0.5).view(B, heads, P, -1)
         out = torch.einsum("bhpi,hdi->bphd", mixed, w_v).reshape(B, P, C)
         return out if bias is None else out + bias[2 * C :]
-
-    def _lean_forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        """All tokens through the lean function (:mod:`cat.ops.fused`: the qkv bias in the frequency
-        domain, gate and projection fused, almost nothing stored): the grid's circulant attention there, the
-        prefix tokens' by :meth:`_prefix_attention` handed to it, so that no token map is sliced or joined."""
-        P, C = self.num_prefix_tokens, self.proj.in_features
-        qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
-        prefix = None
-        if P:
-            q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
-            prefix = self._prefix_attention(x, q)
-        out, _ = lean_circulant_attention(
-            x,
-            qkv_weight,
-            self.gate[0](x),
-            self.proj.weight,
-            self.proj.bias,
-            hw,
-            self.head_dim,
-            (hw[0] * hw[1] * self.head_dim) ** -0.5,
-            qkv_bias=qkv_bias,
-            prefix=prefix,
-        )
-        return out
 
 
 class CirculantSwinBlock(SwinTransformerBlock):

@@ -231,6 +231,8 @@ class CirculantAttention(nn.Module):
             self.lean,
             self.keep_weights,
             self.pack_spectrum,
+            None,  # no qkv bias, no prefix tokens (TorchScript takes no defaults of an ignored function)
+            None,
         )
         if self.keep_weights and not torch.jit.is_scripting():
             self.last_weights = weights.detach()
@@ -257,14 +259,22 @@ def circulant_attention_layer(
     lean: bool | str,
     keep_weights: bool,
     pack_spectrum: bool,
+    qkv_bias: Tensor | None = None,
+    prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:class:`CirculantAttention`'s computation on its weights: the output (B, N, C) before the
     dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights`` or
-    computed anyway)."""
+    computed anyway). For :func:`cat.convert`'s attention also: ``qkv_bias`` (3C,), and ``prefix`` (B, P, C),
+    the attention outputs of P tokens before the grid (class and register tokens), which x then holds first,
+    (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting)."""
     C = qkv_weight.shape[1]
     if x.dim() != 3 or x.shape[-1] != C:
         raise ValueError(f"CirculantAttention(dim={C}) expects x shaped (B, N, {C}); got {tuple(x.shape)}")
-    B, N, C = x.shape
+    P = 0 if prefix is None else prefix.shape[1]
+    if P and reweight == "pre":
+        raise ValueError("tokens before the grid (prefix) need post- or no reweighting")
+    B, T, C = x.shape
+    N = T - P
     H, W = hw
     if H * W != N:
         raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
@@ -277,30 +287,54 @@ def circulant_attention_layer(
     if backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting() and uses_lean(lean, B * N * C):
         gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
         return lean_circulant_attention(
-            x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, pack_spectrum
+            x,
+            qkv_weight,
+            gate_pre,
+            proj_weight,
+            proj_bias,
+            hw,
+            head_dim,
+            scale,
+            keep_weights,
+            pack_spectrum,
+            qkv_bias,
+            prefix,
         )
     # Through autograd (pre-reweighting, the matmul backend, export, lean=False): training stores
     # every intermediate spectrum.
     gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
     work = fft_dtype(x.dtype)
     with no_autocast(x.device):
-        x_f = spectrum(x.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
+        x_f = spectrum(x[:, P:].transpose(1, 2).reshape(B, C, H, W).to(work), backend)
     Wf = W // 2 + 1  # from the grid, not the spectrum: ONNX export cannot read a complex tensor's size
     flat = x_f.view(B, C, H * Wf * 2)
     if reweight == "pre":  # v, not the output, is gated
-        q_f, k_f = torch.matmul(qkv_weight[: 2 * C], flat).to(work).view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
-        v = F.linear(x, qkv_weight[2 * C :]) * gate
+        qk = _with_bias(torch.matmul(qkv_weight[: 2 * C], flat), qkv_bias, 2 * C, N, work)
+        q_f, k_f = qk.view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
+        v = F.linear(x, qkv_weight[2 * C :], qkv_bias[2 * C :] if qkv_bias is not None else None) * gate
         with no_autocast(x.device):
             v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
     else:
-        qkv = torch.matmul(qkv_weight, flat)  # one GEMM; autocast may run it in bf16/fp16
-        q_f, k_f, v_f = qkv.to(work).view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
+        qkv = _with_bias(torch.matmul(qkv_weight, flat), qkv_bias, 3 * C, N, work)  # autocast: maybe a bf16 GEMM
+        q_f, k_f, v_f = qkv.view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
     with no_autocast(x.device):
         y, weights = attend(q_f, k_f, v_f, hw, head_dim, scale, backend)
     y = y.view(B, C, N).transpose(1, 2)
+    if P:
+        y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post":
         y = y * gate
     return F.linear(y, proj_weight, proj_bias), weights
+
+
+def _with_bias(rows: Tensor, qkv_bias: Tensor | None, count: int, tokens: int, work: torch.dtype) -> Tensor:
+    """Spectrum rows (B, count, R) of projected maps in the ``work`` dtype, with the first ``count`` entries of
+    ``qkv_bias`` added: a bias is a constant map, ``tokens`` * bias at frequency 0 (the rows' first entry, its
+    real part) and nothing elsewhere."""
+    rows = rows.to(work)
+    if qkv_bias is not None:
+        rows[:, :, 0] += tokens * qkv_bias[:count].to(work)
+    return rows
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:
