@@ -291,20 +291,8 @@ def lean_circulant_attention(
     N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output
     (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
-    args = (
-        x,
-        qkv_weight,
-        gate_pre,
-        proj_weight,
-        proj_bias,
-        hw,
-        head_dim,
-        scale,
-        keep_weights,
-        packed,
-        qkv_bias,
-        prefix,
-    )
+    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
+    args += (qkv_bias, prefix)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias, prefix)):
         return _LeanCirculantAttention.apply(*args)
     return _forward(*args)  # inference: no autograd.Function overhead

@@ -83,32 +83,21 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
     assert row["ratio"] == row["model_mib"] / row["baseline_mib"]
 
 
-def test_bench_attention_times_whole_training_steps(run_tool):
+def train_step_row(run_tool, models: list[str], *extra: str) -> dict:
+    """The one row of bench_attention's training mode at 32^2, batch 2, for ``models`` (the first the baseline)."""
     import json
 
-    models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+autograd", "deit_tiny_patch16_224+converted"]
-    result = json.loads(
-        run_tool(
-            "bench_attention",
-            "--grids",
-            "--train-res",
-            "32",
-            "--train-batches",
-            "2",
-            "--train-models",
-            *models,
-            "--rounds",
-            "1",
-            "--min-block",
-            "0.001",
-            "--pairs",
-            "3",
-            "--json",
-        )
-    )
+    args = ["--grids", "--train-res", "32", "--train-batches", "2", "--train-models", *models, "--rounds", "1"]
+    result = json.loads(run_tool("bench_attention", *args, "--min-block", "0.001", "--pairs", "3", *extra, "--json"))
     (row,) = result["train_steps"]
-    assert (row["resolution"], row["batch"], row[f"{models[0]}_speed"]) == (32, 2, 1.0)
     assert row[f"{models[0]}_paired"] == [1.0, 1.0, 1.0]
+    return row
+
+
+def test_bench_attention_times_whole_training_steps(run_tool):
+    models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+autograd", "deit_tiny_patch16_224+converted"]
+    row = train_step_row(run_tool, models)
+    assert (row["resolution"], row["batch"], row[f"{models[0]}_speed"]) == (32, 2, 1.0)
     for name in models:
         assert row[f"{name}_ms"] > 0 and row[f"{name}_speed"] == row[f"{models[0]}_ms"] / row[f"{name}_ms"]
         median, q1, q3 = row[f"{name}_paired"]  # from single steps in pairs with the baseline
@@ -117,27 +106,8 @@ def test_bench_attention_times_whole_training_steps(run_tool):
 
 def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     """--processes: the pairs run in fresh worker processes (each laid out anew in memory) and are pooled."""
-    import json
-
     models = ["deit_tiny_patch16_224", "ca_deit_tiny"]
-    args = ["--grids", "--train-res", "32", "--train-batches", "2", "--train-models", *models]
-    result = json.loads(
-        run_tool(
-            "bench_attention",
-            *args,
-            "--rounds",
-            "1",
-            "--min-block",
-            "0.001",
-            "--pairs",
-            "3",
-            "--processes",
-            "2",
-            "--json",
-        )
-    )
-    (row,) = result["train_steps"]
-    assert row[f"{models[0]}_paired"] == [1.0, 1.0, 1.0]
+    row = train_step_row(run_tool, models, "--processes", "2")
     median, q1, q3 = row[f"{models[1]}_paired"]
     by_process = row[f"{models[1]}_paired_by_process"]
     assert len(by_process) == 2 and all(m > 0 for m in by_process)
