@@ -146,8 +146,9 @@ def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
 CHECKPOINTED = [(n, lean) for n in ("ca_pvt_tiny", "ca_swin_tiny", "cat_tiny") for lean in (True, False)]
 
 
-# A converted model's attention has no lean path yet (issue 29): autograd's only.
-@pytest.mark.parametrize(("name", "lean"), [*CHECKPOINTED, ("deit_tiny_patch16_224+convert", False)])
+@pytest.mark.parametrize(
+    ("name", "lean"), [*CHECKPOINTED, ("deit_tiny_patch16_224+convert", True), ("deit_tiny_patch16_224+convert", False)]
+)
 def test_grad_checkpointing_matches(name, lean):
     """Every family (and a converted timm ViT) under timm's set_grad_checkpointing: the circulant
     attention really runs again in the backward, on the lean function or on autograd's, and the
