@@ -193,10 +193,8 @@ HEAP_SHIFT_BYTES = 4096 + 64 * 17
 
 def train_pairs_worker(spec: dict, device: str) -> dict[str, list[float]]:
     """One --processes worker: the paired ratios of ``spec``'s models at its resolution and batch."""
-    shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)
-    ratios = paired_ratios(train_step_fns(spec["models"], spec["res"], spec["batch"], device), spec["pairs"], device)
-    del shift
-    return ratios
+    _heap_shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)  # held
+    return paired_ratios(train_step_fns(spec["models"], spec["res"], spec["batch"], device), spec["pairs"], device)
 
 
 def worker_command(device: str, amp: str | None, *worker: str) -> list[str]:
@@ -447,7 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.processes < 0 or (args.processes and not args.pairs):
+        parser.error(f"--processes {args.processes}: give a count of at least 1, with --pairs (it runs the pairs)")
     if args.memory_worker:
         model, res, batch = args.memory_worker
         with autocast_for(args.device, args.amp is not None, args.amp):

@@ -243,27 +243,16 @@ def test_lean_backward_with_prefix_tokens_passes_gradcheck(gated):
     prefix = torch.randn(B, P, dim, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(B, T, dim, dtype=torch.float64)
 
-    def fn(x, qkv_w, qkv_b, proj_w, proj_b, prefix, *gate_pre):
-        gate = gate_pre[0] if gate_pre else None
-        out, _ = lean_circulant_attention(
+    def attention(x, qkv_w, qkv_b, proj_w, proj_b, gate=None, prefix=None):
+        return lean_circulant_attention(
             x, qkv_w, gate, proj_w, proj_b, hw, head_dim, 0.7, qkv_bias=qkv_b, prefix=prefix
-        )
-        return (out * weight).sum()
+        )[0]
+
+    def fn(x, qkv_w, qkv_b, proj_w, proj_b, prefix, *gate_pre):
+        return (attention(x, qkv_w, qkv_b, proj_w, proj_b, *gate_pre[:1], prefix=prefix) * weight).sum()
 
     assert torch.autograd.gradcheck(fn, (x, *params, prefix, *gate_pre))
-    out, _ = lean_circulant_attention(
-        x,
-        *params[:1],
-        gate_pre[0] if gated else None,
-        *params[2:],
-        hw,
-        head_dim,
-        0.7,
-        qkv_bias=params[1],
-        prefix=prefix,
-    )
-    grid, _ = lean_circulant_attention(
-        x[:, P:], *params[:1], gate_pre[0][:, P:] if gated else None, *params[2:], hw, head_dim, 0.7, qkv_bias=params[1]
-    )
+    out = attention(x, *params, *gate_pre, prefix=prefix)
+    grid = attention(x[:, P:], *params, *(g[:, P:] for g in gate_pre))
     gate = F.silu(gate_pre[0][:, :P]) if gated else 1.0
     torch.testing.assert_close(out, torch.cat([F.linear(prefix * gate, *params[2:]), grid], dim=1))

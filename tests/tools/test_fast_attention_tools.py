@@ -114,6 +114,12 @@ def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     assert q1 <= median <= q3 and min(by_process) - 1e-12 <= median <= max(by_process) + 1e-12
 
 
+@pytest.mark.parametrize("args", [["--processes", "2"], ["--processes", "-1", "--pairs", "3"]])
+def test_bench_attention_refuses_processes_without_pairs_or_below_one(run_tool, args):
+    err = run_tool("bench_attention", "--grids", "--train-res", "32", *args, expect=2, stderr=True)
+    assert "--processes" in err and "Traceback" not in err
+
+
 def test_gpu_check_correctness_dry_run_on_cpu():
     """The prepared GPU script's correctness part, run on the CPU (autocast there too)."""
     import importlib.util
