@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from timm.models.eva import EvaAttention
 from timm.models.pvt_v2 import Attention as PvtV2Attention
 from timm.models.swin_transformer import SwinTransformerBlock
@@ -27,6 +26,7 @@ from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
 from cat.ops.circulant import LeanPolicy, check_lean, circulant_attention_layer
+from cat.ops.prefix import prefix_attention
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
 
@@ -75,14 +75,12 @@ class PluginCirculantAttention(nn.Module):
     def forward(self, x: Tensor, hw: Sequence[int] | None = None, **_block_kwargs: Any) -> Tensor:
         # _block_kwargs: what ViT/EVA blocks pass to softmax attention (masks, rope), meaningless here.
         hw = self.grid if hw is None else hw
-        T, P, C = x.shape[1], self.num_prefix_tokens, self.proj.in_features
+        T, P = x.shape[1], self.num_prefix_tokens
         if hw is None or hw[0] * hw[1] != T - P:
             raise ValueError(f"{T} tokens ({P} prefix) do not fit the grid {hw}")
         qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
-        prefix = None
-        if P:
-            q = F.linear(x[:, :P], qkv_weight[:C], qkv_bias[:C] if qkv_bias is not None else None)
-            prefix = self._prefix_attention(x, q)
+        # The prefix tokens: softmax attention over all tokens, from x and the source's weights.
+        prefix = prefix_attention(x, qkv_weight, qkv_bias, P, self.num_heads) if P else None
         # The native layer: the grid's q, k, v from one FFT of x and its spectrum's GEMM (the bias at
         # frequency 0), the prefix tokens gated and projected with the grid, the lean policy as native.
         out, _ = circulant_attention_layer(
@@ -104,23 +102,6 @@ class PluginCirculantAttention(nn.Module):
             prefix,
         )
         return out
-
-    def _prefix_attention(self, x: Tensor, q: Tensor) -> Tensor:
-        """The prefix tokens' softmax attention over all tokens x (B, T, C_in), as in the source, from their
-        queries q (B, P, C): (B, P, C). It needs no key or value of any token, which the circulant layer
-        never forms in token space. Per head, q . k_j = (W_k^T q) . x_j + q . b_k, and the softmax drops the
-        last term, the same for every key; the weights sum to 1, so sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v.
-        So the heads * P queries W_k^T q attend to x itself, as keys and values, in one SDPA call."""
-        B, P, C = q.shape
-        heads = self.num_heads
-        width = C // heads  # the source's softmax heads, not the circulant self.head_dim
-        weight, bias = self.qkv.weight, self.qkv.bias
-        w_k, w_v = (w.view(heads, width, -1) for w in (weight[C : 2 * C], weight[2 * C :]))
-        queries = torch.einsum("bphd,hdi->bhpi", q.view(B, P, heads, width), w_k).flatten(1, 2).unsqueeze(1)
-        tokens = x.unsqueeze(1)  # one "head" of width C_in, keys and values alike
-        mixed = F.scaled_dot_product_attention(queries, tokens, tokens, scale=width**-0.5).view(B, heads, P, -1)
-        out = torch.einsum("bhpi,hdi->bphd", mixed, w_v).reshape(B, P, C)
-        return out if bias is None else out + bias[2 * C :]
 
 
 class CirculantSwinBlock(SwinTransformerBlock):
