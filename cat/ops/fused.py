@@ -245,11 +245,13 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     g_prefix, u = g_prefix * z * sig, u * z * sig
                 g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
                 g_prefix = g_prefix.to(prefix.dtype)
+            # x's gradient channels first, returned transposed (a view; autograd adds it as it is). Its prefix
+            # rows reach the output only through the caller's own ops: zeros, the grid's written beside them.
+            g_x = torch.empty(B, C, T, dtype=work, device=device)
+            g_x[:, :, :P] = 0
             with no_autocast(device):
-                g_grid = torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw).view(B, C, N)
-            g_x = g_grid.transpose(1, 2).to(x.dtype)
-            if P:  # x's prefix rows reach the output only through the caller's own ops
-                g_x = torch.cat([g_x.new_zeros(B, P, C), g_x], dim=1)
+                torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw, out=g_x[:, :, P:].view(B, C, *hw))
+            g_x = g_x.transpose(1, 2).to(x.dtype)
             g_proj_bias = g_out.sum((0, 1)) if ctx.has_bias else None
         return (
             g_x,

@@ -49,6 +49,12 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _split_weight(weight: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """qkv's weight (3C, C_in) as W_q (C, C_in) and W_k, W_v per head, (heads, C / heads, C_in)."""
+    w_q, w_k, w_v = weight.chunk(3)
+    return w_q, w_k.unflatten(0, (heads, -1)), w_v.unflatten(0, (heads, -1))
+
+
 def _per_head(t: Tensor, heads: int) -> Tensor:
     """(B, P, heads * d) as (heads, B * P, d): a batch of per-head matrices for bmm."""
     B, P, width = t.shape
@@ -70,8 +76,8 @@ class _PrefixAttention(torch.autograd.Function):
         with no_autocast(x.device):
             xs, weight = x.to(dtype), qkv_weight.to(dtype)
             bias = qkv_bias.to(dtype) if qkv_bias is not None else None
-            w_k, w_v = (w.view(heads, C // heads, C_in) for w in weight[C:].split(C))
-            q = F.linear(xs[:, :P], weight[:C], bias[:C] if bias is not None else None)  # (B, P, C)
+            w_q, w_k, w_v = _split_weight(weight, heads)
+            q = F.linear(xs[:, :P], w_q, bias[:C] if bias is not None else None)  # (B, P, C)
             queries = _per_token(torch.bmm(_per_head(q, heads), w_k), B)  # (B, P * heads, C_in)
             # Token-major weights (B, T, P * heads): x on the left, where the few columns are cheap.
             logits = torch.bmm(xs, queries.transpose(1, 2)).to(_softmax_dtype(dtype))
@@ -95,20 +101,18 @@ class _PrefixAttention(torch.autograd.Function):
         scale = (C // heads) ** -0.5
         with no_autocast(x.device):
             xs, weight, g = x.to(dtype), qkv_weight.to(dtype), g_out.to(dtype)
-            w_q, w_k, w_v = weight.split(C)
+            w_q, w_k, w_v = _split_weight(weight, heads)
             g_h = _per_head(g, heads)  # (heads, B * P, width)
             mixed_h = _per_head(mixed.reshape(B, P, -1), heads)  # (heads, B * P, C_in)
             g_w_v = torch.bmm(g_h.transpose(1, 2), mixed_h).reshape(C, C_in)
-            g_mixed = _per_token(torch.bmm(g_h, w_v.view(heads, C // heads, C_in)), B)  # (B, P * heads, C_in)
+            g_mixed = _per_token(torch.bmm(g_h, w_v), B)  # (B, P * heads, C_in)
             g_a = torch.bmm(xs, g_mixed.transpose(1, 2)).to(a.dtype)
             g_logits = (a * (g_a - (g_a * a).sum(1, keepdim=True))).mul_(scale).to(dtype)
             g_queries = torch.bmm(g_logits.transpose(1, 2), xs)  # (B, P * heads, C_in)
             # x's gradient as keys and as values in one product; its prefix rows', as queries, below.
             g_x = torch.bmm(torch.cat([a.to(dtype), g_logits], 2), torch.cat([g_mixed, queries], 1))
             g_queries_h = _per_head(g_queries.reshape(B, P, -1), heads)  # (heads, B * P, C_in)
-            g_q = _per_token(torch.bmm(g_queries_h, w_k.view(heads, C // heads, C_in).transpose(1, 2)), B).reshape(
-                B, P, C
-            )
+            g_q = _per_token(torch.bmm(g_queries_h, w_k.transpose(1, 2)), B).reshape(B, P, C)
             g_w_k = torch.bmm(_per_head(q, heads).transpose(1, 2), g_queries_h).reshape(C, C_in)
             g_x[:, :P] += torch.matmul(g_q, w_q)
             g_w_q = g_q.reshape(B * P, C).t() @ xs[:, :P].reshape(B * P, C_in)
