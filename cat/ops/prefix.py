@@ -78,10 +78,10 @@ class _PrefixAttention(torch.autograd.Function):
             bias = qkv_bias.to(dtype) if qkv_bias is not None else None
             w_q, w_k, w_v = _split_weight(weight, heads)
             q = F.linear(xs[:, :P], w_q, bias[:C] if bias is not None else None)  # (B, P, C)
-            queries = _per_token(torch.bmm(_per_head(q, heads), w_k), B)  # (B, P * heads, C_in)
+            # Scaled before the product, as SDPA scales q: half-precision logits stay in range.
+            queries = _per_token(torch.bmm(_per_head(q, heads), w_k), B).mul_(scale)  # (B, P * heads, C_in)
             # Token-major weights (B, T, P * heads): x on the left, where the few columns are cheap.
-            logits = torch.bmm(xs, queries.transpose(1, 2)).to(_softmax_dtype(dtype))
-            a = logits.mul_(scale).softmax(1)
+            a = torch.bmm(xs, queries.transpose(1, 2)).to(_softmax_dtype(dtype)).softmax(1)
             mixed = torch.bmm(a.to(dtype).transpose(1, 2), xs)  # (B, P * heads, C_in)
             out = torch.bmm(_per_head(mixed.reshape(B, P, -1), heads), w_v.transpose(1, 2))
             out = _per_token(out, B).reshape(B, P, C)
@@ -107,8 +107,8 @@ class _PrefixAttention(torch.autograd.Function):
             g_w_v = torch.bmm(g_h.transpose(1, 2), mixed_h).reshape(C, C_in)
             g_mixed = _per_token(torch.bmm(g_h, w_v), B)  # (B, P * heads, C_in)
             g_a = torch.bmm(xs, g_mixed.transpose(1, 2)).to(a.dtype)
-            g_logits = (a * (g_a - (g_a * a).sum(1, keepdim=True))).mul_(scale).to(dtype)
-            g_queries = torch.bmm(g_logits.transpose(1, 2), xs)  # (B, P * heads, C_in)
+            g_logits = (a * (g_a - (g_a * a).sum(1, keepdim=True))).to(dtype)
+            g_queries = torch.bmm(g_logits.transpose(1, 2), xs).mul_(scale)  # of the unscaled queries
             # x's gradient as keys and as values in one product; its prefix rows', as queries, below.
             g_x = torch.bmm(torch.cat([a.to(dtype), g_logits], 2), torch.cat([g_mixed, queries], 1))
             g_queries_h = _per_head(g_queries.reshape(B, P, -1), heads)  # (heads, B * P, C_in)
