@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .spectral import (
     attend_spectra,
+    autocast_state,
     circulant_weights,
     fft_dtype,
     head_sum,
@@ -113,12 +114,6 @@ def silu_slope(z: Tensor, sig: Tensor) -> Tensor:
     return sig * (1 + z * (1 - sig))
 
 
-def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
-    if not torch.amp.is_autocast_available(device.type):
-        return False, None
-    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
-
-
 def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -> contextlib.AbstractContextManager:
     enabled, dtype = state
     if dtype is None:
@@ -164,7 +159,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
         ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix)
         ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
         ctx.has_bias = proj_bias is not None
-        ctx.autocast = _autocast_state(x.device)
+        ctx.autocast = autocast_state(x.device)
         ctx.mark_non_differentiable(weights)
         return out, weights
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cat.ops.spectral import no_autocast
+from .spectral import autocast_state, no_autocast
 
 __all__ = ["prefix_attention"]
 
@@ -38,10 +38,9 @@ def prefix_attention(x: Tensor, qkv_weight: Tensor, qkv_bias: Tensor | None, num
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
-    device = x.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return x.dtype
+    """Autocast's dtype where it is on, else x's."""
+    enabled, dtype = autocast_state(x.device)
+    return dtype if enabled else x.dtype
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -70,7 +69,7 @@ class _PrefixAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, qkv_weight, qkv_bias, P, heads):
         dtype = _compute_dtype(x)
-        B, T, C_in = x.shape
+        B, _, C_in = x.shape
         C = qkv_weight.shape[0] // 3
         scale = (C // heads) ** -0.5
         with no_autocast(x.device):
@@ -95,7 +94,7 @@ class _PrefixAttention(torch.autograd.Function):
     def backward(ctx, g_out):
         x, qkv_weight, qkv_bias, q, queries, a, mixed = ctx.saved_tensors
         heads, dtype = ctx.heads, ctx.dtype
-        B, T, C_in = x.shape
+        B, _, C_in = x.shape
         P = q.shape[1]
         C = qkv_weight.shape[0] // 3
         scale = (C // heads) ** -0.5

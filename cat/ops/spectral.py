@@ -46,6 +46,13 @@ def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
+    """Whether autocast is on for ``device`` and its dtype ((False, None) where autocast does not exist)."""
+    if not torch.amp.is_autocast_available(device.type):
+        return False, None
+    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+
+
 def head_sum(channels: Tensor, head_dim: int) -> Tensor:
     """(B, C, ...) summed over each head's ``head_dim`` channels: (B, C // head_dim, ...)."""
     if head_dim == 1:
