@@ -266,7 +266,11 @@ def circulant_attention_layer(
     dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights`` or
     computed anyway). For :func:`cat.convert`'s attention also: ``qkv_bias`` (3C,), and ``prefix`` (B, P, C),
     the attention outputs of P tokens before the grid (class and register tokens), which x then holds first,
-    (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting)."""
+    (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting).
+
+    Of the qkv bias only v's part acts: a constant added to q or k shifts all of a head's logits alike (each
+    logit sums over the whole torus), which the softmax ignores, and v's passes through weights that sum to 1
+    as itself, a constant added to the output. So q's and k's get zero gradient, exactly."""
     C = qkv_weight.shape[1]
     if x.dim() != 3 or x.shape[-1] != C:
         raise ValueError(f"CirculantAttention(dim={C}) expects x shaped (B, N, {C}); got {tuple(x.shape)}")
@@ -311,32 +315,25 @@ def circulant_attention_layer(
     Wf = W // 2 + 1  # from the grid, not the spectrum: ONNX export cannot read a complex tensor's size
     flat = x_f.view(B, C, H * Wf * 2)
     if reweight == "pre":  # v, not the output, is gated
-        qk = _with_bias(torch.matmul(qkv_weight[: 2 * C], flat), qkv_bias, 2 * C, N, work)
+        qk = torch.matmul(qkv_weight[: 2 * C], flat).to(work)
         q_f, k_f = qk.view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
         v = F.linear(x, qkv_weight[2 * C :], qkv_bias[2 * C :] if qkv_bias is not None else None) * gate
         with no_autocast(x.device):
             v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
     else:
-        qkv = _with_bias(torch.matmul(qkv_weight, flat), qkv_bias, 3 * C, N, work)  # autocast: maybe a bf16 GEMM
+        qkv = torch.matmul(qkv_weight, flat).to(work)  # autocast: maybe a bf16 GEMM
         q_f, k_f, v_f = qkv.view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
     with no_autocast(x.device):
         y, weights = attend(q_f, k_f, v_f, hw, head_dim, scale, backend)
-    y = y.view(B, C, N).transpose(1, 2)
+    y = y.view(B, C, N)
+    if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
+        y = y + qkv_bias[2 * C :, None].to(y.dtype)
+    y = y.transpose(1, 2)
     if P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post":
         y = y * gate
     return F.linear(y, proj_weight, proj_bias), weights
-
-
-def _with_bias(rows: Tensor, qkv_bias: Tensor | None, count: int, tokens: int, work: torch.dtype) -> Tensor:
-    """Spectrum rows (B, count, R) of projected maps in the ``work`` dtype, with the first ``count`` entries of
-    ``qkv_bias`` added: a bias is a constant map, ``tokens`` * bias at frequency 0 (the rows' first entry, its
-    real part) and nothing elsewhere."""
-    rows = rows.to(work)
-    if qkv_bias is not None:
-        rows[:, :, 0] += tokens * qkv_bias[:count].to(work)
-    return rows
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:

@@ -94,19 +94,13 @@ def set_group_rows(qkv: Tensor, lo: int, hi: int, group: Tensor) -> None:
         qkv[i * C + lo : i * C + hi] = group[i * c : (i + 1) * c]
 
 
-def group_spectra(
-    spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool, bias: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
+def group_spectra(spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The rfft2 spectra (B, c, H, W//2+1) of q, k, v from the input spectrum's real rows
-    (:func:`input_spectrum`), qkv ``rows`` and their ``bias``. The FFT is linear, so the weight is
-    applied to the spectrum of x: one FFT instead of three; a bias is a constant map, N * bias at
-    frequency 0 and nothing elsewhere."""
+    (:func:`input_spectrum`) and qkv ``rows``. The FFT is linear, so the weight is applied to the
+    spectrum of x: one FFT instead of three."""
     qkv = torch.matmul(rows, spectrum).to(spectrum.dtype)  # autocast may run the GEMM in bf16/fp16
     with no_autocast(spectrum.device):
-        spectra = rows_spectrum(qkv, hw, packed)
-        if bias is not None:
-            spectra[:, :, 0, 0] += hw[0] * hw[1] * bias.to(spectrum.dtype)
-        return spectra.chunk(3, dim=1)
+        return rows_spectrum(qkv, hw, packed).chunk(3, dim=1)
 
 
 def silu_slope(z: Tensor, sig: Tensor) -> Tensor:
@@ -132,15 +126,17 @@ def _forward(
     y = spectrum.new_empty(B, C, *hw)
     weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
     for lo, hi in channel_groups(C, head_dim, B * N):
-        bias = group_rows(qkv_bias, lo, hi) if qkv_bias is not None else None
-        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed, bias)
+        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed)
         with no_autocast(x.device):
             _, w = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True, out=y[:, lo:hi])
         if keep_weights:
             weights[:, lo // head_dim : hi // head_dim] = w
         del q_f, k_f, v_f, w
     del spectrum
-    y = y.view(B, C, N).transpose(1, 2)
+    y = y.view(B, C, N)
+    if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
+        y += qkv_bias[2 * C :, None].to(y.dtype)
+    y = y.transpose(1, 2)
     if gate_pre is None:
         u = torch.cat([prefix.to(y.dtype), y], dim=1) if P else y
     else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
@@ -183,17 +179,18 @@ class _LeanCirculantAttention(torch.autograd.Function):
             g_qkv_weight = torch.empty_like(qkv_weight, dtype=work)
             g_proj_weight = torch.empty_like(proj_weight, dtype=work)
             g_gate_pre = torch.empty_like(gate_pre) if gate_pre is not None else None
-            g_qkv_bias = torch.empty_like(qkv_bias, dtype=work) if qkv_bias is not None else None
+            g_qkv_bias = torch.zeros_like(qkv_bias, dtype=work) if qkv_bias is not None else None  # q's, k's: 0
             for lo, hi in channel_groups(C, head_dim, B * N):
                 c = hi - lo
                 rows = group_rows(qkv_weight, lo, hi)
                 # Recompute what the forward did not keep: the spectra, weights and pre-gate output.
-                bias = group_rows(qkv_bias, lo, hi) if qkv_bias is not None else None
-                q_f, k_f, v_f = group_spectra(spectrum, rows, hw, ctx.packed, bias)
+                q_f, k_f, v_f = group_spectra(spectrum, rows, hw, ctx.packed)
                 with no_autocast(device):
                     w = circulant_weights(q_f, k_f, hw, head_dim, scale)
                     w_f = torch.fft.rfft2(w)
                     y = torch.fft.irfft2(per_head(torch.conj(w_f), v_f, head_dim), s=hw).view(B, c, N)
+                    if qkv_bias is not None:
+                        y += qkv_bias[2 * C + lo : 2 * C + hi, None].to(work)
                 # Through the projection and the gate (channels first: (B, c, N)).
                 g_u_g = g_u[:, P:, lo:hi].transpose(1, 2)
                 if gate_pre is not None:
@@ -211,6 +208,8 @@ class _LeanCirculantAttention(torch.autograd.Function):
                 with no_autocast(device):
                     g_f = torch.fft.rfft2(g_y.reshape(B, c, *hw).to(work))
                     del g_y
+                    if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
+                        g_qkv_bias[2 * C + lo : 2 * C + hi] = g_f[:, :, 0, 0].real.sum(0)
                     g_w = torch.fft.irfft2(head_sum(torch.conj(g_f) * v_f, head_dim), s=hw)
                     g_logits = scale * w * (g_w - (g_w * w).sum((-2, -1), keepdim=True))
                     del g_w
@@ -221,8 +220,6 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     g_qkv_f[:, c : 2 * c] = per_head(l_f, q_f, head_dim)
                     g_qkv_f[:, 2 * c :] = per_head(w_f, g_f, head_dim)
                     del q_f, k_f, v_f, g_f, l_f, w_f
-                    if g_qkv_bias is not None:  # a bias's gradient: its map's gradient summed, frequency 0
-                        set_group_rows(g_qkv_bias, lo, hi, g_qkv_f[:, :, 0, 0].real.sum(0))
                     g_qkv = spectrum_rows(g_qkv_f, hw, ctx.packed)
                 # Through the qkv projection, on the spectrum's rows.
                 set_group_rows(g_qkv_weight, lo, hi, torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0))
