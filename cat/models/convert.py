@@ -81,8 +81,9 @@ class PluginCirculantAttention(nn.Module):
         qkv_weight, qkv_bias = self.qkv.weight, self.qkv.bias
         # The prefix tokens: softmax attention over all tokens, from x and the source's weights.
         prefix = prefix_attention(x, qkv_weight, qkv_bias, P, self.num_heads) if P else None
-        # The native layer: the grid's q, k, v from one FFT of x and its spectrum's GEMM (the bias at
-        # frequency 0), the prefix tokens gated and projected with the grid, the lean policy as native.
+        # The native layer: the grid's q, k, v from one FFT of x and its spectrum's GEMM (of the bias only v's
+        # part acts, added to the output), the prefix tokens gated and projected with the grid, the lean policy
+        # as native.
         out, _ = circulant_attention_layer(
             x,
             (hw[0], hw[1]),

@@ -213,7 +213,8 @@ def test_a_lean_policy_other_than_true_false_auto_is_refused(policy):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
 def test_lean_backward_with_a_qkv_bias_passes_gradcheck(packed):
-    """A qkv bias (timm's qkv_bias=True models, converted) enters as N * bias at frequency 0."""
+    """A qkv bias (timm's qkv_bias=True models, converted): v's part added to the output; q's and k's, which
+    shift every logit of a head alike, get zero gradient, as the finite differences confirm."""
     torch.manual_seed(5)
     B, hw, dim, head_dim = 2, (3, 4), 6, 2
     x = torch.randn(B, 12, dim, dtype=torch.float64, requires_grad=True)
