@@ -278,12 +278,13 @@ def lean_circulant_attention(
     """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid,
     and, with ``keep_weights``, the attention weights (B, heads, H, W), not differentiable (else an
     empty tensor). ``gate_pre`` None: no gate. ``qkv_bias`` (3C,): q, k, v with a bias (timm's
-    ``qkv_bias=True`` models, converted by :func:`cat.convert`). ``prefix`` (B, P, C): the attention outputs
-    of P tokens that precede the grid (a converted ViT's class and register tokens, whose softmax
-    attention the caller computes); x and ``gate_pre`` then hold those tokens first, (B, P + N, C), and
-    the output covers all of them, gated and projected alike. ``packed``: the qkv GEMM runs on the packed spectrum's
-    N rows instead of the half spectrum's 2*H*(W//2+1), at the price of unpacking its output
-    (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
+    ``qkv_bias=True`` models, converted by :func:`cat.convert`), of which only v's part acts
+    (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero gradient.
+    ``prefix`` (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class
+    and register tokens, whose softmax attention the caller computes); x and ``gate_pre`` then hold those
+    tokens first, (B, P + N, C), and the output covers all of them, gated and projected alike. ``packed``:
+    the qkv GEMM runs on the packed spectrum's N rows instead of the half spectrum's 2*H*(W//2+1), at the
+    price of unpacking its output (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
     args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
     args += (qkv_bias, prefix)
