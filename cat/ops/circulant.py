@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dft import irfft2_matmul, rfft2_matmul
-from .fused import lean_circulant_attention
+from .fused import lean_circulant_attention, value_bias
 from .spectral import attend_spectra, fft_dtype, head_sum, no_autocast
 
 Reweight = Literal["post", "pre", "none"]
@@ -327,7 +327,7 @@ def circulant_attention_layer(
         y, weights = attend(q_f, k_f, v_f, hw, head_dim, scale, backend)
     y = y.view(B, C, N)
     if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
-        y = y + qkv_bias[2 * C :, None].to(y.dtype)
+        y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
     y = y.transpose(1, 2)
     if P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)

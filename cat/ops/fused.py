@@ -94,6 +94,13 @@ def set_group_rows(qkv: Tensor, lo: int, hi: int, group: Tensor) -> None:
         qkv[i * C + lo : i * C + hi] = group[i * c : (i + 1) * c]
 
 
+def value_bias(qkv_bias: Tensor, lo: int, hi: int) -> Tensor:
+    """v's entries of a (3C,) qkv bias (or of its gradient) for channels [lo, hi), a view: the only part of the bias
+    that acts in circulant attention (:func:`cat.ops.circulant.circulant_attention_layer` says why)."""
+    C = qkv_bias.shape[0] // 3
+    return qkv_bias[2 * C + lo : 2 * C + hi]
+
+
 def group_spectra(spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The rfft2 spectra (B, c, H, W//2+1) of q, k, v from the input spectrum's real rows
     (:func:`input_spectrum`) and qkv ``rows``. The FFT is linear, so the weight is applied to the
@@ -135,7 +142,7 @@ def _forward(
     del spectrum
     y = y.view(B, C, N)
     if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
-        y += qkv_bias[2 * C :, None].to(y.dtype)
+        y += value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
     y = y.transpose(1, 2)
     if gate_pre is None:
         u = torch.cat([prefix.to(y.dtype), y], dim=1) if P else y
@@ -190,7 +197,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     w_f = torch.fft.rfft2(w)
                     y = torch.fft.irfft2(per_head(torch.conj(w_f), v_f, head_dim), s=hw).view(B, c, N)
                     if qkv_bias is not None:
-                        y += qkv_bias[2 * C + lo : 2 * C + hi, None].to(work)
+                        y += value_bias(qkv_bias, lo, hi)[:, None].to(work)
                 # Through the projection and the gate (channels first: (B, c, N)).
                 g_u_g = g_u[:, P:, lo:hi].transpose(1, 2)
                 if gate_pre is not None:
@@ -209,7 +216,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
                     g_f = torch.fft.rfft2(g_y.reshape(B, c, *hw).to(work))
                     del g_y
                     if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
-                        g_qkv_bias[2 * C + lo : 2 * C + hi] = g_f[:, :, 0, 0].real.sum(0)
+                        value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0].real.sum(0))
                     g_w = torch.fft.irfft2(head_sum(torch.conj(g_f) * v_f, head_dim), s=hw)
                     g_logits = scale * w * (g_w - (g_w * w).sum((-2, -1), keepdim=True))
                     del g_w
