@@ -79,8 +79,7 @@ def input_spectrum(x: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
 
 
 def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
-    """The rows of the (3C, C) qkv weight (or entries of its (3C,) bias) that make channels [lo, hi)
-    of q, k and v."""
+    """The rows of the (3C, C) qkv weight that make channels [lo, hi) of q, k and v."""
     C = qkv.shape[0] // 3
     if (lo, hi) == (0, C):
         return qkv

@@ -99,6 +99,7 @@ class _PrefixAttention(torch.autograd.Function):
         C = qkv_weight.shape[0] // 3
         scale = (C // heads) ** -0.5
         with no_autocast(x.device):
+            # x cast again rather than its cast saved: under autocast that copy would be a second x in memory.
             xs, weight, g = x.to(dtype), qkv_weight.to(dtype), g_out.to(dtype)
             w_q, w_k, w_v = _split_weight(weight, heads)
             g_h = _per_head(g, heads)  # (heads, B * P, width)
