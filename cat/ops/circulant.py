@@ -317,7 +317,7 @@ def circulant_attention_layer(
     if reweight == "pre":  # v, not the output, is gated
         qk = torch.matmul(qkv_weight[: 2 * C], flat).to(work)
         q_f, k_f = qk.view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
-        v = F.linear(x, qkv_weight[2 * C :], qkv_bias[2 * C :] if qkv_bias is not None else None) * gate
+        v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
         with no_autocast(x.device):
             v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
     else:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .fused import value_bias
 from .spectral import autocast_state, no_autocast
 
 __all__ = ["prefix_attention"]
@@ -85,7 +86,7 @@ class _PrefixAttention(torch.autograd.Function):
             out = torch.bmm(_per_head(mixed.reshape(B, P, -1), heads), w_v.transpose(1, 2))
             out = _per_token(out, B).reshape(B, P, C)
             if bias is not None:
-                out = out + bias[2 * C :]
+                out = out + value_bias(bias, 0, C)
         ctx.save_for_backward(x, qkv_weight, qkv_bias, q, queries, a, mixed)
         ctx.heads, ctx.dtype = heads, dtype
         return out
