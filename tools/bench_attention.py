@@ -12,7 +12,9 @@ attention over larger grids (slope of log time vs log N), and whole models (CA-D
 images/s, forward) at the --models-res resolutions and --models-batches batches.
 
 Training mode (--train-res): a whole training step (forward, cross-entropy, backward, AdamW step) of
-each of the --train-models, interleaved, at each resolution, relative to the first. Memory mode
+each of the --train-models, interleaved, at each resolution, relative to the first; with --pairs and
+--processes also single steps in pairs, in fresh processes, pooled, and with --profile-ops where the time goes:
+each operator's self time per step, the difference from the first model pooled over the processes. Memory mode
 (--memory-res): the peak memory of one training forward+backward of each model of the
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
@@ -25,6 +27,8 @@ what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a soft
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
     python tools/bench_attention.py --grids --train-res 224 512 --train-batches 8 2   # training steps
+    python tools/bench_attention.py --grids --train-res 224 --train-batches 8 --train-models ca_deit_tiny \
+        deit_tiny_patch16_224+converted --pairs 10 --processes 6 --profile-ops 4   # ... and where they differ
     python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
     python tools/bench_attention.py --grids --memory-res 1024 --memory-pairs \
         ca_deit_tiny+checkpointed:ca_deit_tiny deit_tiny_patch16_224+checkpointed:deit_tiny_patch16_224
@@ -49,7 +53,15 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import interleaved_medians, median_quartiles, paired_ratios, paired_speedups, peak_growth_mib
+from cat.toolkit import (
+    interleaved_medians,
+    median_quartiles,
+    op_differences,
+    op_self_ms,
+    paired_ratios,
+    paired_speedups,
+    peak_growth_mib,
+)
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -191,10 +203,13 @@ def train_step_fns(models: list[str], res: int, batch: int, device: str) -> dict
 HEAP_SHIFT_BYTES = 4096 + 64 * 17
 
 
-def train_pairs_worker(spec: dict, device: str) -> dict[str, list[float]]:
-    """One --processes worker: the paired ratios of ``spec``'s models at its resolution and batch."""
+def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
+    """One --processes worker: the paired ratios of ``spec``'s models at its resolution and batch, and with
+    ``profile_calls`` each model's operator self times per step (:func:`op_self_ms`), profiled after the pairs."""
     _heap_shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)  # held
-    return paired_ratios(train_step_fns(spec["models"], spec["res"], spec["batch"], device), spec["pairs"], device)
+    fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device)
+    ratios = paired_ratios(fns, spec["pairs"], device)
+    return {"ratios": ratios, "ops": op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
 
 
 def worker_command(device: str, amp: str | None, *worker: str) -> list[str]:
@@ -220,12 +235,14 @@ def train_steps(
     pairs: int = 0,
     processes: int = 0,
     amp: str | None = None,
+    profile_calls: int = 0,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
     from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles): in this
     process, or with ``processes`` in that many fresh ones (each laid out anew in memory, ``pairs`` each),
-    pooled, with each process's median beside."""
+    pooled, with each process's median beside; with ``profile_calls`` (and ``processes``) also, per model after
+    the first, where its step's time differs from the first's, operator by operator (:func:`op_differences`)."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
@@ -240,6 +257,7 @@ def train_steps(
         if pairs and processes:
             del fns  # the workers get the machine to themselves
             spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
+            spec["profile_calls"] = profile_calls
             runs = [
                 json.loads(
                     run_worker(
@@ -251,8 +269,11 @@ def train_steps(
             ]
             row[f"{models[0]}_paired"] = [1.0, 1.0, 1.0]
             for name in models[1:]:
-                row[f"{name}_paired"] = list(median_quartiles([r for run in runs for r in run[name]]))
-                row[f"{name}_paired_by_process"] = [median_quartiles(run[name])[0] for run in runs]
+                ratios = [run["ratios"][name] for run in runs]
+                row[f"{name}_paired"] = list(median_quartiles([r for per_run in ratios for r in per_run]))
+                row[f"{name}_paired_by_process"] = [median_quartiles(per_run)[0] for per_run in ratios]
+                if profile_calls:
+                    row[f"{name}_ops"] = op_differences([run["ops"] for run in runs], models[0], name)
         elif pairs:
             row.update({f"{name}_paired": list(v) for name, v in paired_speedups(fns, pairs, device).items()})
         rows.append(row)
@@ -318,6 +339,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             args.pairs,
             args.processes,
             args.amp,
+            args.profile_ops,
         )
     if args.memory_res:
         result["train_memory"] = memory_table(
@@ -373,6 +395,17 @@ def report(args: argparse.Namespace, result: dict) -> None:
             if f"{name}_paired_by_process" in r:
                 line += "  by process " + " ".join(f"{m:.3f}" for m in r[f"{name}_paired_by_process"])
             print(line)
+        for name in names[1:]:
+            if f"{name}_ops" in r:
+                print(
+                    f"\n  {name} against {names[0]}, self CPU ms per step by operator (median of {args.profile_ops} "
+                    f"profiled steps in each process; pooled: the median difference, in how many processes above)"
+                )
+                for op in r[f"{name}_ops"][:PROFILE_ROWS]:
+                    print(
+                        f"  {op['op'][:56]:<56} {op['baseline_ms']:>9.1f} {op['ms']:>9.1f} {op['diff_ms']:>+9.1f}"
+                        f"  {op['runs_above']}/{args.processes}"
+                    )
     if result.get("train_memory"):
         print("\npeak memory of one training forward+backward (MiB, each in a fresh process)")
         print(f"{'model':>24} {'baseline':>24} {'res':>5} {'B':>2} {'model':>9} {'baseline':>9} {'ratio':>6}")
@@ -381,6 +414,9 @@ def report(args: argparse.Namespace, result: dict) -> None:
                 f"{r['model']:>24} {r['baseline']:>24} {r['resolution']:>5} {r['batch']:>2} "
                 f"{r['model_mib']:>9.0f} {r['baseline_mib']:>9.0f} {r['ratio']:>6.2f}"
             )
+
+
+PROFILE_ROWS = 20  # operators printed per --profile-ops table (the JSON holds them all)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -429,6 +465,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="training steps: time the --pairs in this many fresh processes, each laid out anew in memory, "
         "and pool them (on CPU where a process's tensors land moves one model against another by a few %%)",
     )
+    parser.add_argument(
+        "--profile-ops",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="training steps, with --processes (CPU): also profile this many steps of each model in every process "
+        "and report where each model's time differs from the first's, operator by operator, pooled",
+    )
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
@@ -449,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.processes < 0 or (args.processes and not args.pairs):
         parser.error(f"--processes {args.processes}: give a count of at least 1, with --pairs (it runs the pairs)")
+    if args.profile_ops < 0 or (args.profile_ops and (not args.processes or args.device != "cpu")):
+        parser.error(
+            f"--profile-ops {args.profile_ops}: give a count of at least 1, with --processes, on the CPU (it pools "
+            "CPU self times over the processes; one process's profile is not a comparison)"
+        )
     if args.memory_worker:
         model, res, batch = args.memory_worker
         with autocast_for(args.device, args.amp is not None, args.amp):

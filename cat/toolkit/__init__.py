@@ -7,6 +7,8 @@ from .models import add_model_arguments, model_from_args, model_tool_parser
 from .timing import (
     interleaved_medians,
     median_quartiles,
+    op_differences,
+    op_self_ms,
     paired_ratios,
     paired_speedups,
     peak_growth_mib,
@@ -27,6 +29,8 @@ __all__ = [
     "model_tool_parser",
     "interleaved_medians",
     "median_quartiles",
+    "op_differences",
+    "op_self_ms",
     "paired_ratios",
     "paired_speedups",
     "peak_growth_mib",

@@ -1,5 +1,6 @@
 """Timing that means something: device synchronisation, warm-up, per-call samples, interleaved
-medians (slow drifts of the machine hit every candidate alike) and peak memory."""
+medians (slow drifts of the machine hit every candidate alike), per-operator profiles pooled over
+processes, and peak memory."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ __all__ = [
     "paired_ratios",
     "median_quartiles",
     "paired_speedups",
+    "op_self_ms",
+    "op_differences",
     "reset_peak_memory",
     "peak_memory_mib",
     "peak_growth_mib",
@@ -110,6 +113,49 @@ def paired_speedups(
     out = {names[0]: (1.0, 1.0, 1.0)}
     out.update({name: median_quartiles(r) for name, r in paired_ratios(fns, pairs, device).items()})
     return out
+
+
+def op_self_ms(fns: dict[str, Callable[[], object]], calls: int) -> dict[str, dict[str, float]]:
+    """Per function, the CPU time (ms) each operator spends in itself during one call (``torch.profiler``'s self
+    time, which leaves out the operators it calls, so a call's entries add up to its time under the profiler): the
+    median over ``calls`` profiled calls, the functions interleaved with the order alternating. Warm them up first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = list(fns)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for i in range(calls):
+        for name in names if i % 2 == 0 else names[::-1]:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fns[name]()
+            samples[name].append({e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()})
+    return {
+        name: {op: float(np.median([s.get(op, 0.0) for s in per_call])) for op in set().union(*per_call)}
+        for name, per_call in samples.items()
+    }
+
+
+def op_differences(runs: Sequence[dict[str, dict[str, float]]], baseline: str, name: str) -> list[dict[str, object]]:
+    """Where ``name``'s time differs from ``baseline``'s, per operator, pooled over ``runs`` (each
+    :func:`op_self_ms` in its own process): both medians over the runs (ms), the median of the runs' differences,
+    and in how many runs ``name`` took longer. Largest difference, either sign, first. A single process's profile
+    can put the same operator tens of ms apart from one run to the next on a shared CPU; a difference with the
+    same sign in every process is one the two functions make."""
+    ops = set().union(*(set(run[baseline]) | set(run[name]) for run in runs))
+    rows = []
+    for op in ops:
+        base = [run[baseline].get(op, 0.0) for run in runs]
+        own = [run[name].get(op, 0.0) for run in runs]
+        diffs = [b - a for a, b in zip(base, own, strict=True)]
+        rows.append(
+            {
+                "op": op,
+                "baseline_ms": float(np.median(base)),
+                "ms": float(np.median(own)),
+                "diff_ms": float(np.median(diffs)),
+                "runs_above": sum(d > 0 for d in diffs),
+            }
+        )
+    return sorted(rows, key=lambda row: -abs(row["diff_ms"]))
 
 
 def reset_peak_memory(device: torch.device | str) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from cat.errors import ConfigError
 from cat.toolkit.sweeps import MAX_SWEEP_CELLS, expand_sweep, override_axes
-from cat.toolkit.timing import interleaved_medians, paired_speedups, time_calls
+from cat.toolkit.timing import interleaved_medians, op_differences, op_self_ms, paired_speedups, time_calls
 
 
 def test_expand_sweep_cells_and_preset_params():
@@ -69,3 +69,34 @@ def test_paired_speedups_alternate_the_order_and_see_a_slower_candidate():
     assert q1 <= median <= q3 < 0.5  # 5 ms against nothing
     pairs = [tuple(order[i : i + 2]) for i in range(4, len(order), 2)]  # after two warm-up calls each
     assert pairs == [("fast", "slow"), ("slow", "fast")] * 2
+
+
+def test_op_self_ms_profiles_each_function_interleaved():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    order = []
+
+    def products():
+        order.append("products")
+        torch.mm(a, b)
+
+    def sums():
+        order.append("sums")
+        torch.add(a, b)
+
+    per_op = op_self_ms({"products": products, "sums": sums}, calls=3)
+    assert per_op["products"]["aten::mm"] > 0 and "aten::mm" not in per_op["sums"]
+    assert per_op["sums"]["aten::add"] > 0 and "aten::add" not in per_op["products"]
+    assert order == ["products", "sums", "sums", "products", "products", "sums"]
+
+
+def test_op_differences_pool_runs_by_median_and_count_the_runs_above():
+    runs = [
+        {"base": {"mm": 10.0, "conv": 4.0}, "new": {"mm": 11.0, "attn": 2.0}},
+        {"base": {"mm": 12.0, "conv": 5.0}, "new": {"mm": 11.0, "attn": 3.0}},
+        {"base": {"mm": 10.0, "conv": 6.0}, "new": {"mm": 13.0, "attn": 2.5}},
+    ]
+    rows = {row["op"]: row for row in op_differences(runs, "base", "new")}
+    assert rows["mm"] == {"op": "mm", "baseline_ms": 10.0, "ms": 11.0, "diff_ms": 1.0, "runs_above": 2}
+    assert rows["conv"] == {"op": "conv", "baseline_ms": 5.0, "ms": 0.0, "diff_ms": -5.0, "runs_above": 0}
+    assert rows["attn"]["diff_ms"] == 2.5 and rows["attn"]["runs_above"] == 3
+    assert [row["op"] for row in op_differences(runs, "base", "new")] == ["conv", "attn", "mm"]

@@ -114,6 +114,29 @@ def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     assert q1 <= median <= q3 and min(by_process) - 1e-12 <= median <= max(by_process) + 1e-12
 
 
+def test_bench_attention_profiles_where_two_models_differ_pooled_over_processes(run_tool):
+    """--profile-ops: per operator, the converted model's self time against the native one's, over the processes."""
+    models = ["ca_deit_tiny", "deit_tiny_patch16_224+converted"]
+    row = train_step_row(run_tool, models, "--processes", "2", "--profile-ops", "1")
+    ops = row[f"{models[1]}_ops"]
+    assert [abs(op["diff_ms"]) for op in ops] == sorted((abs(op["diff_ms"]) for op in ops), reverse=True)
+    (prefix,) = [op for op in ops if op["op"] == "_PrefixAttention"]  # the class token's node: converted only
+    assert prefix["baseline_ms"] == 0 and prefix["ms"] == prefix["diff_ms"] > 0 and prefix["runs_above"] == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--pairs", "3", "--profile-ops", "2"],
+        ["--pairs", "3", "--processes", "2", "--profile-ops", "-1"],
+        ["--pairs", "3", "--processes", "2", "--profile-ops", "2", "--device", "cuda"],
+    ],
+)
+def test_bench_attention_refuses_profile_ops_without_processes_or_off_the_cpu(run_tool, args):
+    err = run_tool("bench_attention", "--grids", "--train-res", "32", *args, expect=2, stderr=True)
+    assert "--profile-ops" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("args", [["--processes", "2"], ["--processes", "-1", "--pairs", "3"]])
 def test_bench_attention_refuses_processes_without_pairs_or_below_one(run_tool, args):
     err = run_tool("bench_attention", "--grids", "--train-res", "32", *args, expect=2, stderr=True)
