@@ -13,8 +13,9 @@ images/s, forward) at the --models-res resolutions and --models-batches batches.
 
 Training mode (--train-res): a whole training step (forward, cross-entropy, backward, AdamW step) of
 each of the --train-models, interleaved, at each resolution, relative to the first; with --pairs and
---processes also single steps in pairs, in fresh processes, pooled, and with --profile-ops where the time goes:
-each operator's self time per step, the difference from the first model pooled over the processes. Memory mode
+--processes also single steps in pairs, in fresh processes, pooled, with --profile-ops where the time goes (each
+operator's self time per step, the difference from the first model pooled over the processes), and with --alone
+each model in a process of its own, as a training run has it. Memory mode
 (--memory-res): the peak memory of one training forward+backward of each model of the
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
@@ -29,6 +30,8 @@ what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a soft
     python tools/bench_attention.py --grids --train-res 224 512 --train-batches 8 2   # training steps
     python tools/bench_attention.py --grids --train-res 224 --train-batches 8 --train-models ca_deit_tiny \
         deit_tiny_patch16_224+converted --pairs 10 --processes 6 --profile-ops 4   # ... and where they differ
+    python tools/bench_attention.py --grids --train-res 1024 --train-batches 1 --train-models ca_deit_tiny \
+        deit_tiny_patch16_224+converted --pairs 8 --processes 6 --alone 6          # ... and each model alone
     python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
     python tools/bench_attention.py --grids --memory-res 1024 --memory-pairs \
         ca_deit_tiny+checkpointed:ca_deit_tiny deit_tiny_patch16_224+checkpointed:deit_tiny_patch16_224
@@ -61,6 +64,7 @@ from cat.toolkit import (
     paired_ratios,
     paired_speedups,
     peak_growth_mib,
+    time_calls,
 )
 
 
@@ -212,6 +216,13 @@ def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
     return {"ratios": ratios, "ops": op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
 
 
+def train_alone_worker(spec: dict, device: str) -> float:
+    """One --alone worker: the median seconds of ``spec["steps"]`` training steps of the one model ``spec["model"]``,
+    alone in this process, after two warm-up steps."""
+    (step,) = train_step_fns([spec["model"]], spec["res"], spec["batch"], device).values()
+    return float(np.median(time_calls(step, spec["steps"], 2, device, per_call=True)))
+
+
 def worker_command(device: str, amp: str | None, *worker: str) -> list[str]:
     """This tool run as a worker in a fresh process, with the parent's device and autocast."""
     return [sys.executable, __file__, "--device", device, *(["--amp", amp] if amp else []), *worker]
@@ -236,13 +247,18 @@ def train_steps(
     processes: int = 0,
     amp: str | None = None,
     profile_calls: int = 0,
+    alone_steps: int = 0,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
     from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles): in this
     process, or with ``processes`` in that many fresh ones (each laid out anew in memory, ``pairs`` each),
     pooled, with each process's median beside; with ``profile_calls`` (and ``processes``) also, per model after
-    the first, where its step's time differs from the first's, operator by operator (:func:`op_differences`)."""
+    the first, where its step's time differs from the first's, operator by operator (:func:`op_differences`); with
+    ``alone_steps`` (and ``processes``) also each model alone: ``processes`` rounds of one fresh process per model
+    (the order rotating), each timing ``alone_steps`` steps, and the ratios of each round's medians, pooled. In one
+    process two models share the allocator: on CPU one model's frees decide whether the other's next step faults
+    its pages back in (docs/perf.md, attempt 21), which a training run, alone in its process, does not see."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
@@ -274,6 +290,17 @@ def train_steps(
                 row[f"{name}_paired_by_process"] = [median_quartiles(per_run)[0] for per_run in ratios]
                 if profile_calls:
                     row[f"{name}_ops"] = op_differences([run["ops"] for run in runs], models[0], name)
+        if alone_steps and processes:
+            medians: dict[str, list[float]] = {name: [] for name in models}
+            for k in range(processes):
+                for name in models[k % len(models) :] + models[: k % len(models)]:
+                    spec = {"model": name, "res": res, "batch": batch, "steps": alone_steps}
+                    cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
+                    medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
+            for name in models:
+                ratios = [b / t for b, t in zip(medians[models[0]], medians[name], strict=True)]
+                row[f"{name}_alone"] = list(median_quartiles(ratios))
+                row[f"{name}_alone_ms_by_process"] = [t * 1e3 for t in medians[name]]
         elif pairs:
             row.update({f"{name}_paired": list(v) for name, v in paired_speedups(fns, pairs, device).items()})
         rows.append(row)
@@ -340,6 +367,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             args.processes,
             args.amp,
             args.profile_ops,
+            args.alone,
         )
     if args.memory_res:
         result["train_memory"] = memory_table(
@@ -395,6 +423,16 @@ def report(args: argparse.Namespace, result: dict) -> None:
             if f"{name}_paired_by_process" in r:
                 line += "  by process " + " ".join(f"{m:.3f}" for m in r[f"{name}_paired_by_process"])
             print(line)
+        if f"{names[0]}_alone" in r:
+            print(
+                f"  each model alone in its own process ({args.alone} steps after two warm-up steps, {args.processes} "
+                f"rounds of one process per model): median step (ms) by round; speed relative to {names[0]}, "
+                "median of the rounds' ratios (q1-q3)"
+            )
+            for name in names:
+                median, q1, q3 = r[f"{name}_alone"]
+                by_round = " ".join(f"{t:.0f}" for t in r[f"{name}_alone_ms_by_process"])
+                print(f"{name:>36}   alone {median:.3f}x ({q1:.3f}-{q3:.3f})  ms {by_round}")
         for name in names[1:]:
             if f"{name}_ops" in r:
                 print(
@@ -473,7 +511,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="training steps, with --processes (CPU): also profile this many steps of each model in every process "
         "and report where each model's time differs from the first's, operator by operator, pooled",
     )
-    parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
+    parser.add_argument(
+        "--alone",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="training steps, with --processes: also time this many steps of each model alone in a fresh process, "
+        "in --processes rounds of one process per model, as a training run has its process to itself",
+    )
+    parser.add_argument("--train-worker", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--alone-worker", help=argparse.SUPPRESS
+    )  # internal: a JSON spec of train_alone_worker  # internal: a JSON spec of train_pairs_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
     parser.add_argument(
@@ -498,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--profile-ops {args.profile_ops}: give a count of at least 1, with --processes, on the CPU (it pools "
             "CPU self times over the processes; one process's profile is not a comparison)"
         )
+    if args.alone < 0 or (args.alone and not args.processes):
+        parser.error(f"--alone {args.alone}: give a count of at least 1, with --processes (the rounds it runs)")
     if args.memory_worker:
         model, res, batch = args.memory_worker
         with autocast_for(args.device, args.amp is not None, args.amp):
@@ -506,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_worker:
         with autocast_for(args.device, args.amp is not None, args.amp):
             print(json.dumps(train_pairs_worker(json.loads(args.train_worker), args.device)))
+        return 0
+    if args.alone_worker:
+        with autocast_for(args.device, args.amp is not None, args.amp):
+            print(train_alone_worker(json.loads(args.alone_worker), args.device))
         return 0
     torch.set_default_device(args.device)
     with autocast_for(args.device, args.amp is not None, args.amp):
