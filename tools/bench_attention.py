@@ -501,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="training steps: time the --pairs in this many fresh processes, each laid out anew in memory, "
-        "and pool them (on CPU where a process's tensors land moves one model against another by a few %%)",
+        "and pool them (on CPU where a process's tensors land moves one model against another by a few %%); "
+        "with --alone, the rounds of processes of one model each",
     )
     parser.add_argument(
         "--profile-ops",
@@ -540,8 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.processes < 0 or (args.processes and not args.pairs):
-        parser.error(f"--processes {args.processes}: give a count of at least 1, with --pairs (it runs the pairs)")
+    if args.processes < 0 or (args.processes and not (args.pairs or args.alone)):
+        parser.error(
+            f"--processes {args.processes}: give a count of at least 1, with --pairs or --alone (what it runs)"
+        )
     if args.profile_ops < 0 or (args.profile_ops and (not args.processes or args.device != "cpu")):
         parser.error(
             f"--profile-ops {args.profile_ops}: give a count of at least 1, with --processes, on the CPU (it pools "

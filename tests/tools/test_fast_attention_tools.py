@@ -114,14 +114,22 @@ def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     assert q1 <= median <= q3 and min(by_process) - 1e-12 <= median <= max(by_process) + 1e-12
 
 
-def test_bench_attention_profiles_where_two_models_differ_pooled_over_processes(run_tool):
-    """--profile-ops: per operator, the converted model's self time against the native one's, over the processes."""
+def test_bench_attention_profiles_ops_and_times_each_model_alone_over_fresh_processes(run_tool):
+    """--profile-ops: per operator, the converted model's self time against the native one's, pooled over the
+    processes. --alone: each model's steps in processes of its own, the ratio of each round's medians."""
+    import numpy as np
+
     models = ["ca_deit_tiny", "deit_tiny_patch16_224+converted"]
-    row = train_step_row(run_tool, models, "--processes", "2", "--profile-ops", "1")
+    row = train_step_row(run_tool, models, "--processes", "2", "--profile-ops", "1", "--alone", "2")
     ops = row[f"{models[1]}_ops"]
     assert [abs(op["diff_ms"]) for op in ops] == sorted((abs(op["diff_ms"]) for op in ops), reverse=True)
     (prefix,) = [op for op in ops if op["op"] == "_PrefixAttention"]  # the class token's node: converted only
     assert prefix["baseline_ms"] == 0 and prefix["ms"] == prefix["diff_ms"] > 0 and prefix["runs_above"] == 2
+    base_ms, own_ms = (row[f"{name}_alone_ms_by_process"] for name in models)
+    assert len(base_ms) == len(own_ms) == 2 and min(base_ms + own_ms) > 0
+    assert row[f"{models[0]}_alone"] == [1.0, 1.0, 1.0]
+    median, q1, q3 = row[f"{models[1]}_alone"]
+    assert q1 <= median <= q3 and np.isclose(median, np.median(np.divide(base_ms, own_ms)))
 
 
 @pytest.mark.parametrize(
@@ -130,11 +138,14 @@ def test_bench_attention_profiles_where_two_models_differ_pooled_over_processes(
         ["--pairs", "3", "--profile-ops", "2"],
         ["--pairs", "3", "--processes", "2", "--profile-ops", "-1"],
         ["--pairs", "3", "--processes", "2", "--profile-ops", "2", "--device", "cuda"],
+        ["--pairs", "3", "--alone", "2"],
+        ["--pairs", "3", "--processes", "2", "--alone", "-1"],
     ],
 )
-def test_bench_attention_refuses_profile_ops_without_processes_or_off_the_cpu(run_tool, args):
+def test_bench_attention_refuses_profile_ops_or_alone_without_processes(run_tool, args):
     err = run_tool("bench_attention", "--grids", "--train-res", "32", *args, expect=2, stderr=True)
-    assert "--profile-ops" in err and "Traceback" not in err
+    flag = "--profile-ops" if "--profile-ops" in args else "--alone"
+    assert f"{flag} " in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("args", [["--processes", "2"], ["--processes", "-1", "--pairs", "3"]])
