@@ -236,6 +236,58 @@ def run_worker(cmd: list[str], what: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def pooled_pairs(
+    models: list[str],
+    res: int,
+    batch: int,
+    pairs: int,
+    processes: int,
+    device: str,
+    amp: str | None,
+    profile_calls: int,
+) -> dict[str, object]:
+    """:func:`train_steps`' pairs in ``processes`` fresh workers, pooled, and with ``profile_calls`` the operator
+    differences from the first model (:func:`op_differences`): its row's entries."""
+    spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
+    spec["profile_calls"] = profile_calls
+    runs = [
+        json.loads(
+            run_worker(
+                worker_command(device, amp, "--train-worker", json.dumps({**spec, "index": k})),
+                f"the paired steps at {res}^2 (process {k})",
+            )
+        )
+        for k in range(processes)
+    ]
+    row: dict[str, object] = {f"{models[0]}_paired": [1.0, 1.0, 1.0]}
+    for name in models[1:]:
+        ratios = [run["ratios"][name] for run in runs]
+        row[f"{name}_paired"] = list(median_quartiles([r for per_run in ratios for r in per_run]))
+        row[f"{name}_paired_by_process"] = [median_quartiles(per_run)[0] for per_run in ratios]
+        if profile_calls:
+            row[f"{name}_ops"] = op_differences([run["ops"] for run in runs], models[0], name)
+    return row
+
+
+def alone_rounds(
+    models: list[str], res: int, batch: int, steps: int, rounds: int, device: str, amp: str | None
+) -> dict[str, object]:
+    """:func:`train_steps`' models alone: ``rounds`` rounds of one fresh process per model (the order rotating),
+    each timing ``steps`` steps; per model the ratios of each round's medians, pooled, and its medians by round."""
+    medians: dict[str, list[float]] = {name: [] for name in models}
+    for k in range(rounds):
+        for name in models[k % len(models) :] + models[: k % len(models)]:
+            spec = {"model": name, "res": res, "batch": batch, "steps": steps}
+            cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
+            medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
+    row: dict[str, object] = {}
+    for name in models:
+        ratios = [b / t for b, t in zip(medians[models[0]], medians[name], strict=True)]
+        row[f"{name}_alone"] = list(median_quartiles(ratios))
+        row[f"{name}_alone_ms_by_process"] = [t * 1e3 for t in medians[name]]
+    return row
+
+
 def train_steps(
     models: list[str],
     resolutions: list[int],
@@ -252,13 +304,10 @@ def train_steps(
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
     from single steps in pairs with the first (:func:`paired_speedups`: median and quartiles): in this
-    process, or with ``processes`` in that many fresh ones (each laid out anew in memory, ``pairs`` each),
-    pooled, with each process's median beside; with ``profile_calls`` (and ``processes``) also, per model after
-    the first, where its step's time differs from the first's, operator by operator (:func:`op_differences`); with
-    ``alone_steps`` (and ``processes``) also each model alone: ``processes`` rounds of one fresh process per model
-    (the order rotating), each timing ``alone_steps`` steps, and the ratios of each round's medians, pooled. In one
-    process two models share the allocator: on CPU one model's frees decide whether the other's next step faults
-    its pages back in (docs/perf.md, attempt 21), which a training run, alone in its process, does not see."""
+    process, or with ``processes`` in that many fresh ones, pooled (:func:`pooled_pairs`, with ``profile_calls``
+    also where the time differs, operator by operator). With ``alone_steps`` and ``processes``, also each model
+    alone in processes of its own (:func:`alone_rounds`): in one process two models share the allocator, and on
+    CPU one model's frees decide whether the other's next step faults pages back in (docs/perf.md, attempt 21)."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
@@ -270,37 +319,12 @@ def train_steps(
             **{f"{name}_ms": t[name] * 1e3 for name in models},
             **{f"{name}_speed": t[models[0]] / t[name] for name in models},
         }
-        if pairs and processes:
+        if processes:
             del fns  # the workers get the machine to themselves
-            spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
-            spec["profile_calls"] = profile_calls
-            runs = [
-                json.loads(
-                    run_worker(
-                        worker_command(device, amp, "--train-worker", json.dumps({**spec, "index": k})),
-                        f"the paired steps at {res}^2 (process {k})",
-                    )
-                )
-                for k in range(processes)
-            ]
-            row[f"{models[0]}_paired"] = [1.0, 1.0, 1.0]
-            for name in models[1:]:
-                ratios = [run["ratios"][name] for run in runs]
-                row[f"{name}_paired"] = list(median_quartiles([r for per_run in ratios for r in per_run]))
-                row[f"{name}_paired_by_process"] = [median_quartiles(per_run)[0] for per_run in ratios]
-                if profile_calls:
-                    row[f"{name}_ops"] = op_differences([run["ops"] for run in runs], models[0], name)
-        if alone_steps and processes:
-            medians: dict[str, list[float]] = {name: [] for name in models}
-            for k in range(processes):
-                for name in models[k % len(models) :] + models[: k % len(models)]:
-                    spec = {"model": name, "res": res, "batch": batch, "steps": alone_steps}
-                    cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
-                    medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
-            for name in models:
-                ratios = [b / t for b, t in zip(medians[models[0]], medians[name], strict=True)]
-                row[f"{name}_alone"] = list(median_quartiles(ratios))
-                row[f"{name}_alone_ms_by_process"] = [t * 1e3 for t in medians[name]]
+            if pairs:
+                row.update(pooled_pairs(models, res, batch, pairs, processes, device, amp, profile_calls))
+            if alone_steps:
+                row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp))
         elif pairs:
             row.update({f"{name}_paired": list(v) for name, v in paired_speedups(fns, pairs, device).items()})
         rows.append(row)
