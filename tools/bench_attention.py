@@ -56,16 +56,7 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import (
-    interleaved_medians,
-    median_quartiles,
-    op_differences,
-    op_self_ms,
-    paired_ratios,
-    paired_speedups,
-    peak_growth_mib,
-    time_calls,
-)
+from cat.toolkit import timing
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -112,7 +103,7 @@ def growth_exponent(dim: int, sides: list[int], rounds: int, min_block_s: float)
     times: dict[str, list[float]] = {"ours": [], "sdpa": []}
     for side in sides:
         fns = module_candidates(dim, side, 1, backward=False, matmul=False)
-        t = interleaved_medians({k: fns[k] for k in times}, rounds, min_block_s)
+        t = timing.interleaved_medians({k: fns[k] for k in times}, rounds, min_block_s)
         for k in times:
             times[k].append(t[k])
     log_n = np.log([s * s for s in sides])
@@ -134,7 +125,7 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
 
             return call
 
-        t = interleaved_medians({"ca_deit_tiny": run(ca), "deit_tiny": run(deit)}, rounds, min_block_s)
+        t = timing.interleaved_medians({"ca_deit_tiny": run(ca), "deit_tiny": run(deit)}, rounds, min_block_s)
         rows.append(
             {
                 "resolution": res,
@@ -180,7 +171,7 @@ def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
     def step() -> None:
         model(x).logsumexp(-1).mean().backward()
 
-    return peak_growth_mib(step, device)
+    return timing.peak_growth_mib(step, device)
 
 
 def train_step_fns(models: list[str], res: int, batch: int, device: str) -> dict[str, Callable[[], None]]:
@@ -209,18 +200,19 @@ HEAP_SHIFT_BYTES = 4096 + 64 * 17
 
 def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
     """One --processes worker: the paired ratios of ``spec``'s models at its resolution and batch, and with
-    ``profile_calls`` each model's operator self times per step (:func:`op_self_ms`), profiled after the pairs."""
+    ``profile_calls`` each model's operator self times per step (:func:`~cat.toolkit.timing.op_self_ms`),
+    profiled after the pairs."""
     _heap_shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)  # held
     fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device)
-    ratios = paired_ratios(fns, spec["pairs"], device)
-    return {"ratios": ratios, "ops": op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
+    ratios = timing.paired_ratios(fns, spec["pairs"], device)
+    return {"ratios": ratios, "ops": timing.op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
 
 
 def train_alone_worker(spec: dict, device: str) -> float:
     """One --alone worker: the median seconds of ``spec["steps"]`` training steps of the one model ``spec["model"]``,
     alone in this process, after two warm-up steps."""
     (step,) = train_step_fns([spec["model"]], spec["res"], spec["batch"], device).values()
-    return float(np.median(time_calls(step, spec["steps"], 2, device, per_call=True)))
+    return float(np.median(timing.time_calls(step, spec["steps"], 2, device, per_call=True)))
 
 
 def worker_command(device: str, amp: str | None, *worker: str) -> list[str]:
@@ -247,7 +239,7 @@ def pooled_pairs(
     profile_calls: int,
 ) -> dict[str, object]:
     """:func:`train_steps`' pairs in ``processes`` fresh workers, pooled, and with ``profile_calls`` the operator
-    differences from the first model (:func:`op_differences`): its row's entries."""
+    differences from the first model (:func:`~cat.toolkit.timing.op_differences`): its row's entries."""
     spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
     spec["profile_calls"] = profile_calls
     runs = [
@@ -262,10 +254,10 @@ def pooled_pairs(
     row: dict[str, object] = {f"{models[0]}_paired": [1.0, 1.0, 1.0]}
     for name in models[1:]:
         ratios = [run["ratios"][name] for run in runs]
-        row[f"{name}_paired"] = list(median_quartiles([r for per_run in ratios for r in per_run]))
-        row[f"{name}_paired_by_process"] = [median_quartiles(per_run)[0] for per_run in ratios]
+        row[f"{name}_paired"] = list(timing.median_quartiles([r for per_run in ratios for r in per_run]))
+        row[f"{name}_paired_by_process"] = [timing.median_quartiles(per_run)[0] for per_run in ratios]
         if profile_calls:
-            row[f"{name}_ops"] = op_differences([run["ops"] for run in runs], models[0], name)
+            row[f"{name}_ops"] = timing.op_differences([run["ops"] for run in runs], models[0], name)
     return row
 
 
@@ -283,7 +275,7 @@ def alone_rounds(
     row: dict[str, object] = {}
     for name in models:
         ratios = [b / t for b, t in zip(medians[models[0]], medians[name], strict=True)]
-        row[f"{name}_alone"] = list(median_quartiles(ratios))
+        row[f"{name}_alone"] = list(timing.median_quartiles(ratios))
         row[f"{name}_alone_ms_by_process"] = [t * 1e3 for t in medians[name]]
     return row
 
@@ -312,7 +304,7 @@ def train_steps(
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
         fns = train_step_fns(models, res, batch, device)
-        t = interleaved_medians(fns, rounds, min_block_s)
+        t = timing.interleaved_medians(fns, rounds, min_block_s)
         row: dict[str, object] = {
             "resolution": res,
             "batch": batch,
@@ -326,7 +318,7 @@ def train_steps(
             if alone_steps:
                 row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp))
         elif pairs:
-            row.update({f"{name}_paired": list(v) for name, v in paired_speedups(fns, pairs, device).items()})
+            row.update({f"{name}_paired": list(v) for name, v in timing.paired_speedups(fns, pairs, device).items()})
         rows.append(row)
     return rows
 
@@ -372,7 +364,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         for i, side in enumerate(args.grids):
             batch = args.batches[min(i, len(args.batches) - 1)]
             fns = module_candidates(args.dim, side, batch, mode != "forward", args.matmul)
-            t = interleaved_medians(fns, args.rounds, args.min_block)
+            t = timing.interleaved_medians(fns, args.rounds, args.min_block)
             rows.append({"tokens": f"{side}x{side}", "batch": batch, **{f"{k}_ms": v * 1e3 for k, v in t.items()}})
         result[mode] = rows
     if args.growth:
