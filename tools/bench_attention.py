@@ -276,7 +276,7 @@ def alone_rounds(
     for name in models:
         ratios = [b / t for b, t in zip(medians[models[0]], medians[name], strict=True)]
         row[f"{name}_alone"] = list(timing.median_quartiles(ratios))
-        row[f"{name}_alone_ms_by_process"] = [t * 1e3 for t in medians[name]]
+        row[f"{name}_alone_ms_by_round"] = [t * 1e3 for t in medians[name]]
     return row
 
 
@@ -447,7 +447,7 @@ def report(args: argparse.Namespace, result: dict) -> None:
             )
             for name in names:
                 median, q1, q3 = r[f"{name}_alone"]
-                by_round = " ".join(f"{t:.0f}" for t in r[f"{name}_alone_ms_by_process"])
+                by_round = " ".join(f"{t:.0f}" for t in r[f"{name}_alone_ms_by_round"])
                 print(f"{name:>36}   alone {median:.3f}x ({q1:.3f}-{q3:.3f})  ms {by_round}")
         for name in names[1:]:
             if f"{name}_ops" in r:

@@ -125,7 +125,7 @@ def test_bench_attention_profiles_ops_and_times_each_model_alone_over_fresh_proc
     assert [abs(op["diff_ms"]) for op in ops] == sorted((abs(op["diff_ms"]) for op in ops), reverse=True)
     (prefix,) = [op for op in ops if op["op"] == "_PrefixAttention"]  # the class token's node: converted only
     assert prefix["baseline_ms"] == 0 and prefix["ms"] == prefix["diff_ms"] > 0 and prefix["runs_above"] == 2
-    base_ms, own_ms = (row[f"{name}_alone_ms_by_process"] for name in models)
+    base_ms, own_ms = (row[f"{name}_alone_ms_by_round"] for name in models)
     assert len(base_ms) == len(own_ms) == 2 and min(base_ms + own_ms) > 0
     assert row[f"{models[0]}_alone"] == [1.0, 1.0, 1.0]
     median, q1, q3 = row[f"{models[1]}_alone"]
