@@ -240,8 +240,14 @@ def pooled_pairs(
 ) -> dict[str, object]:
     """:func:`train_steps`' pairs in ``processes`` fresh workers, pooled, and with ``profile_calls`` the operator
     differences from the first model (:func:`~cat.toolkit.timing.op_differences`): its row's entries."""
-    spec = {"models": models, "res": res, "batch": batch, "pairs": pairs, "processes": processes}
-    spec["profile_calls"] = profile_calls
+    spec = {
+        "models": models,
+        "res": res,
+        "batch": batch,
+        "pairs": pairs,
+        "processes": processes,
+        "profile_calls": profile_calls,
+    }
     runs = [
         json.loads(
             run_worker(
@@ -268,7 +274,7 @@ def alone_rounds(
     each timing ``steps`` steps; per model the ratios of each round's medians, pooled, and its medians by round."""
     medians: dict[str, list[float]] = {name: [] for name in models}
     for k in range(rounds):
-        for name in models[k % len(models) :] + models[: k % len(models)]:
+        for name in timing.rotated(models, k):
             spec = {"model": name, "res": res, "batch": batch, "steps": steps}
             cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
             medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))

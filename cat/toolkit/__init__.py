@@ -14,6 +14,7 @@ from .timing import (
     peak_growth_mib,
     peak_memory_mib,
     reset_peak_memory,
+    rotated,
     synchronize,
     time_calls,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "peak_growth_mib",
     "peak_memory_mib",
     "reset_peak_memory",
+    "rotated",
     "synchronize",
     "time_calls",
 ]

@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "synchronize",
     "time_calls",
+    "rotated",
     "interleaved_medians",
     "paired_ratios",
     "median_quartiles",
@@ -56,6 +57,13 @@ def time_calls(
     return samples
 
 
+def rotated(names: Sequence[str], k: int) -> list[str]:
+    """``names`` starting ``k`` places later (wrapping round): over ``len(names)`` rounds each takes every place in
+    the order, so where a call runs in a round (on CPU that alone moved a model by 14 %) hits every name alike."""
+    k %= len(names)
+    return [*names[k:], *names[:k]]
+
+
 def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_block_s: float) -> dict[str, float]:
     """Median seconds per call of each function, with ``torch.utils.benchmark`` (which synchronises
     CUDA): every round times one block of each function in turn, starting one function later each round, so
@@ -74,7 +82,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int, min_b
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(timers)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in rotated(names, r):
             samples[name].append(timers[name].timeit(reps[name]).mean)
     return {name: float(np.median(s)) for name, s in samples.items()}
 

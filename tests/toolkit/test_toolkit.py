@@ -7,7 +7,14 @@ import torch
 
 from cat.errors import ConfigError
 from cat.toolkit.sweeps import MAX_SWEEP_CELLS, expand_sweep, override_axes
-from cat.toolkit.timing import interleaved_medians, op_differences, op_self_ms, paired_speedups, time_calls
+from cat.toolkit.timing import (
+    interleaved_medians,
+    op_differences,
+    op_self_ms,
+    paired_speedups,
+    rotated,
+    time_calls,
+)
 
 
 def test_expand_sweep_cells_and_preset_params():
@@ -100,3 +107,10 @@ def test_op_differences_pool_runs_by_median_and_count_the_runs_above():
     assert rows["conv"] == {"op": "conv", "baseline_ms": 5.0, "ms": 0.0, "diff_ms": -5.0, "runs_above": 0}
     assert rows["attn"]["diff_ms"] == 2.5 and rows["attn"]["runs_above"] == 3
     assert [row["op"] for row in op_differences(runs, "base", "new")] == ["conv", "attn", "mm"]
+
+
+def test_rotated_gives_each_name_every_place_over_a_cycle():
+    names = ["a", "b", "c"]
+    assert rotated(names, 4) == ["b", "c", "a"] and names == ["a", "b", "c"]
+    orders = [rotated(names, k) for k in range(3)]
+    assert all(sorted(order[place] for order in orders) == names for place in range(3))
