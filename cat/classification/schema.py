@@ -278,8 +278,11 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
         problems.append("device=cuda: CUDA is not available on this machine")
     if cfg.checkpoint is not None and not os.path.isfile(str(cfg.checkpoint)):
         problems.append(f"checkpoint={cfg.checkpoint}: no such file")
-    if cfg.data.name in ("imagenet", "folder") and not (
-        isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)
+    # Throughput runs the model on random images: it reads no dataset, so it needs no data.root.
+    if (
+        cfg.mode != "throughput"
+        and cfg.data.name in ("imagenet", "folder")
+        and not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root))
     ):
         splits = (cfg.data.get("train_split"), cfg.data.get("val_split"))
         layout = {

@@ -379,6 +379,22 @@ def test_clear_errors(tmp_path, overrides, error, match):
         run(cfg)
 
 
+def test_throughput_needs_no_dataset(tmp_path):
+    """The README's throughput line: an ImageNet experiment with no data.root measures the model on
+    random images; train and eval with the same config still name the missing data.root."""
+    paper = ["experiment=ca_deit_t", "++model.kwargs.depth=1", "logger.wandb.mode=disabled"]
+    metrics = run(
+        compose_config(
+            "cls", *paper, "mode=throughput", "throughput.batch_size=2", "throughput.iters=1",
+            "throughput.warmup=0", f"output_dir={tmp_path}",
+        )
+    )  # fmt: skip
+    assert metrics["img_size"] == [224, 224] and metrics["throughput_img_s"] > 0
+    for mode in ("train", "eval"):
+        with pytest.raises(ConfigError, match=r"data.root=None: not a folder \(data=imagenet"):
+            run(compose_config("cls", *paper, f"mode={mode}", f"output_dir={tmp_path / mode}"))
+
+
 def test_empty_class_folder_is_named(tmp_path):
     from PIL import Image
 
