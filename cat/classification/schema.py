@@ -45,7 +45,9 @@ class ClsModelConfig:
 @dataclass
 class ClsDataConfig:
     name: str = key("the dataset", choices=("imagenet", "folder", "digits", "synthetic"))
-    root: str | None = key("imagenet/folder: holds <train_split>/<class>/ and <val_split>/<class>/")
+    root: str | None = key(
+        "imagenet/folder: holds <train_split>/<class>/ and <val_split>/<class>/ (mode=throughput reads no data)"
+    )
     num_classes: int | None = key("classes; null (folder): one per class folder", min=1)
     img_size: int = key("training and evaluation resolution (square)", min=1)
     format: str = key(
