@@ -24,6 +24,7 @@ from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
 
 from .loops import TrainOptions
+from .schema import input_size
 from .state import TrainState
 
 __all__ = [
@@ -79,7 +80,9 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
     kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
     accepted = model_arguments(cfg.model.name)
     if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
-        kwargs = {"img_size": cfg.data.img_size, **kwargs}
+        # The size it is fed (throughput.img_size in throughput mode): fixed-size models (timm's ViTs) are
+        # built for it, a checkpoint's position embeddings resampled to it.
+        kwargs = {"img_size": input_size(cfg)[0], **kwargs}
     model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
     state_dict = (

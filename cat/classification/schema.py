@@ -148,9 +148,14 @@ class ClsConfig(JobConfig):
 register_schema("cls", ClsConfig)
 
 
+def input_size_key(cfg: DictConfig) -> str:
+    """The key that sets the input size: throughput.img_size when throughput mode sets one."""
+    return "throughput.img_size" if cfg.mode == "throughput" and cfg.throughput.img_size else "data.img_size"
+
+
 def input_size(cfg: DictConfig) -> tuple[int, int]:
     """The (height, width) the run feeds its model."""
-    size = cfg.throughput.img_size if cfg.mode == "throughput" and cfg.throughput.img_size else cfg.data.img_size
+    size = OmegaConf.select(cfg, input_size_key(cfg))
     return size, size
 
 
@@ -170,7 +175,7 @@ def _model_problems(cfg: DictConfig) -> list[str]:
     except Exception as error:  # the model's own complaint about its arguments or the input size
         return [
             f"model={cfg.model.name} with model.kwargs={OmegaConf.to_container(cfg.model.kwargs)} does not run at "
-            f"{hw[0]}x{hw[1]} (data.img_size): {str(error).strip().splitlines()[0]}"
+            f"{hw[0]}x{hw[1]} ({input_size_key(cfg)}): {str(error).strip().splitlines()[0]}"
         ]
     return []
 
@@ -269,8 +274,9 @@ def _memory_problems(cfg: DictConfig) -> list[str]:
     if need <= have:
         return []
     return [
-        f"data.img_size={hw[0]}x{hw[1]} with batch {batch}: one batch of input images alone takes {need / 1e9:.1f} GB "
-        f"({batch} x 3 x {hw[0]} x {hw[1]} x 4 bytes), more than this machine's {have / 1e9:.1f} GB of memory"
+        f"{input_size_key(cfg)}={hw[0]}x{hw[1]} with batch {batch}: one batch of input images alone takes "
+        f"{need / 1e9:.1f} GB ({batch} x 3 x {hw[0]} x {hw[1]} x 4 bytes), more than this machine's "
+        f"{have / 1e9:.1f} GB of memory"
     ]
 
 

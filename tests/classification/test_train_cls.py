@@ -379,20 +379,28 @@ def test_clear_errors(tmp_path, overrides, error, match):
         run(cfg)
 
 
-def test_throughput_needs_no_dataset(tmp_path):
+def test_throughput_needs_no_dataset_and_builds_the_model_for_its_size(tmp_path):
     """The README's throughput line: an ImageNet experiment with no data.root measures the model on
-    random images; train and eval with the same config still name the missing data.root."""
-    paper = ["experiment=ca_deit_t", "++model.kwargs.depth=1", "logger.wandb.mode=disabled"]
-    metrics = run(
+    random images, at throughput.img_size, for which a fixed-size timm ViT is built (its checkpoint's
+    position embeddings resampled). Train and eval with the same config still name the missing data.root."""
+    deit = ["experiment=deit_t", "++model.kwargs.depth=1", "logger.wandb.mode=disabled"]
+    run(
         compose_config(
-            "cls", *paper, "mode=throughput", "throughput.batch_size=2", "throughput.iters=1",
-            "throughput.warmup=0", f"output_dir={tmp_path}",
+            "cls", *deit, *TINY_CLS[:2], "aug=none", "epochs=1", "batch_size=8", f"output_dir={tmp_path / 'trained'}"
         )
-    )  # fmt: skip
-    assert metrics["img_size"] == [224, 224] and metrics["throughput_img_s"] > 0
+    )
+    throughput = ["mode=throughput", "data.num_classes=4", "throughput.batch_size=2", "throughput.iters=1"]
+    for size, checkpoint in ((None, None), (96, tmp_path / "trained" / "best.pth")):
+        metrics = run(
+            compose_config(
+                "cls", *deit, *throughput, f"throughput.img_size={size or 'null'}",
+                f"checkpoint={checkpoint or 'null'}", f"output_dir={tmp_path / str(size)}",
+            )
+        )  # fmt: skip
+        assert metrics["img_size"] == [size or 224] * 2 and metrics["throughput_img_s"] > 0
     for mode in ("train", "eval"):
         with pytest.raises(ConfigError, match=r"data.root=None: not a folder \(data=imagenet"):
-            run(compose_config("cls", *paper, f"mode={mode}", f"output_dir={tmp_path / mode}"))
+            run(compose_config("cls", *deit, f"mode={mode}", f"output_dir={tmp_path / mode}"))
 
 
 def test_empty_class_folder_is_named(tmp_path):
