@@ -7,8 +7,8 @@ block's own output projection. The gate starts at exactly 1 (zero weight, bias b
 so a converted block differs from the original only by its attention map: the BCCB matrix instead of
 the dense softmax one. Class and register tokens of a ViT keep softmax attention over all tokens
 (O(N) for a handful of queries); the grid tokens attend circulantly among themselves. Window
-masks, relative-position tables and PVT's spatial reduction are dropped: circulant attention is
-global and translation-equivariant. Everything else of the model (and its timm API) is untouched.
+masks, relative-position tables, rotary embeddings and PVT's spatial reduction are dropped: circulant
+attention is global and translation-equivariant. Everything else of the model (and its timm API) is untouched.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from timm.layers.attention import AttentionRope
 from timm.models.eva import EvaAttention
 from timm.models.pvt_v2 import Attention as PvtV2Attention
 from timm.models.swin_transformer import SwinTransformerBlock
@@ -145,17 +146,31 @@ def _qkv_of(attn: nn.Module) -> nn.Linear:
     for norm in ("q_norm", "k_norm", "norm"):
         if not isinstance(getattr(attn, norm, None), nn.Identity | None):
             raise ValueError(f"{type(attn).__name__} with a {norm} layer cannot be converted")
-    if isinstance(attn, EvaAttention):
-        if attn.qkv is None:
-            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-            return _linear([p.weight for p in projections], [p.bias for p in projections])
+    if isinstance(attn, AttentionRope):  # EVA's other attention (DINOv3, the ROPE ViTs)
+        if attn.gate is not None:
+            raise ValueError("AttentionRope with an output gate (gated=True) cannot be converted")
+        if attn.num_kv_groups > 1:
+            raise ValueError(
+                f"AttentionRope with grouped-query attention (num_kv_heads={attn.num_kv_heads} of "
+                f"{attn.num_heads}) cannot be converted: circulant attention needs keys and values as wide as queries"
+            )
+    if isinstance(attn, EvaAttention | AttentionRope) and attn.qkv is None:
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        return _linear([p.weight for p in projections], [p.bias for p in projections])
+    if isinstance(attn, EvaAttention):  # a bias-free qkv Linear, q's and v's biases apart
         width = attn.qkv.weight.shape[0] // 3
         return _linear(list(attn.qkv.weight.split(width)), [attn.q_bias, None, attn.v_bias])
-    return attn.qkv  # ViT/DeiT and Swin: one qkv Linear, with its bias
+    return attn.qkv  # ViT/DeiT, AttentionRope and Swin: one qkv Linear, with its bias
 
 
 def _plugin(attn: nn.Module, head_dim: int, num_prefix_tokens: int = 0) -> PluginCirculantAttention:
-    plugin = PluginCirculantAttention(_qkv_of(attn), attn.proj, attn.num_heads, head_dim, num_prefix_tokens)
+    qkv = _qkv_of(attn)
+    if qkv.out_features != 3 * qkv.in_features:
+        raise ValueError(
+            f"{type(attn).__name__} attends in {qkv.out_features // 3} channels of {qkv.in_features}-channel "
+            "tokens: circulant attention attends in the tokens' own channels"
+        )
+    plugin = PluginCirculantAttention(qkv, attn.proj, attn.num_heads, head_dim, num_prefix_tokens)
     return plugin.to(attn.proj.weight.device)
 
 
@@ -198,8 +213,11 @@ def convert(
         if hasattr(module, "patch_embed") and isinstance(getattr(module, "blocks", None), _BLOCK_LISTS):
             attentions = []
             for i, block in enumerate(module.blocks):
-                if isinstance(block.attn, VitAttention | EvaAttention) and wanted(f"{prefix}blocks.{i}", None):
-                    block.attn = _plugin(block.attn, head_dim, getattr(module, "num_prefix_tokens", 0))
+                attn = getattr(block, "attn", None)  # blocks without one (timm's parallel blocks) are skipped
+                if isinstance(attn, VitAttention | EvaAttention | AttentionRope) and wanted(
+                    f"{prefix}blocks.{i}", None
+                ):
+                    block.attn = _plugin(attn, head_dim, getattr(module, "num_prefix_tokens", 0))
                     attentions.append(block.attn)
                     converted.append(f"{prefix}blocks.{i}")
             if attentions:

@@ -19,9 +19,11 @@ SOURCES = {
     "swin_tiny_patch4_window7_224": {"img_size": (64, 96), "depths": (2, 2, 2, 2), "window_size": 4},
     "pvt_v2_b0": {},
     "eva02_tiny_patch14_224": {"img_size": (56, 84), "depth": 2},
+    "vit_small_patch16_rope_224": {"img_size": (64, 96), "depth": 2},  # EVA with timm's AttentionRope
 }
 NON_SQUARE = {"deit_tiny_patch16_224": (64, 96), "swin_tiny_patch4_window7_224": (64, 96), "pvt_v2_b0": (64, 96)}
 NON_SQUARE["eva02_tiny_patch14_224"] = (56, 84)
+NON_SQUARE["vit_small_patch16_rope_224"] = (64, 96)
 
 
 def source(name: str, **kwargs) -> nn.Module:
@@ -77,6 +79,52 @@ def test_vit_conversion_reuses_weights_and_matches_the_definition(reg_tokens, le
         attn(torch.randn(2, 20, 192))
 
 
+def _source_qkv(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """q, k, v side by side as the source attention computes them (EVA: its own q and v biases)."""
+    if attn.qkv is None:
+        return torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
+    if getattr(attn, "q_bias", None) is not None:
+        return F.linear(x, attn.qkv.weight, torch.cat([attn.q_bias, torch.zeros_like(attn.q_bias), attn.v_bias]))
+    return attn.qkv(x)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "vit_small_patch16_rope_224"])
+def test_eva_attentions_keep_their_projections(name, fused):
+    """EVA's two attentions (EvaAttention; AttentionRope, the ROPE ViTs'), fused or with q, k, v projections
+    apart: the converted attention's q, k, v and output projection are the source's."""
+    model = source(name, qkv_fused=fused)
+    attn = model.blocks[0].attn
+    for p in attn.parameters():  # biases too, which timm starts at zero
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 7, model.embed_dim)
+    with torch.no_grad():
+        expected = _source_qkv(attn, x)
+        plugin = cat.convert(model).blocks[0].attn
+        torch.testing.assert_close(plugin.qkv(x), expected)
+    assert plugin.proj is attn.proj and plugin.num_prefix_tokens == model.num_prefix_tokens
+
+
+def test_attentions_circulant_attention_cannot_stand_for_are_refused():
+    """Grouped-query attention (keys and values narrower than queries), AttentionRope's sigmoid output gate and
+    attention narrower than the tokens are named; a ViT whose blocks have no single attention (timm's parallel
+    blocks) converts nothing."""
+    from timm.layers.attention import AttentionRope
+
+    with pytest.raises(ValueError, match=r"grouped-query attention \(num_kv_heads=2 of 6\)"):
+        cat.convert(source("vit_small_patch16_rope_224", qkv_fused=False, num_kv_heads=2))
+    gated = source("vit_small_patch16_rope_224")
+    gated.blocks[0].attn = AttentionRope(384, num_heads=6, gated=True)
+    with pytest.raises(ValueError, match=r"output gate \(gated=True\)"):
+        cat.convert(gated)
+    narrow = source("vit_small_patch16_rope_224")
+    narrow.blocks[0].attn = AttentionRope(384, num_heads=6, attn_head_dim=32)
+    with pytest.raises(ValueError, match="AttentionRope attends in 192 channels of 384-channel tokens"):
+        cat.convert(narrow)
+    with pytest.raises(ValueError, match="nothing converted in VisionTransformer"):
+        cat.convert(timm.create_model("vit_small_patch16_18x2_224", depth=1))
+
+
 def test_swin_and_pvt_stage_choice():
     swin = cat.convert(source("swin_tiny_patch4_window7_224"), stages=[1])
     assert swin.circulant_blocks == ["layers.1.blocks.0", "layers.1.blocks.1"]
@@ -106,7 +154,9 @@ def test_save_load_and_features_only(name, tmp_path):
     assert all(m.dim() == 4 for m in maps)
 
 
-@pytest.mark.parametrize("name", ["deit_tiny_patch16_224", "pvt_v2_b0", "eva02_tiny_patch14_224"])
+@pytest.mark.parametrize(
+    "name", ["deit_tiny_patch16_224", "pvt_v2_b0", "eva02_tiny_patch14_224", "vit_small_patch16_rope_224"]
+)
 def test_converted_attention_on_the_lean_function_equals_the_plain_ops(name):
     """qkv biases (all three sources) in the frequency domain, the class token (DeiT, EVA) beside the
     grid: values and gradients as the plain ops give them, in float64, and far less kept for the
