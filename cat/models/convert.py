@@ -146,10 +146,11 @@ def _qkv_of(attn: nn.Module) -> nn.Linear:
     for norm in ("q_norm", "k_norm", "norm"):
         if not isinstance(getattr(attn, norm, None), nn.Identity | None):
             raise ValueError(f"{type(attn).__name__} with a {norm} layer cannot be converted")
-    if isinstance(attn, AttentionRope):  # EVA's other attention (DINOv3, the ROPE ViTs)
-        if attn.gate is not None:
+    # EVA's other attention (the ROPE ViTs); timm 1.0.20's has neither the output gate nor grouped queries.
+    if isinstance(attn, AttentionRope):
+        if getattr(attn, "gate", None) is not None:
             raise ValueError("AttentionRope with an output gate (gated=True) cannot be converted")
-        if attn.num_kv_groups > 1:
+        if getattr(attn, "num_kv_groups", 1) > 1:
             raise ValueError(
                 f"AttentionRope with grouped-query attention (num_kv_heads={attn.num_kv_heads} of "
                 f"{attn.num_heads}) cannot be converted: circulant attention needs keys and values as wide as queries"
