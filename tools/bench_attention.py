@@ -542,10 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="training steps, with --processes: also time this many steps of each model alone in a fresh process, "
         "in --processes rounds of one process per model, as a training run has its process to itself",
     )
-    parser.add_argument("--train-worker", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--alone-worker", help=argparse.SUPPRESS
-    )  # internal: a JSON spec of train_alone_worker  # internal: a JSON spec of train_pairs_worker
+    parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
+    parser.add_argument("--alone-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_alone_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
     parser.add_argument(
@@ -560,6 +558,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @report_user_errors
+def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
+    """What this process prints when it is one of the tool's fresh worker processes (the internal --*-worker
+    flags); None for the tool itself."""
+    if args.memory_worker:
+        model, res, batch = args.memory_worker
+        return lambda: train_memory(model, int(res), int(batch), args.device)
+    if args.train_worker:
+        return lambda: json.dumps(train_pairs_worker(json.loads(args.train_worker), args.device))
+    if args.alone_worker:
+        return lambda: train_alone_worker(json.loads(args.alone_worker), args.device)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -574,21 +585,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.alone < 0 or (args.alone and not args.processes):
         parser.error(f"--alone {args.alone}: give a count of at least 1, with --processes (the rounds it runs)")
-    if args.memory_worker:
-        model, res, batch = args.memory_worker
-        with autocast_for(args.device, args.amp is not None, args.amp):
-            print(train_memory(model, int(res), int(batch), args.device))
-        return 0
-    if args.train_worker:
-        with autocast_for(args.device, args.amp is not None, args.amp):
-            print(json.dumps(train_pairs_worker(json.loads(args.train_worker), args.device)))
-        return 0
-    if args.alone_worker:
-        with autocast_for(args.device, args.amp is not None, args.amp):
-            print(train_alone_worker(json.loads(args.alone_worker), args.device))
-        return 0
-    torch.set_default_device(args.device)
+    job = worker_job(args)
     with autocast_for(args.device, args.amp is not None, args.amp):
+        if job is not None:
+            print(job())
+            return 0
+        torch.set_default_device(args.device)
         result = measure(args)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
