@@ -37,17 +37,21 @@ __all__ = [
 
 
 def require_data_root(root: str | None, layout: str) -> str:
-    """``root`` if it is a folder, else a DataError saying which ``layout`` it should hold."""
+    """``root`` as an absolute path if it is a folder, else a DataError saying which ``layout`` it should hold.
+    Absolute because mmengine's datasets join ``data_root`` onto their file paths, and the dumped config
+    then names the data wherever it is read from."""
     if root is None or not os.path.isdir(root):
         raise DataError(f"data.root={root!r} is not a folder with the {layout}")
-    return root
+    return os.path.abspath(root)
 
 
-def task_base(cfg: DictConfig, layout: str) -> tuple[Config, tuple[str, ...] | None]:
+def task_base(cfg: DictConfig, layout: str) -> tuple[Config, tuple[str, ...] | None, str]:
     """After checking that ``data.root`` is a folder (with the ``layout`` the message names): the
-    packaged base config with cat's backbone, and the class names of a subset (None: all classes)."""
-    require_data_root(cfg.data.root, layout)
-    return base_with_backbone(cfg.model), None if cfg.data.classes is None else tuple(cfg.data.classes)
+    packaged base config with cat's backbone, the class names of a subset (None: all classes), and the
+    data root as an absolute path."""
+    root = require_data_root(cfg.data.root, layout)
+    classes = None if cfg.data.classes is None else tuple(cfg.data.classes)
+    return base_with_backbone(cfg.model), classes, root
 
 
 def load_base_config(spec: str) -> Config:

@@ -35,7 +35,7 @@ def _pipelines(mm: Config, data: DictConfig) -> None:
 
 def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     data = cfg.data
-    mm, classes = task_base(
+    mm, classes, root = task_base(
         cfg, "COCO layout (train2017/, val2017/, annotations/instances_*.json); tools/make_toy_coco.py writes one"
     )
     if classes is not None:
@@ -43,11 +43,11 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
         mm.model.roi_head.mask_head.num_classes = len(classes)
     _pipelines(mm, data)
     for split, loader in (("train", "train_dataloader"), ("val", "val_dataloader"), ("val", "test_dataloader")):
-        ann = os.path.join(data.root, "annotations", f"instances_{split}2017.json")
+        ann = os.path.join(root, "annotations", f"instances_{split}2017.json")
         if not os.path.isfile(ann):
             raise DataError(f"COCO annotations not found: {ann}")
         dataset = {
-            "data_root": data.root,
+            "data_root": root,
             "ann_file": ann,
             "data_prefix": {"img": f"{split}2017/"},
             "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline,
@@ -56,7 +56,7 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
             dataset["metainfo"] = {"classes": classes}
         configure_loader(mm[loader], cfg.batch_size if split == "train" else 1, cfg.workers, dataset)
     for evaluator in ("val_evaluator", "test_evaluator"):
-        mm[evaluator].ann_file = os.path.join(data.root, "annotations", "instances_val2017.json")
+        mm[evaluator].ann_file = os.path.join(root, "annotations", "instances_val2017.json")
     sched = cfg.schedule
     mm.train_cfg = {"type": "EpochBasedTrainLoop", "max_epochs": sched.epochs, "val_interval": sched.val_interval}
     mm.param_scheduler = [

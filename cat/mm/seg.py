@@ -37,7 +37,7 @@ def _palette(n: int) -> list[list[int]]:
 
 def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
     data = cfg.data
-    mm, classes = task_base(
+    mm, classes, root = task_base(
         cfg, "ADE20K layout (images/training, annotations/training, ...); tools/make_toy_ade.py writes one"
     )
     num_classes = 150 if classes is None else len(classes)
@@ -51,11 +51,11 @@ def build_seg_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
         ("validation", "test_dataloader"),
     ):
         for kind in ("images", "annotations"):
-            folder = os.path.join(data.root, kind, split)
+            folder = os.path.join(root, kind, split)
             if not os.path.isdir(folder):
                 raise DataError(f"ADE20K folder not found: {folder}")
         dataset = {
-            "data_root": data.root,
+            "data_root": root,
             "data_prefix": {"img_path": f"images/{split}", "seg_map_path": f"annotations/{split}"},
             "pipeline": mm.train_pipeline if split == "training" else mm.test_pipeline,
         }

@@ -31,6 +31,30 @@ def test_missing_data_root(task, layout, root, tmp_path):
     assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)
 
 
+@pytest.mark.parametrize("task", ["det", "seg"])
+def test_relative_data_root_reads_the_data(task, toy_coco, toy_ade, tmp_path, monkeypatch):
+    """The README's toy commands pass data.root relative to the working directory: every split's dataset
+    reads its samples from there (mmengine joined an already-joined annotation path to data_root again),
+    and the dumped config names the data by its absolute path."""
+    from mmdet.utils import register_all_modules as register_det
+    from mmengine.registry import DATASETS
+    from mmseg.utils import register_all_modules as register_seg
+
+    from cat.mm.det import build_det_config
+    from cat.mm.seg import build_seg_config
+
+    data = toy_coco if task == "det" else toy_ade
+    monkeypatch.chdir(data.parent)
+    cfg = compose_config(task, f"data.root={data.name}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled")
+    (register_det if task == "det" else register_seg)(init_default_scope=True)
+    mm = (build_det_config if task == "det" else build_seg_config)(cfg, DistEnv(), str(tmp_path))
+    for loader, count in (("train_dataloader", 8), ("val_dataloader", 4), ("test_dataloader", 4)):
+        assert len(DATASETS.build(mm[loader].dataset)) == count
+        assert mm[loader].dataset.data_root == str(data)
+    if task == "det":
+        assert Path(mm.val_evaluator.ann_file).is_file() and Path(mm.val_evaluator.ann_file).is_absolute()
+
+
 BAD_KEYS = [
     ("det", "strict_load=maybe", "strict_load='maybe': expected true or false"),
     ("seg", "strict_load=maybe", "strict_load='maybe': expected true or false"),
