@@ -1,0 +1,98 @@
+"""Every training command the README, the Slurm scripts and the configs' comments show composes to a config
+that passes the trainer's own check (schema, model at its input size, optimizer, transform): a user who
+copies one meets no error that this repository could have caught. Paths the commands name (datasets,
+checkpoints, output folders) are replaced by ones that exist; a multirun's comma lists are expanded into
+its cells. The sweep presets' own cells are checked in tests/runtime/test_sweeps.py."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, compose_config
+
+# Where commands are shown: the README's bash blocks, and comment lines of the Slurm scripts and configs.
+SOURCES = [REPO / "README.md", *sorted((REPO / "scripts" / "slurm").glob("*.sbatch"))]
+SOURCES += sorted((REPO / "configs").rglob("*.yaml"))
+# A command line (not prose naming a trainer): it starts with python, torchrun, sbatch or bash.
+COMMAND = re.compile(r"^(?:\S*python3?|torchrun|sbatch|bash)\s.*?\btrain_(cls|det|seg)\.py\b(.*)$")
+PATH_KEYS = ("data.root", "checkpoint", "model.pretrained", "output_dir")
+
+
+def _shown_lines(path: Path) -> list[tuple[int, str]]:
+    """(first line number, text) of each line that can show a command, with its continuation lines joined."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        spans = [m.span(1) for m in re.finditer(r"```bash\n(.*?)```", text, re.S)]
+    else:
+        spans = [(0, len(text))]
+    lines = []
+    for start, end in spans:
+        pending: list[str] = []
+        for number, line in enumerate(text[start:end].splitlines(), text.count("\n", 0, start) + 1):
+            if not pending:
+                first = number
+            pending.append(line if path.suffix == ".md" else line.lstrip("# "))
+            if pending[-1].endswith("\\"):  # continued on the next line
+                pending[-1] = pending[-1][:-1]
+            else:
+                lines.append((first, " ".join(pending)))
+                pending = []
+    return lines
+
+
+def _commands() -> list[tuple[str, str, list[str]]]:
+    """(where, task, overrides) of every command shown."""
+    found = []
+    for path in SOURCES:
+        for number, line in _shown_lines(path):
+            match = COMMAND.match(line.strip())
+            if match is None:
+                continue
+            words = shlex.split(match.group(2), comments=True)
+            words = words[: words.index("&&")] if "&&" in words else words
+            found.append((f"{path.relative_to(REPO)}:{number}", match.group(1), [w for w in words if w != "-m"]))
+    return found
+
+
+def _cells(overrides: list[str], stand_in: Path) -> list[list[str]]:
+    """A multirun's cells (its comma lists expanded), with every path key pointing into ``stand_in``."""
+    axes = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in PATH_KEYS:
+            value = str(stand_in / ("checkpoint.pth" if key in ("checkpoint", "model.pretrained") else "folder"))
+        values = value.split(",") if "," in value and not re.search(r"[\[{(]", value) else [value]
+        axes.append([f"{key}={v}" for v in values])
+    return [[*cell, "logger.wandb.mode=disabled"] for cell in itertools.product(*axes)]
+
+
+COMMANDS = _commands()
+
+
+def test_the_commands_are_found():
+    """The extraction itself: the README's main job, a sweep, detection and segmentation are among them."""
+    shown = {(task, " ".join(words)) for _, task, words in COMMANDS}
+    assert ("cls", "") in shown and len(COMMANDS) >= 15
+    assert any(task == "cls" and "hydra/launcher=submitit_local" in words for task, words in shown)
+    assert {task for task, _ in shown} == {"cls", "det", "seg"}
+
+
+@pytest.mark.parametrize(("where", "task", "overrides"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_documented_command_passes_its_check(where, task, overrides, tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "checkpoint.pth").write_bytes(b"")
+    if task == "cls":
+        from cat.classification.schema import check_config as check
+    else:
+        from cat.mm.schema import check_mm_config
+
+        def check(cfg):
+            check_mm_config(cfg, task)
+
+    for cell in _cells(overrides, tmp_path):
+        check(compose_config(task, *cell))  # ConfigError names each problem
