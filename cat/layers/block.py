@@ -49,7 +49,9 @@ class CirculantBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
-        self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        # Channels-last like the token view it convolves, so its weight's gradient has the weight's strides:
+        # DDP compares them in full and otherwise warns "Grad strides do not match bucket view strides".
+        self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim).to(memory_format=torch.channels_last)
         self.norm1 = norm_layer(dim)
         self.attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, proj_drop=proj_drop)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()

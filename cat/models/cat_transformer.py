@@ -72,7 +72,8 @@ class Downsample(nn.Module):
 class CATStage(nn.Module):
     def __init__(self, dim: int, depth: int, mlp_ratio: float, drop_path: Sequence[float], downsample: bool) -> None:
         super().__init__()
-        self.downsample = Downsample(dim // 2) if downsample else nn.Identity()
+        # Channels-last like the previous stage's output (a view of its tokens), as CirculantBlock's cpe.
+        self.downsample = Downsample(dim // 2).to(memory_format=torch.channels_last) if downsample else nn.Identity()
         self.blocks = nn.ModuleList(CirculantBlock(dim, mlp_ratio=mlp_ratio, drop_path=dp) for dp in drop_path)
         self.grad_checkpointing = False
 

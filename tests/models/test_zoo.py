@@ -37,8 +37,10 @@ def test_registry_holds_the_zoo():
 
 @pytest.mark.parametrize("name", OURS)
 def test_forward_backward_small_resolution(name):
-    """Every parameter of every model gets a gradient. The tiny variants compute for real; the wider
-    ones share their code and are checked on the meta device (shapes and graph, no arithmetic)."""
+    """Every parameter of every model gets a gradient, with the parameter's strides: DDP's gradient buckets
+    are views with those strides, and it warns on every run whose gradients differ, even in dimensions of size
+    1 (the positional convs' weights did). The tiny variants compute for real; the wider ones share their code
+    and are checked on the meta device (shapes and graph, no arithmetic)."""
     device = "cpu" if name.endswith("tiny") or name.startswith("deit_") else "meta"
     with torch.device(device):
         model = timm.create_model(name, num_classes=5, img_size=64).train()
@@ -47,6 +49,8 @@ def test_forward_backward_small_resolution(name):
     out.logsumexp(dim=1).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, missing[:5]
+    strided = [(n, p.stride(), p.grad.stride()) for n, p in model.named_parameters() if p.grad.stride() != p.stride()]
+    assert not strided, strided[:3]
 
 
 @pytest.mark.parametrize("name", [n for n in OURS if n.startswith("ca") and n.endswith("tiny")])
