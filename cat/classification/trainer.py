@@ -18,16 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from cat.data import ZipImageDataset
-from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.preemption import stop_requested
+from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
 
 from .builders import build_train_data, build_train_options, build_train_state
 from .checkpoints import CheckpointManager
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
 from .state import TrainState
 
-__all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "resume_changes"]
+__all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "RESUME_FREE_KEYS"]
 
 # A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
 # resumed step on); these would make it a different run, so resuming with them changed is refused.
@@ -40,24 +40,6 @@ def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     # Re-seeding at each epoch start makes an epoch's randomness independent of how the run got there,
     # so a run resumed from an epoch-end checkpoint matches an uninterrupted one.
     return seed * 1_000_003 + epoch * 1009 + rank
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
-
-
-def resume_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, list], list[str]]:
-    """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of
-    them a resume cannot take (:data:`RESUME_FIXED_KEYS`)."""
-    old, new = _flatten(saved), _flatten(current)
-    changed = {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
-    fixed = [k for k in changed if k.startswith(RESUME_FIXED_KEYS) and k not in RESUME_FREE_KEYS]
-    return changed, fixed
 
 
 @dataclass
@@ -83,18 +65,11 @@ def resume(
     saved = ckpt.load_last()
     if saved is None:
         return ResumePoint()
-    changed, fixed = resume_changes(saved.get("config") or {}, OmegaConf.to_container(cfg, resolve=True))
+    current = OmegaConf.to_container(cfg, resolve=True)
+    changed, fixed = resume_changes(saved.get("config") or {}, current, RESUME_FIXED_KEYS, RESUME_FREE_KEYS)
     if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
         fixed.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
-    if fixed:
-        raise ConfigError(
-            [
-                f"cannot resume {ckpt.last} with a different {k}"
-                + (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "")
-                for k in fixed
-            ]
-            + ["start a new run in another output_dir, or pass resume=false to overwrite"]
-        )
+    refuse_fixed_changes(ckpt.last, changed, fixed)
     state.load_state_dict(saved)
     point = ResumePoint(resumed=True, changed=changed or None)
     rng, progress = saved.get("rng"), saved.get("epoch_progress")
@@ -106,10 +81,7 @@ def resume(
         "resumed from %s: epoch %d, step %d of %d", ckpt.last, state.epoch + 1, state.step_in_epoch, steps_per_epoch
     )
     if changed:
-        folder.log.info(
-            "config changed since the checkpoint, applied from here on: %s",
-            "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
-        )
+        folder.log.info("config changed since the checkpoint, applied from here on: %s", describe_changes(changed))
     return point
 
 

@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, use_sweep_cell_dir
+from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
 
 from .backbone import register_backbones
 from .safe_load import check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
 from .schema import check_mm_config
 
-__all__ = ["run_mm"]
+__all__ = ["run_mm", "MM_RESUME_FIXED_KEYS", "MM_RESUME_FREE_KEYS"]
+
+# mmengine's resume restores the optimizer and the schedulers' state over the config's (their rates,
+# milestones and ends), so a changed optimizer or schedule would silently not apply: refused, with the model,
+# data, batch, accumulation and seed that make it another run. The run may grow longer (the loop's length is
+# the config's), the data may move, the same math may be computed another way.
+MM_RESUME_FIXED_KEYS = ("model.", "data.", "batch_size", "accum_steps", "seed", "schedule.")
+MM_RESUME_FREE_KEYS = (
+    "data.root",
+    "model.pretrained",
+    "model.backbone.lean_attention",
+    "model.backbone.grad_checkpointing",
+    "schedule.epochs",
+    "schedule.iters",
+    "schedule.val_interval",
+)
 
 
 def _task(task: str):
@@ -31,6 +48,24 @@ def _task(task: str):
 
         return register_all_modules, build_seg_config, SEG_METRICS
     raise ConfigError(f"task must be 'det' or 'seg', got {task!r}")
+
+
+def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
+    """Where mmengine will auto-resume: the config differs from the one the run folder's checkpoints were
+    trained with (its ``config.yaml``) only where a resume can take it (:data:`MM_RESUME_FIXED_KEYS`), and
+    the changes are logged. A folder without a checkpoint to resume, or without ``config.yaml``, starts over."""
+    saved, pointer = folder.file("config.yaml"), folder.file("last_checkpoint")
+    if not (os.path.isfile(pointer) and os.path.isfile(saved)):
+        return
+    with open(pointer) as f:  # checked by check_last_checkpoint: a checkpoint in this folder
+        checkpoint = f.read().strip()
+    current = OmegaConf.to_container(cfg, resolve=True)
+    changed, refused = resume_changes(
+        OmegaConf.to_container(OmegaConf.load(saved)), current, MM_RESUME_FIXED_KEYS, MM_RESUME_FREE_KEYS
+    )
+    refuse_fixed_changes(checkpoint, changed, refused)
+    if changed:
+        folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))
 
 
 def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
@@ -56,6 +91,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         mm = build_config(cfg, env, folder.path)
         if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
             check_last_checkpoint(folder.path)
+            check_resume_config(cfg, folder)
         folder.write_config(cfg)
         if env.is_main:
             mm.dump(folder.file("mm_config.py"))

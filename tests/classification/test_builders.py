@@ -7,7 +7,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from cat.classification.builders import ResumableSampler, ShardSampler, build_model, num_classes_of
-from cat.classification.trainer import resume_changes
+from cat.classification.trainer import RESUME_FIXED_KEYS, RESUME_FREE_KEYS
+from cat.runtime.resume import resume_changes
 from tests.conftest import TINY_CLS, compose_config
 
 
@@ -30,7 +31,7 @@ def test_shard_sampler_covers_every_index_once():
 def test_resume_changes_fixed_and_free():
     saved = {"lr": 1.0, "model": {"name": "a", "lean_attention": True}, "data": {"root": "/x", "img_size": 32}}
     current = {"lr": 2.0, "model": {"name": "a", "lean_attention": False}, "data": {"root": "/y", "img_size": 64}}
-    changed, fixed = resume_changes(saved, current)
+    changed, fixed = resume_changes(saved, current, RESUME_FIXED_KEYS, RESUME_FREE_KEYS)
     assert changed == {
         "data.img_size": [32, 64],
         "data.root": ["/x", "/y"],

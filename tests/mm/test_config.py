@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cat.errors import DataError
+from cat.errors import ConfigError, DataError
 from cat.runtime.dist import DistEnv
 from tests.conftest import compose_config, refusal_line
 from tests.entry_cases import run_entry_cases
@@ -92,6 +92,41 @@ def test_bad_key_is_one_line(task, override, expected, bad_key_runs):
     root, runs = bad_key_runs
     assert expected in refusal_line(runs[task, override])
     assert not (root / "run").exists()
+
+
+@pytest.mark.parametrize("task", ["det", "seg"])
+def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
+    """mmengine's resume puts the checkpoint's optimizer and schedulers over the config's: a changed rate or
+    milestone would silently not apply, and another model crashed in the optimizer's state. Refused by
+    name, before anything is written; a longer run, moved data and the same math computed another way are
+    taken and logged. Without a checkpoint to resume, the folder starts over."""
+    import logging
+
+    from cat.mm.runner import check_resume_config
+    from cat.runtime import RunFolder
+
+    length = "schedule.epochs=24" if task == "det" else "schedule.iters=80000"
+    folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
+    base = compose_config(task, "data.root=/data/a", "logger.wandb.mode=disabled")
+    folder.write_config(base)
+    changed = compose_config(
+        task, "data.root=/data/a", "logger.wandb.mode=disabled", "schedule.optim.lr=5e-4", "seed=7", "batch_size=8"
+    )
+    check_resume_config(changed, folder)  # no last_checkpoint: nothing to resume
+    (tmp_path / "iter_8.pth").write_bytes(b"")
+    (tmp_path / "last_checkpoint").write_text(str(tmp_path / "iter_8.pth"))
+    with pytest.raises(ConfigError) as refused:
+        check_resume_config(changed, folder)
+    assert [line.split(" with a different ")[1] for line in refused.value.problems[:3]] == [
+        f"batch_size: {base.batch_size} -> 8",
+        f"schedule.optim.lr: {base.schedule.optim.lr!r} -> 0.0005",
+        f"seed: {base.seed} -> 7",
+    ]
+    assert refused.value.problems[0].startswith(f"cannot resume {tmp_path / 'iter_8.pth'} ")
+    free = ("data.root=/data/b", "model.backbone.lean_attention=true", length, "logger.wandb.mode=disabled")
+    with caplog.at_level(logging.INFO, logger="test_resume"):
+        check_resume_config(compose_config(task, *free), folder)
+    assert "data.root: '/data/a' -> '/data/b'" in caplog.text and length.split("=")[0] in caplog.text
 
 
 def test_apply_common_settings(toy_coco, tmp_path):

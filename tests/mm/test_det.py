@@ -56,6 +56,13 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
     )
     assert "Auto resumed from the latest checkpoint" in proc.stdout + proc.stderr
     assert (out / "epoch_2.pth").is_file()
+    # A resume with another learning rate would run the checkpoint's (mmengine restores its optimizer): refused,
+    # and the run's record stays as it was.
+    record = (out / "config.yaml").read_text()
+    args = [f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={out}", "schedule.epochs=3", *FAST]
+    refused = run_entry_cases("train_det.py", {"lr": [*args, "schedule.optim.lr=5e-4"]})["lr"]
+    assert refused.returncode == 2 and "with a different schedule.optim.lr: 0.001 -> 0.0005" in refused.stderr
+    assert (out / "config.yaml").read_text() == record and not (out / "epoch_3.pth").exists()
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "segm_mAP", "segm_mAP_50", "segm_mAP_75"):
         assert 0.0 <= metrics[key] <= 1.0

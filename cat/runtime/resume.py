@@ -1,0 +1,48 @@
+"""What a resumed run may change: the config keys that differ from those its checkpoint was trained with,
+and the refusal of those that would make it another run. Each trainer says which keys are fixed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cat.errors import ConfigError
+
+__all__ = ["flatten_config", "resume_changes", "refuse_fixed_changes", "describe_changes"]
+
+
+def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config (plain dicts) as ``{"dotted.key": value}``."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten_config(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def resume_changes(
+    saved: dict[str, Any], current: dict[str, Any], fixed: tuple[str, ...], free: tuple[str, ...]
+) -> tuple[dict[str, list], list[str]]:
+    """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of them a
+    resume cannot take: keys starting with one of ``fixed``, except the keys named in ``free``."""
+    old, new = flatten_config(saved), flatten_config(current)
+    changed = {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+    return changed, [k for k in changed if k.startswith(fixed) and k not in free]
+
+
+def refuse_fixed_changes(checkpoint: str, changed: dict[str, list], refused: list[str]) -> None:
+    """A ConfigError naming each refused key (with its two values where it is a config key), if any."""
+    if refused:
+        raise ConfigError(
+            [
+                f"cannot resume {checkpoint} with a different {k}"
+                + (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "")
+                for k in refused
+            ]
+            + ["start a new run in another output_dir, or pass resume=false to overwrite"]
+        )
+
+
+def describe_changes(changed: dict[str, list]) -> str:
+    """``key: saved -> current`` for each changed key, on one line, for the log."""
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
