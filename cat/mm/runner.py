@@ -21,7 +21,8 @@ __all__ = ["run_mm", "MM_RESUME_FIXED_KEYS", "MM_RESUME_FREE_KEYS"]
 # mmengine's resume restores the optimizer and the schedulers' state over the config's (their rates,
 # milestones and ends), so a changed optimizer or schedule would silently not apply: refused, with the model,
 # data, batch, accumulation and seed that make it another run. The run may grow longer (the loop's length is
-# the config's), the data may move, the same math may be computed another way.
+# the config's; the restored schedules end where they did), the data may move, the same math may be computed
+# another way.
 MM_RESUME_FIXED_KEYS = ("model.", "data.", "batch_size", "accum_steps", "seed", "schedule.")
 MM_RESUME_FREE_KEYS = (
     "data.root",
@@ -66,6 +67,14 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
     refuse_fixed_changes(checkpoint, changed, refused)
     if changed:
         folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))
+    for key in ("schedule.epochs", "schedule.iters"):
+        if key in changed:
+            folder.log.warning(
+                "%s: %r -> %r; the checkpoint's learning-rate schedulers are restored as they were planned, so "
+                "the steps added run at the rate where they ended",
+                key,
+                *changed[key],
+            )
 
 
 def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:

@@ -126,7 +126,10 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     free = ("data.root=/data/b", "model.backbone.lean_attention=true", length, "logger.wandb.mode=disabled")
     with caplog.at_level(logging.INFO, logger="test_resume"):
         check_resume_config(compose_config(task, *free), folder)
-    assert "data.root: '/data/a' -> '/data/b'" in caplog.text and length.split("=")[0] in caplog.text
+    assert "data.root: '/data/a' -> '/data/b'" in caplog.text
+    assert (
+        f"{length.split('=')[0]}: " in caplog.text and "the steps added run at the rate where they ended" in caplog.text
+    )
 
 
 def test_apply_common_settings(toy_coco, tmp_path):
