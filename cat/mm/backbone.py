@@ -19,7 +19,7 @@ import cat
 from cat.models import load_backbone_checkpoint
 from cat.ops import set_lean_attention
 
-__all__ = ["TimmBackbone", "register_backbones", "backbone_channels"]
+__all__ = ["TimmBackbone", "register_backbones", "backbone_features"]
 
 
 class TimmBackbone(BaseModule):
@@ -78,11 +78,12 @@ class TimmBackbone(BaseModule):
         return tuple(feats)
 
 
-def backbone_channels(model_name: str, out_indices: Sequence[int] = (0, 1, 2, 3), **model_kwargs: Any) -> list[int]:
-    """Channel counts of the returned maps (built on the meta device: no memory, no weights)."""
+def backbone_features(model_name: str, **model_kwargs: Any) -> list[dict[str, Any]]:
+    """The model's feature levels, timm's ``feature_info``: ``num_chs`` and ``reduction`` (the stride) of each
+    map ``forward_intermediates`` can return (built on the meta device: no memory, no weights)."""
     with torch.device("meta"):
         model = cat.create_model(model_name, num_classes=0, **model_kwargs)
-    return [model.feature_info[i]["num_chs"] for i in out_indices]
+    return [dict(level) for level in model.feature_info]
 
 
 def register_backbones() -> None:

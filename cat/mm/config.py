@@ -21,7 +21,7 @@ from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype
 from cat.runtime.dist import DistEnv
 
-from .backbone import backbone_channels
+from .backbone import backbone_features
 from .safe_load import ATOMIC_BACKEND
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "to_plain",
     "configure_loader",
     "require_data_root",
+    "backbone_problems",
 ]
 
 
@@ -70,11 +71,16 @@ def to_plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
+def _backbone_kwargs(model: DictConfig) -> dict[str, Any]:
+    return model_kwargs(model.backbone.drop_path_rate, to_plain(model.backbone.kwargs))
+
+
 def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
     """The ``TimmBackbone`` config for ``model.backbone`` and its output channels."""
-    kwargs = model_kwargs(model.backbone.drop_path_rate, to_plain(model.backbone.kwargs))
+    kwargs = _backbone_kwargs(model)
     out_indices = list(model.backbone.out_indices)
-    channels = backbone_channels(model.backbone.name, out_indices, **kwargs)
+    features = backbone_features(model.backbone.name, **kwargs)
+    channels = [features[i]["num_chs"] for i in out_indices]
     cfg = {
         "type": "TimmBackbone",
         "model_name": model.backbone.name,
@@ -86,6 +92,39 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
         "model_kwargs": kwargs,
     }
     return cfg, channels
+
+
+def _head_strides(model: ConfigDict) -> tuple[str, list[int]] | None:
+    """The strides the heads are built for, and the key that holds them: a detector's RoI extractors, or
+    SemanticFPN's head (UperNet names none)."""
+    if model.get("roi_head") is not None:
+        return "roi_head.bbox_roi_extractor.featmap_strides", list(model.roi_head.bbox_roi_extractor.featmap_strides)
+    strides = model.decode_head.get("feature_strides")
+    return None if strides is None else ("decode_head.feature_strides", list(strides))
+
+
+def backbone_problems(model: DictConfig) -> list[str]:
+    """``model.backbone.out_indices`` name feature levels the backbone has, at the strides the heads are built
+    for: mmdet and mmseg take the strides from their config, not from the maps, so maps at other strides (a
+    timm ResNet's levels 0-3 are strides 2-16) train without an error and detect nothing."""
+    name, out_indices = model.backbone.name, list(model.backbone.out_indices)
+    features = backbone_features(name, **_backbone_kwargs(model))
+    strides = [level["reduction"] for level in features]
+    if any(i >= len(features) for i in out_indices):
+        return [
+            f"model.backbone.out_indices={out_indices}: {name} has {len(features)} feature levels, strides {strides}"
+        ]
+    expected = _head_strides(base_with_backbone(model).model)
+    got = [strides[i] for i in out_indices]
+    if expected is None or got == expected[1]:
+        return []
+    key, want = expected
+    fitting = [strides.index(s) for s in want if s in strides]
+    hint = f"; out_indices={fitting} give those" if len(fitting) == len(want) else ""
+    return [
+        f"model.backbone.out_indices={out_indices}: {name}'s maps there have strides {got}, but the heads are "
+        f"built for strides {want} ({key}){hint}"
+    ]
 
 
 def base_with_backbone(model: DictConfig) -> Config:

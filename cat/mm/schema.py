@@ -21,7 +21,11 @@ __all__ = ["DetConfig", "SegConfig", "check_mm_config"]
 class BackboneConfig:
     name: str = key("a registered model with forward_intermediates (cat's or timm's)")
     drop_path_rate: float | None = key("stochastic depth; null: the model factory's value", min=0, max=1)
-    out_indices: list[int] = key("the stages whose feature maps feed the neck", min=0)
+    out_indices: list[int] = key(
+        "the feature levels (timm's feature_info) whose maps feed the neck, at the strides the heads are built "
+        "for (4, 8, 16, 32; a timm ResNet's levels 1-4)",
+        min=0,
+    )
     out_norm: bool = key("normalise each output feature map")
     lean_attention: Any = key(
         "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
@@ -165,5 +169,10 @@ def check_mm_config(cfg: DictConfig, task: str) -> None:
     if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
         problems.append(problem)
     problems += _backbone_kwargs_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    from .config import backbone_problems  # loads the packaged base config: only once the keys are valid
+
+    problems += backbone_problems(cfg.model)
     if problems:
         raise ConfigError(problems)

@@ -94,6 +94,43 @@ def test_bad_key_is_one_line(task, override, expected, bad_key_runs):
     assert not (root / "run").exists()
 
 
+BACKBONE_LEVELS = [
+    (
+        "det",
+        "model.backbone.name=resnet18",
+        "resnet18's maps there have strides [2, 4, 8, 16], but the heads are built for strides [4, 8, 16, 32] "
+        "(roi_head.bbox_roi_extractor.featmap_strides); out_indices=[1, 2, 3, 4] give those",
+    ),
+    ("seg", "model.backbone.name=resnet18", "(decode_head.feature_strides); out_indices=[1, 2, 3, 4] give those"),
+    ("det", "model.backbone.out_indices=[0,1,2,7]", "ca_pvt_tiny has 4 feature levels, strides [4, 8, 16, 32]"),
+    (
+        "seg",
+        "model.backbone.out_indices=[1,2,3]",
+        "strides [8, 16, 32], but the heads are built for strides [4, 8, 16, 32]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("task", "override", "expected"), BACKBONE_LEVELS)
+def test_backbone_levels_must_match_the_heads(task, override, expected, tmp_path):
+    """mmdet's RoI extractors and SemanticFPN's head take their strides from the config, not from the maps:
+    a timm ResNet's first four levels (strides 2-16) trained a toy detector to bbox_mAP_50 0.0 where its levels
+    1-4 reach 0.16. Refused with the indices that fit; an index past the last level is named (it was an
+    IndexError). The fitting indices pass, as do UperNet's heads, which name no strides."""
+    from cat.mm.schema import check_mm_config
+
+    common = [f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]
+    with pytest.raises(ConfigError) as refused:
+        check_mm_config(compose_config(task, *common, override), task)
+    (problem,) = refused.value.problems
+    assert problem.startswith("model.backbone.out_indices=") and expected in problem, problem
+    if "resnet18" in override:
+        check_mm_config(compose_config(task, *common, override, "model.backbone.out_indices=[1,2,3,4]"), task)
+    check_mm_config(
+        compose_config("seg", *common, "experiment=toy_upernet_ca_swin", "model.backbone.name=resnet18"), "seg"
+    )
+
+
 @pytest.mark.parametrize("task", ["det", "seg"])
 def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     """mmengine's resume puts the checkpoint's optimizer and schedulers over the config's: a changed rate or
