@@ -557,7 +557,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@report_user_errors
 def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
     """What this process prints when it is one of the tool's fresh worker processes (the internal --*-worker
     flags); None for the tool itself."""
@@ -571,6 +570,7 @@ def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
     return None
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

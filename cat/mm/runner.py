@@ -6,7 +6,9 @@ import logging
 import os
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, use_sweep_cell_dir
@@ -60,10 +62,17 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
         return
     with open(pointer) as f:  # checked by check_last_checkpoint: a checkpoint in this folder
         checkpoint = f.read().strip()
+    try:  # OmegaConf's YAML loader builds plain data only: a tag that would construct an object is an error
+        before = OmegaConf.to_container(OmegaConf.load(saved))
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as error:
+        before = f"{type(error).__name__}: {error}".splitlines()[0]
+    if not isinstance(before, dict):
+        raise ConfigError(
+            f"{saved} is not the config a run wrote ({str(before)[:200]}); delete it to resume without comparing "
+            "configs, or start a new run in another output_dir"
+        )
     current = OmegaConf.to_container(cfg, resolve=True)
-    changed, refused = resume_changes(
-        OmegaConf.to_container(OmegaConf.load(saved)), current, MM_RESUME_FIXED_KEYS, MM_RESUME_FREE_KEYS
-    )
+    changed, refused = resume_changes(before, current, MM_RESUME_FIXED_KEYS, MM_RESUME_FREE_KEYS)
     refuse_fixed_changes(checkpoint, changed, refused)
     if changed:
         folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))

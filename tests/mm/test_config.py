@@ -169,6 +169,37 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     )
 
 
+def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
+    """The run folder's config.yaml is read before a resume: a YAML tag that would run code runs nothing, and
+    that file, a truncated one, binary bytes or a list are each refused in one line naming it; nothing is
+    written."""
+    import logging
+
+    from cat.mm.runner import check_resume_config
+    from cat.runtime import RunFolder
+
+    marker = tmp_path / "MARKER"
+    contents = {
+        "hostile": f"model: !!python/object/apply:os.system ['touch {marker}']\n".encode(),
+        "truncated": b"model:\n  backbone: {name: ca_pvt_tiny\n",
+        "binary": bytes(range(256)),
+        "list": b"- model\n- data\n",
+    }
+    cfg = compose_config("det", f"data.root={tmp_path}", "logger.wandb.mode=disabled")
+    for name, content in contents.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.yaml").write_bytes(content)
+        (folder / "epoch_1.pth").write_bytes(b"")
+        (folder / "last_checkpoint").write_text(str(folder / "epoch_1.pth"))
+        with pytest.raises(ConfigError) as refused:
+            check_resume_config(cfg, RunFolder(str(folder), logging.getLogger("test_resume"), is_main=True))
+        (problem,) = refused.value.problems
+        assert problem.startswith(f"{folder / 'config.yaml'} is not the config a run wrote ("), (name, problem)
+        assert (folder / "config.yaml").read_bytes() == content
+    assert not marker.exists()
+
+
 def test_apply_common_settings(toy_coco, tmp_path):
     """What every det/seg job shares, read off the mmengine config cat builds."""
     from cat.mm.det import build_det_config
