@@ -71,6 +71,26 @@ def refusal_line(proc: subprocess.CompletedProcess) -> str:
     return last
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux ``/proc``), children before grandchildren: the
+    processes Slurm signals with a job step's own, whatever session they started."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ")".
+            state, ppid = stat.read_text().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state != "Z":  # an ended process its parent has not waited for yet
+            parents[int(stat.parent.name)] = int(ppid)
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def compose_config(task: str, *overrides: str):
     """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
     from hydra import compose, initialize_config_dir

@@ -22,6 +22,7 @@ from cat.errors import ConfigError
 from cat.models import extract_state_dict, load_checkpoint_file, load_weights, model_arguments, model_kwargs
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
+from cat.runtime.preemption import worker_context
 
 from .loops import TrainOptions
 from .schema import input_size
@@ -122,6 +123,7 @@ def val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
         batch_size=cfg.batch_size,
         sampler=sampler,
         num_workers=cfg.workers,
+        multiprocessing_context=worker_context() if cfg.workers > 0 else None,
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
     )
 
@@ -170,6 +172,7 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
         sampler=None if streamed else sampler,
         drop_last=True,
         num_workers=cfg.workers,
+        multiprocessing_context=worker_context() if cfg.workers > 0 else None,
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
         # A stream's workers take its epoch when they start: new ones each epoch.
         persistent_workers=cfg.workers > 0 and not streamed,

@@ -19,10 +19,11 @@ from mmengine.dataset import DefaultSampler
 from mmengine.hooks import Hook
 from mmengine.registry import DATA_SAMPLERS, HOOKS, LOOPS
 from mmengine.runner import EpochBasedTrainLoop
+from torch.utils.data import DataLoader
 
 from cat.runtime.dist import all_reduce_sum
 from cat.runtime.io import atomic_write_text
-from cat.runtime.preemption import stop_requested
+from cat.runtime.preemption import stop_requested, worker_context
 
 __all__ = ["Preempted", "PreemptionHook", "ResumableDefaultSampler", "ResumableEpochBasedTrainLoop"]
 
@@ -80,6 +81,14 @@ class PreemptionHook(Hook):
 
     def __init__(self, backend_args: dict[str, Any] | None = None) -> None:
         self.backend_args = backend_args
+
+    def before_run(self, runner) -> None:
+        """The loops built for this run (train and val, or test) start their workers through
+        :func:`~cat.runtime.preemption.worker_context`, so a stop signal leaves them serving the trainer."""
+        for loop in (runner._train_loop, runner._val_loop, runner._test_loop):
+            loader = getattr(loop, "dataloader", None)  # a loop's config dict until it is built
+            if isinstance(loader, DataLoader) and loader.num_workers > 0:
+                loader.multiprocessing_context = worker_context()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         flag = all_reduce_sum(torch.tensor([float(stop_requested())]))

@@ -109,9 +109,11 @@ class RunFolder:
             atomic_write_text(self.file("overrides.yaml"), OmegaConf.to_yaml(overrides))
 
     def close(self) -> None:
-        self.metrics.finish()
-        if self.lock is not None:
-            self.lock.release()
+        try:
+            self.metrics.finish()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
 
 def open_run_folder(output_dir: str, env: DistEnv) -> RunFolder:

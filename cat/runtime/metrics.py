@@ -7,7 +7,9 @@ exists only inside W&B. W&B is a second sink when ``logger.wandb.mode`` is not `
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -64,7 +66,12 @@ class JsonlSink:
 
 class WandbSink:
     """A W&B run in ``output_dir/wandb`` that resumes with the training run (its id is kept there),
-    started at the first :meth:`log`, so a run that fails before it leaves no empty W&B run."""
+    started at the first :meth:`log`, so a run that fails before it leaves no empty W&B run.
+
+    Once started, a W&B failure ends only W&B's part of the run, with one warning: Slurm sends a
+    step's stop signal to every process of the step, so W&B's service process ends while the trainer
+    finishes its step and saves, and every later call into W&B raises. The run's own record
+    (``metrics.jsonl``, the checkpoints) is complete either way, and the next run resumes the W&B run."""
 
     def __init__(self, wandb_cfg: Any, output_dir: str, config: dict[str, Any]) -> None:
         self.settings = {
@@ -78,18 +85,46 @@ class WandbSink:
             "resume": "allow",
         }
         self.run: Any = None
+        self.stopped = False  # W&B failed during this run: nothing more goes to it
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        if self.stopped:
+            return
         if self.run is None:
             import wandb
 
             self.run = wandb.init(id=persistent_run_id(self.settings["dir"]), **self.settings)
-        self.run.log(dict(metrics), step=step)
+        try:
+            self.run.log(dict(metrics), step=step)
+        except Exception as error:  # any W&B failure: the run's own record goes on
+            self._stop(error, step)
 
     def finish(self) -> None:
         if self.run is not None:
-            self.run.finish()
-            self.run = None
+            run, self.run = self.run, None
+            try:
+                run.finish()
+            except Exception as error:
+                self._stop(error, None)
+
+    def _stop(self, error: Exception, step: int | None) -> None:
+        self.run, self.stopped = None, True
+        logging.getLogger("cat").warning(
+            "W&B stopped %s (%s: %s); its service process has probably ended, as a Slurm step's stop signal "
+            "ends every process of the step. The W&B run holds what was logged before; this run goes on "
+            "without W&B (metrics.jsonl has every metric), and the next run resumes the W&B run",
+            f"at step {step}" if step is not None else "while finishing",
+            type(error).__name__,
+            error,
+        )
+        # W&B's exit hook would retry the lost connection and print its traceback at exit: drop the hook
+        # through W&B's own cleanup of it (private; where a W&B version keeps it elsewhere, the traceback
+        # stays). Not wandb.teardown(): failing half-way, it left W&B's event-loop thread running into
+        # interpreter exit, which then aborted the process (3 runs in 16).
+        with contextlib.suppress(Exception):
+            from wandb.sdk import wandb_setup
+
+            wandb_setup._singleton._connection._cleanup()
 
 
 class MetricSinks:

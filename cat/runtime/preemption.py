@@ -6,16 +6,26 @@ loops poll :func:`stop_requested` once a step, save a checkpoint and return. Sub
 handler for its signal (checkpoint the job description and requeue it) is called afterwards by
 :meth:`StopSignals.hand_back`, once the run's checkpoint and record are written, so a requeued
 cell resumes where it stopped instead of from its last epoch.
+
+DataLoader workers started through :func:`worker_context` outlast a stop signal unless their trainer
+itself sent it. torch's workers die on SIGTERM, and a stop reaches them with the trainer (torchrun
+signals each trainer's process group, Slurm every process of a step), so the trainer lost its data in
+the middle of the step it was finishing, and never saved. Such a worker is born with the stop signals
+blocked (so every thread it ever runs blocks them), and one thread of it takes them: it ends the
+worker on the trainer's own SIGTERM (how the DataLoader and multiprocessing end workers that outlive
+their use) and lets any other pass. A worker follows its trainer if the trainer dies (torch's watchdog).
 """
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StopSignals", "stop_requested"]
+__all__ = ["StopSignals", "stop_requested", "worker_context"]
 
 _active: StopSignals | None = None
 
@@ -31,14 +41,57 @@ def _submitit_signal() -> signal.Signals | None:
     return getattr(signal, f"SIG{os.environ.get('SUBMITIT_PREEMPT_SIGNAL', 'USR2')}", None)
 
 
+def _stop_signals() -> list[signal.Signals]:
+    """SIGTERM, and submitit's signal under submitit."""
+    submitit = _submitit_signal()
+    return [signal.SIGTERM] + ([submitit] if submitit not in (None, signal.SIGTERM) else [])
+
+
+def _end_on_the_trainers_signal(trainer: int, signals: set[signal.Signals]) -> None:
+    while signal.sigwaitinfo(signals).si_pid != trainer:
+        pass  # a stop meant for the trainer, which ends its workers itself when it is done
+    # Status 0: the trainer ended its worker on purpose, and torch's SIGCHLD check (which can run before
+    # multiprocessing reaps a worker at exit) reports any other status as a worker that failed.
+    os._exit(0)
+
+
+class _WorkerProcess(multiprocessing.context.ForkProcess):
+    """A forked worker born with the stop signals blocked (module doc)."""
+
+    def start(self) -> None:
+        signals = set(_stop_signals())
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the fork copies this thread's mask
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that came meanwhile is delivered now
+
+    def run(self) -> None:
+        signals = set(_stop_signals())
+        waiter = threading.Thread(
+            target=_end_on_the_trainers_signal, args=(os.getppid(), signals), name="cat-stop", daemon=True
+        )
+        waiter.start()
+        super().run()
+
+
+class _WorkerContext(multiprocessing.context.ForkContext):
+    Process = _WorkerProcess
+
+
+def worker_context() -> multiprocessing.context.BaseContext | None:
+    """The ``multiprocessing_context`` for a DataLoader's workers: forked workers that outlast a stop
+    meant for their trainer (module doc). None (the DataLoader's default) where fork is not the start
+    method: spawned workers keep torch's behaviour."""
+    return _WorkerContext() if multiprocessing.get_start_method() == "fork" else None
+
+
 class StopSignals:
     """While active, the stop signals set a flag instead of ending the process."""
 
     def __init__(self) -> None:
-        self.signals = [signal.SIGTERM]
+        self.signals = _stop_signals()
         self.submitit = _submitit_signal()
-        if self.submitit is not None and self.submitit not in self.signals:
-            self.signals.append(self.submitit)
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
 

@@ -21,7 +21,7 @@ import cat
 from cat.classification.job import run
 from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
-from tests.conftest import REPO, TINY_CLS, compose_config
+from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 TINY = [
@@ -159,8 +159,9 @@ def test_two_process_gloo_matches_single_process(tmp_path, split, single_process
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-5, msg=k)
 
 
-def _start_and_signal(output_dir: Path, sig: int, *overrides: str) -> subprocess.Popen:
-    """Start a run and send ``sig`` once its second epoch has been checkpointed."""
+def _start_and_signal(output_dir: Path, sig: int, *overrides: str, whole_step: bool = False) -> subprocess.Popen:
+    """Start a run and send ``sig`` once its second epoch has been checkpointed: to the trainer, or
+    (``whole_step``) to it and every process below it, as Slurm signals a job step."""
     proc = subprocess.Popen(
         train_cmd(output_dir, *overrides),
         cwd=REPO,
@@ -174,6 +175,8 @@ def _start_and_signal(output_dir: Path, sig: int, *overrides: str) -> subprocess
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < deadline
         time.sleep(0.02)
+    for pid in descendant_pids(proc.pid) if whole_step else ():
+        os.kill(pid, sig)
     proc.send_signal(sig)
     proc.wait(timeout=120)
     return proc
@@ -227,6 +230,28 @@ def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted
     state = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
     assert state["step_in_epoch"] > 0 and state["rng"] is not None
     run_train(out, *RESUME_RUN)
+    _, expected_weights = uninterrupted
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_step_saves_and_resumes_identically(tmp_path, uninterrupted):
+    """Slurm's stop signal reaches every process of the step: the DataLoader workers go on serving
+    the step the trainer finishes; W&B's service process ends, and W&B's part of the run with it, with
+    a warning. The trainer saves, exits cleanly and releases the folder, and the resumed run (W&B
+    resumed with it) ends with the uninterrupted run's weights."""
+    out = tmp_path / "preempted"
+    wandb = "logger.wandb.mode=offline"
+    proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, wandb, "workers=2", whole_step=True)
+    log = proc.stdout.read()
+    assert proc.returncode == 0, log
+    assert "stop requested" in log and log.count("W&B stopped") == 1, log
+    assert "Traceback" not in log and "Exception ignored" not in log, log
+    assert not (out / ".lock").exists()
+    run_train(out, *RESUME_RUN, wandb, "workers=2")
+    assert len({run.name.rpartition("-")[2] for run in (out / "wandb").glob("offline-run-*")}) == 1  # one run id
     _, expected_weights = uninterrupted
     got = final_weights(out)
     for k, v in expected_weights.items():

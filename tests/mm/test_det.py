@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config, refusal_line
+from tests.conftest import REPO, compose_config, descendant_pids, refusal_line
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry
 
@@ -181,6 +182,8 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
 
 
 def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factory, tmp_path):
+    """SIGTERM to the trainer and every process below it (its DataLoader workers), as Slurm signals a
+    job step: the trainer still finishes the iteration and saves it."""
     root = tmp_path_factory.mktemp("coco24")
     subprocess.run(
         [sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "24", "--val", "4"],
@@ -194,6 +197,7 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
         f"data.root={root}",
         f"output_dir={out}",
         "schedule.epochs=1",
+        "workers=2",
         *FAST,
     ]
     first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -203,6 +207,10 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     ):
         assert first.poll() is None and time.time() < deadline
         time.sleep(0.1)
+    workers = descendant_pids(first.pid)
+    assert workers  # the train loader's two
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=300) == 0
     stopped = json.loads((out / "metrics.json").read_text())

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from omegaconf import OmegaConf
 
 from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
+from tests.conftest import REPO
 
 LOGGER = OmegaConf.create({"wandb": {"mode": "disabled", "project": "p", "entity": None, "tags": [], "name": "n"}})
 
@@ -62,3 +65,42 @@ def test_no_file_until_the_first_line(tmp_path):
     sink = JsonlSink(str(tmp_path / METRICS_HISTORY))
     sink.finish()
     assert not (tmp_path / METRICS_HISTORY).exists()
+
+
+# W&B's service process ended under a started run, as a Slurm step's stop signal ends it (it reaches
+# every process of the step), then the run logs on and finishes.
+SERVICE_ENDS = """
+import os, signal, sys, time
+from omegaconf import OmegaConf
+from cat.runtime.logger import setup_logging
+from cat.runtime.metrics import build_metric_sinks
+from tests.conftest import descendant_pids
+
+setup_logging(True)
+logger = OmegaConf.create({"wandb": {"mode": "offline", "project": "p", "entity": None, "tags": [], "name": "n"}})
+sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
+sinks.log({"a": 1.0}, 1)  # starts the W&B run and its service process
+services = descendant_pids(os.getpid())
+assert services, "W&B started no service process"
+for pid in services:
+    os.kill(pid, signal.SIGTERM)
+while set(services) & set(descendant_pids(os.getpid())):
+    time.sleep(0.05)
+sinks.log({"a": 2.0}, 2)
+sinks.log({"a": 3.0}, 3)
+sinks.finish()
+print("finished")
+"""
+
+
+def test_a_lost_wandb_service_ends_only_wandb(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVICE_ENDS, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "finished" in proc.stdout, output
+    # One warning naming where W&B stopped; no traceback, not even from W&B's exit hook.
+    assert output.count("W&B stopped at step 2 (") == 1 and "metrics.jsonl has every metric" in output, output
+    assert "Traceback" not in output and "Exception ignored" not in output, output
+    assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # what W&B took before it ended

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 from cat.runtime.preemption import StopSignals, stop_requested
+from tests.conftest import REPO
 
 
 def test_submitit_signal_is_a_flag_then_goes_back_to_submitit(monkeypatch):
@@ -34,3 +37,49 @@ def test_sigterm_outside_submitit_is_caught_and_not_handed_to_the_default(monkey
         assert stop_requested()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     signals.hand_back()  # the default handler would end the process: it is not called
+
+
+# A trainer with two DataLoader workers: it prints their pids, waits for the stop signal, then takes
+# the rest of its data and ends its workers itself, as multiprocessing does at exit.
+TRAINER = """
+import time
+from torch.utils.data import DataLoader, Dataset
+from cat.runtime.preemption import StopSignals, stop_requested, worker_context
+
+class Slow(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return i
+
+with StopSignals():
+    loader = DataLoader(Slow(), num_workers=2, persistent_workers=True, multiprocessing_context=worker_context())
+    batches = iter(loader)
+    items = [int(next(batches))]
+    print("workers", *(w.pid for w in batches._workers), flush=True)
+    while not stop_requested():
+        time.sleep(0.01)
+    items += [int(i) for i in batches]
+    print("items", *items, flush=True)
+    for worker in batches._workers:
+        worker.terminate()
+        worker.join(timeout=60)
+    print("ended", *(w.exitcode for w in batches._workers), flush=True)
+"""
+
+
+def test_workers_outlast_a_stop_meant_for_their_trainer_and_end_on_its_own():
+    """Slurm's stop signal reaches the trainer and its DataLoader workers alike: the workers go on
+    serving the step the trainer finishes; the trainer's own SIGTERM still ends them, with status 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    workers = [int(pid) for pid in proc.stdout.readline().split()[1:]]
+    assert len(workers) == 2, proc.stderr.read()
+    for pid in [*workers, proc.pid]:
+        os.kill(pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, out + err
+    assert out.splitlines() == ["items " + " ".join(map(str, range(24))), "ended 0 0"]
