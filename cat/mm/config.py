@@ -114,7 +114,8 @@ def backbone_problems(model: DictConfig) -> list[str]:
         return [
             f"model.backbone.out_indices={out_indices}: {name} has {len(features)} feature levels, strides {strides}"
         ]
-    expected = _head_strides(base_with_backbone(model).model)
+    # The heads as configured (the backbone's wiring does not touch them): no second build of the backbone.
+    expected = _head_strides(_with_overrides(load_base_config(model.base), model).model)
     got = [strides[i] for i in out_indices]
     if expected is None or got == expected[1]:
         return []
@@ -144,6 +145,11 @@ def base_with_backbone(model: DictConfig) -> Config:
         mm.model.decode_head.in_channels = channels
     if mm.model.get("auxiliary_head") is not None:
         mm.model.auxiliary_head.in_channels = channels[2]
+    return _with_overrides(mm, model)
+
+
+def _with_overrides(mm: Config, model: DictConfig) -> Config:
+    """``model.overrides`` (dotted keys into the model config) applied to ``mm``."""
     if model.overrides:
         mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(model.overrides).items()})
     return mm

@@ -59,17 +59,16 @@ class _WorkerProcess(multiprocessing.context.ForkProcess):
     """A forked worker born with the stop signals blocked (module doc)."""
 
     def start(self) -> None:
-        signals = set(_stop_signals())
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # the fork copies this thread's mask
+        self.stop_signals = set(_stop_signals())  # the child gets a copy
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, self.stop_signals)  # the fork copies this mask too
         try:
             super().start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that came meanwhile is delivered now
 
     def run(self) -> None:
-        signals = set(_stop_signals())
         waiter = threading.Thread(
-            target=_end_on_the_trainers_signal, args=(os.getppid(), signals), name="cat-stop", daemon=True
+            target=_end_on_the_trainers_signal, args=(os.getppid(), self.stop_signals), name="cat-stop", daemon=True
         )
         waiter.start()
         super().run()
