@@ -101,6 +101,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         install_safe_checkpoint_io()
         register_all_modules(init_default_scope=True)
         register_backbones()
+        from mmengine.config import Config
         from mmengine.runner import Runner
 
         from .metric_sink import sinks_for_new_backends
@@ -111,8 +112,9 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
             check_last_checkpoint(folder.path)
             check_resume_config(cfg, folder)
         folder.write_config(cfg)
-        if env.is_main:
-            mm.dump(folder.file("mm_config.py"))
+        # The Runner dumps its config into the run folder (rank 0) under the config's file name, which was the
+        # packaged base's (an R50 detector's name beside a CA-PVT run): named for the run instead.
+        mm = Config(mm.to_dict(), cfg_text=mm.text, filename=folder.file("mm_config.py"))
         with sinks_for_new_backends(folder.metrics):
             runner = Runner.from_cfg(mm)
         if cfg.mode == "eval" and cfg.strict_load:
@@ -127,7 +129,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
             results = runner.test()
         except Preempted as stop:
             folder.log.info(
-                "stop requested (SIGTERM): saved iteration %d to %s; rerun the same command to resume",
+                "stop requested (signal): saved iteration %d to %s; rerun the same command to resume",
                 stop.iteration,
                 stop.checkpoint,
             )

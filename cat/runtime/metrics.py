@@ -105,6 +105,14 @@ class WandbSink:
             try:
                 run.finish()
             except Exception as error:
+                return self._stop(error, None)
+            import wandb
+
+            # Now, not in W&B's exit hook: submitit requeues a preempted cell right after this run closes,
+            # and Slurm then ends every process of the step, W&B's service among them, before that hook.
+            try:
+                wandb.teardown()
+            except (Exception, SystemExit) as error:  # SystemExit: the service's own exit status
                 self._stop(error, None)
 
     def _stop(self, error: Exception, step: int | None) -> None:

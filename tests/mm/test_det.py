@@ -39,6 +39,12 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
         *FAST,
     )
     assert (out / "epoch_1.pth").is_file()
+    # One mmengine config in the run folder, named for the run, that describes it.
+    assert [p.name for p in out.glob("*.py")] == ["mm_config.py"]
+    from mmengine.config import Config
+
+    dumped = Config.fromfile(out / "mm_config.py")
+    assert dumped.model.backbone.type == "TimmBackbone" and dumped.work_dir == str(out)
     # The checkpoint holds mmengine's HistoryBuffer: torch's weights-only loader refuses it without
     # cat's scoped allow-list (checked in a fresh interpreter).
     probe = subprocess.run(

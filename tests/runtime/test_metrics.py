@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
@@ -67,14 +68,21 @@ def test_no_file_until_the_first_line(tmp_path):
     assert not (tmp_path / METRICS_HISTORY).exists()
 
 
-# W&B's service process ended under a started run, as a Slurm step's stop signal ends it (it reaches
-# every process of the step), then the run logs on and finishes.
+# W&B's service process ends under a started run, as Slurm ends every process of a step: during the run (the
+# step's stop signal reaches it), or after the run finished (submitit requeues a preempted cell as it closes).
 SERVICE_ENDS = """
-import os, signal, sys, time
+import contextlib, os, signal, sys, time
 from omegaconf import OmegaConf
 from cat.runtime.logger import setup_logging
 from cat.runtime.metrics import build_metric_sinks
 from tests.conftest import descendant_pids
+
+def end_service():
+    for pid in services:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    while set(services) & set(descendant_pids(os.getpid())):
+        time.sleep(0.05)
 
 setup_logging(True)
 logger = OmegaConf.create({"wandb": {"mode": "offline", "project": "p", "entity": None, "tags": [], "name": "n"}})
@@ -82,25 +90,33 @@ sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
 sinks.log({"a": 1.0}, 1)  # starts the W&B run and its service process
 services = descendant_pids(os.getpid())
 assert services, "W&B started no service process"
-for pid in services:
-    os.kill(pid, signal.SIGTERM)
-while set(services) & set(descendant_pids(os.getpid())):
-    time.sleep(0.05)
+if sys.argv[2] == "during":
+    end_service()
 sinks.log({"a": 2.0}, 2)
 sinks.log({"a": 3.0}, 3)
 sinks.finish()
+if sys.argv[2] == "after":
+    end_service()
 print("finished")
 """
 
 
-def test_a_lost_wandb_service_ends_only_wandb(tmp_path):
+@pytest.mark.parametrize("when", ["during", "after"])
+def test_a_lost_wandb_service_ends_only_wandb(tmp_path, when):
     proc = subprocess.run(
-        [sys.executable, "-c", SERVICE_ENDS, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SERVICE_ENDS, str(tmp_path), when],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "finished" in proc.stdout, output
-    # One warning naming where W&B stopped; no traceback, not even from W&B's exit hook.
-    assert output.count("W&B stopped at step 2 (") == 1 and "metrics.jsonl has every metric" in output, output
+    # During the run: one warning naming where W&B stopped. After it: nothing to say. Never a traceback, not even
+    # from W&B's exit hook.
+    warnings = 1 if when == "during" else 0
+    assert output.count("W&B stopped at step 2 (") == warnings, output
+    assert output.count("metrics.jsonl has every metric") == warnings, output
     assert "Traceback" not in output and "Exception ignored" not in output, output
     assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # what W&B took before it ended
