@@ -258,6 +258,30 @@ def test_sigterm_to_the_whole_step_saves_and_resumes_identically(tmp_path, unint
         assert torch.equal(got[k], v), k
 
 
+# Every speed flag of the trainer at once, with EMA.
+SPEED_FLAGS = ["compile=true", "channels_last=true", "amp.enabled=true", "amp.dtype=bf16", "ema.enabled=true"]
+
+
+@pytest.mark.slow
+def test_compiled_bf16_run_with_ema_resumes_identically(tmp_path, uninterrupted):
+    """torch.compile, channels-last and bf16 autocast together, with EMA: the checkpoint holds the plain
+    model's names (not the compiled wrapper's), and a run stopped mid-epoch resumes to the uninterrupted run's
+    weights and EMA weights, bit for bit."""
+    whole = run_train(tmp_path / "whole", *RESUME_RUN, *SPEED_FLAGS)
+    out = tmp_path / "preempted"
+    proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, *SPEED_FLAGS)
+    log = proc.stdout.read()
+    assert proc.returncode == 0 and "stop requested" in log, log
+    assert run_train(out, *RESUME_RUN, *SPEED_FLAGS)["top1"] == whole["top1"]
+    expected = torch.load(tmp_path / "whole" / "last.pth", map_location="cpu", weights_only=True)
+    got = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
+    assert expected["model"].keys() == uninterrupted[1].keys()
+    for part in ("model", "ema"):
+        assert got[part].keys() == expected[part].keys(), part
+        for k, v in expected[part].items():
+            assert torch.equal(got[part][k], v), (part, k)
+
+
 @pytest.mark.slow
 def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_accumulated):
     """A stop asked for between two micro-batches finishes their step (a unit test in test_loops
