@@ -9,6 +9,7 @@ the stack run on CPU and under torchrun without a GPU.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -207,15 +208,22 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     mm.resume = bool(cfg.resume) and cfg.mode == "train"
     mm.load_from = cfg.checkpoint
     opt = cfg.schedule.optim
+    amp = cfg.amp.enabled and env.device.type == "cuda"
+    if cfg.amp.enabled and not amp:
+        logging.getLogger("cat").warning(
+            "amp.enabled=true: mmengine's mixed precision (AmpOptimWrapper) runs on CUDA only; this %s run trains "
+            "in float32",
+            env.device.type,
+        )
     mm.optim_wrapper = {
-        "type": "AmpOptimWrapper" if (cfg.amp.enabled and env.device.type == "cuda") else "OptimWrapper",
+        "type": "AmpOptimWrapper" if amp else "OptimWrapper",
         "optimizer": {"type": opt.type, "lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas)},
         "paramwise_cfg": {"custom_keys": {k: {"decay_mult": 0.0} for k in opt.no_decay_keys}},
         "clip_grad": None if opt.clip_grad is None else {"max_norm": opt.clip_grad, "norm_type": 2},
         # DDP skips the all-reduce on the inner iterations (the wrapper's optim_context: no_sync).
         "accumulative_counts": cfg.accum_steps,
     }
-    if cfg.amp.enabled and env.device.type == "cuda":
+    if amp:
         mm.optim_wrapper["dtype"] = str(amp_dtype(cfg.amp.dtype)).removeprefix("torch.")
     by_epoch = mm.train_cfg.get("type") == "EpochBasedTrainLoop"
     atomic = {"backend": ATOMIC_BACKEND}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from pathlib import Path
 
@@ -137,7 +138,6 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     milestone would silently not apply, and another model crashed in the optimizer's state. Refused by
     name, before anything is written; a longer run, moved data and the same math computed another way are
     taken and logged. Without a checkpoint to resume, the folder starts over."""
-    import logging
 
     from cat.mm.runner import check_resume_config
     from cat.runtime import RunFolder
@@ -173,7 +173,6 @@ def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
     """The run folder's config.yaml is read before a resume: a YAML tag that would run code runs nothing, and
     that file, a truncated one, binary bytes or a list are each refused in one line naming it; nothing is
     written."""
-    import logging
 
     from cat.mm.runner import check_resume_config
     from cat.runtime import RunFolder
@@ -222,8 +221,21 @@ def test_apply_common_settings(toy_coco, tmp_path):
     assert mm.default_hooks.logger == {"type": "LoggerHook", "interval": 3, "log_metric_by_epoch": False}
     assert mm.visualizer.vis_backends == [{"type": "MetricSinkBackend"}]  # the run's sinks, nothing else
     assert mm.train_cfg.type == "ResumableEpochBasedTrainLoop" and mm.train_cfg.val_interval == 2
-    assert mm.optim_wrapper.type == "OptimWrapper"  # amp is CUDA-only
+    assert mm.optim_wrapper.type == "OptimWrapper"
     assert "SyncBN" not in str(mm.model)  # plain BN on CPU
+
+
+def test_amp_on_cpu_says_it_trains_in_float32(toy_coco, tmp_path, caplog, monkeypatch):
+    """mmengine's AmpOptimWrapper is CUDA-only: asked for on CPU, the run says so instead of ignoring it."""
+    from cat.mm.det import build_det_config
+
+    monkeypatch.setattr(logging.getLogger("cat"), "propagate", True)  # to caplog, whatever ran before
+
+    cfg = compose_config("det", f"data.root={toy_coco}", "amp.enabled=true")
+    with caplog.at_level(logging.WARNING, logger="cat"):
+        mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+    assert mm.optim_wrapper.type == "OptimWrapper" and "dtype" not in mm.optim_wrapper
+    assert "CUDA only; this cpu run trains in float32" in caplog.text
 
 
 @pytest.mark.parametrize(("rate", "passed"), [("null", None), ("0.3", 0.3)])
