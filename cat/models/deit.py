@@ -13,6 +13,7 @@ No ``from __future__ import annotations`` here: TorchScript reads :func:`check_p
 annotations when it scripts an FX graph holding that leaf call.
 """
 
+import urllib.error
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_filter
 from torch import Tensor, nn
 
+from cat.errors import CheckpointError
 from cat.layers import CirculantBlock, LayerNorm6, TokenReweightedAttention
 from cat.ops.circulant import Reweight
 
@@ -174,7 +176,13 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> CirculantVisionTra
     # set; the release format needs cat's safe loader, which reads plain state dicts as well.
     if kwargs.get("pretrained_cfg_overlay"):
         kwargs["pretrained_cfg_overlay"] = {"custom_load": True, **kwargs["pretrained_cfg_overlay"]}
-    return build_family_model(CirculantVisionTransformer, variant, pretrained, default_out_indices=3, **kwargs)
+    try:
+        return build_family_model(CirculantVisionTransformer, variant, pretrained, default_out_indices=3, **kwargs)
+    except urllib.error.URLError as error:  # timm's download, before cat's loader sees a file
+        raise CheckpointError(
+            f"{variant}: pretrained=True could not download its weights ({error.reason}); the authors' release is "
+            f"{RELEASE_URLS[variant]}. Offline, pass a local copy: pretrained_cfg_overlay=dict(file='/path/to/the.pth')"
+        ) from error
 
 
 # Drop path: the DeiT recipe of the paper's Table 2 (T/S/B: 0.0/0.1/0.4).

@@ -134,6 +134,16 @@ def test_pretrained_url_downloads_into_timms_cache_and_checks_the_hash(official_
         timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": wrong}, **FIXTURE_ARGS)
 
 
+def test_pretrained_download_failure_says_how_to_load_offline(tmp_path, monkeypatch):
+    """timm's download fails before cat's loader sees a file (offline, a dead link): the error names the URL
+    and the offline route, where timm's was a bare URLError."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    absent = ((tmp_path / "absent.pth").as_uri(), "ca_deit_absent.pth")  # no network: a file:// URL that fails
+    expected = r"absent\.pth.*the authors' release is https://cloud\.tsinghua.*pretrained_cfg_overlay=dict\(file="
+    with pytest.raises(CheckpointError, match=expected):
+        timm.create_model("ca_deit_tiny", pretrained=True, pretrained_cfg_overlay={"url": absent})
+
+
 def test_pretrained_refuses_corrupt_and_hostile_files(official_ca_deit, tmp_path):
     truncated = tmp_path / "truncated.pth"
     truncated.write_bytes((official_ca_deit / "small_p8_64.pth").read_bytes()[:100_000])
