@@ -5,6 +5,10 @@ CAT_ROOT=${CAT_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
 cd "$CAT_ROOT"
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-8}}
+# How long torchrun lets its trainers finish their step and save after a stop before it kills them: its
+# default, 30 s, can be shorter than a large checkpoint's write to a shared filesystem. Within the 300 s
+# that --signal=B:USR1@300 leaves before the time limit.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-240}
 
 # Processes per node: the GPUs Slurm gave this job, else those the node shows, else one (CPU).
 gpus_per_node() {

@@ -1,8 +1,9 @@
-"""The sbatch templates and the Slurm launcher under a real Slurm (scripts/slurm/local_cluster.sh): two
-nodes, each its own network host in a namespace of this machine (one node, this host, where namespaces
-cannot be made). A job runs; a preempted job checkpoints mid-epoch, is requeued and ends with an
-uninterrupted run's weights; two nodes train as two processes on one; two jobs share the nodes; a lost
-node ends its job in bounded time and the requeued job resumes; and `stop` leaves nothing behind.
+"""The sbatch templates and the Slurm launcher under a real Slurm (scripts/slurm/local_cluster.sh): two nodes,
+each its own network host in a namespace of this machine (one node, this host, where namespaces cannot be
+made). A job runs; a preempted job checkpoints mid-epoch, is requeued and ends with an uninterrupted run's
+weights, and its trainers may take longer than torchrun's default 30 s to save; two nodes train as two
+processes on one; two jobs share the nodes; a lost node ends its job in bounded time and the requeued job
+resumes; and `stop` leaves nothing behind.
 
 All in one file: one cluster, its tests in order, never two workers at once."""
 
@@ -184,6 +185,39 @@ def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_pat
     resumed = re.search(r"resumed from .*last\.pth: epoch 1, step (\d+) of 179", text)
     assert resumed and 20 <= int(resumed.group(1)) < 179, text[-3000:]
     assert_same_weights(out, local_run(tmp_path / "reference", DIGITS))
+
+
+# A trainer that takes longer to stop than torchrun's default 30 s: it finishes (a slow step, a large checkpoint
+# written to a shared filesystem) 40 s after the stop signal. Its requeued run ends at once.
+SLOW_TO_STOP = """
+import os, signal, sys, time
+if int(os.environ.get("SLURM_RESTART_COUNT", "0")):
+    sys.exit(0)
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+open(sys.argv[1] + ".started", "w").close()
+while not stop:
+    time.sleep(0.1)
+started = time.time()
+time.sleep(40)
+with open(sys.argv[1] + ".saved", "w") as saved:
+    saved.write(f"{time.time() - started:.0f} s after the stop")
+"""
+
+
+def test_preempted_trainer_may_take_longer_than_torchruns_default_to_save(slurm, tmp_path):
+    script, marker = tmp_path / "slow_to_stop.py", tmp_path / "trainer"
+    script.write_text(SLOW_TO_STOP)
+    job = sbatch("single_node.sbatch", tmp_path / "job.out", str(script), str(marker))
+    deadline = time.time() + 300
+    while not marker.with_suffix(".started").exists():
+        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING")
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    assert wait_for(job) == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
+    saved = marker.with_suffix(".saved")
+    assert saved.is_file(), (tmp_path / "job.out").read_text()[-3000:]  # torchrun's 30 s would have killed it
+    assert saved.read_text() == "40 s after the stop"
 
 
 def test_segmentation_job_through_sbatch(slurm, toy_ade, tmp_path):
