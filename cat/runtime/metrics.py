@@ -115,7 +115,7 @@ class WandbSink:
             except (Exception, SystemExit) as error:  # SystemExit: the service's own exit status
                 self._stop(error, None)
 
-    def _stop(self, error: Exception, step: int | None) -> None:
+    def _stop(self, error: BaseException, step: int | None) -> None:
         self.run, self.stopped = None, True
         logging.getLogger("cat").warning(
             "W&B stopped %s (%s: %s); its service process has probably ended, as a Slurm step's stop signal "
