@@ -73,9 +73,9 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
 
 @HOOKS.register_module(force=True)
 class PreemptionHook(Hook):
-    """On a stop signal, after the running iteration: save ``iter_N.pth`` (atomically, through the
-    checkpoint hook's backend), point ``last_checkpoint`` at it and raise :class:`Preempted`.
-    Every rank takes part in the decision each iteration, so they stop together."""
+    """On a stop signal, after the running iteration (with ``accum_steps``, the accumulation's last): save
+    ``iter_N.pth`` (atomically, through the checkpoint hook's backend), point ``last_checkpoint`` at it and raise
+    :class:`Preempted`. Every rank takes part in the decision, so they stop together."""
 
     priority = "LOWEST"
 
@@ -91,6 +91,10 @@ class PreemptionHook(Hook):
                 loader.multiprocessing_context = worker_context()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        # Only once the optimizer has stepped: the gradients of an unfinished accumulation (accum_steps) are not
+        # in a checkpoint, and the resumed run would step without them. Every rank reaches the same iterations.
+        if not runner.optim_wrapper.should_update():
+            return
         flag = all_reduce_sum(torch.tensor([float(stop_requested())]))
         if flag.item() == 0:
             return
