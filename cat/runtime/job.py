@@ -23,7 +23,7 @@ from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distr
 from .io import atomic_write_json, atomic_write_text
 from .logger import setup_logging
 from .metrics import MetricSinks, build_metric_sinks
-from .preemption import StopSignals
+from .preemption import Stopped, StopSignals
 from .rng import seed_everything
 from .rundir import RunDirLock
 
@@ -163,7 +163,7 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     folder.write_overrides()
     config = OmegaConf.to_container(cfg, resolve=True)
     folder.metrics = build_metric_sinks(cfg.logger, folder.path, config, env.is_main, cfg.mode == "train")
-    with StopSignals() as signals:
+    with StopSignals(save=cfg.mode == "train") as signals:
         try:
             seed_everything(cfg.seed + env.rank)
             folder.log.info(
@@ -182,6 +182,9 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
                 raise
             if env.is_main:
                 atomic_write_json(folder.file("metrics.json"), metrics)
+        except Stopped as stop:
+            folder.log.info("%s: nothing to save in %s mode; the run ends here", stop, cfg.mode)
+            raise SystemExit(128 + stop.signum) from None
         finally:
             folder.close()
             if dist.is_initialized():

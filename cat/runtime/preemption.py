@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StopSignals", "stop_requested", "worker_context"]
+__all__ = ["StopSignals", "Stopped", "stop_requested", "worker_context"]
 
 _active: StopSignals | None = None
 
@@ -85,17 +85,30 @@ def worker_context() -> multiprocessing.context.BaseContext | None:
     return _WorkerContext() if multiprocessing.get_start_method() == "fork" else None
 
 
-class StopSignals:
-    """While active, the stop signals set a flag instead of ending the process."""
+class Stopped(Exception):
+    """A stop signal reached a run that has nothing to save (evaluation, throughput)."""
 
-    def __init__(self) -> None:
-        self.signals = _stop_signals()
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class StopSignals:
+    """While active, the stop signals set a flag instead of ending the process (``save``: a training run,
+    which saves and returns). A run with nothing to save stops at once, through :class:`Stopped` (so its
+    folder is still released), and leaves submitit's signal to submitit."""
+
+    def __init__(self, save: bool = True) -> None:
+        self.save = save
+        self.signals = _stop_signals() if save else [signal.SIGTERM]
         self.submitit = _submitit_signal()
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
 
     def _request(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
+        if not self.save:
+            raise Stopped(signum)
 
     def __enter__(self) -> StopSignals:
         global _active

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,33 @@ def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["checkpoint"] == str(tmp_path / "best.pth")
     assert "throughput_img_s" in json.loads((tmp_path / "throughput" / "metrics.json").read_text())
     assert "mode: eval" in (tmp_path / "eval" / "config.yaml").read_text()
+
+
+def test_sigterm_ends_a_run_with_nothing_to_save_at_once(tmp_path):
+    """A stop signal to an evaluation or throughput run ends it (it has no checkpoint to write, and no loop
+    that would read the flag a training run reads): status 143, one line saying so, the folder released."""
+    run = subprocess.Popen(
+        train_cmd(tmp_path, "mode=throughput", "throughput.iters=100000000", "throughput.warmup=1"),
+        cwd=REPO,
+        env=env_single_thread(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = tmp_path / "throughput" / "log.txt"
+    try:
+        deadline = time.time() + 120
+        while "throughput mode on" not in (log.read_text() if log.exists() else ""):
+            assert run.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        run.kill()
+        run.wait()
+    assert "stopped by SIGTERM: nothing to save in throughput mode; the run ends here" in log.read_text()
+    assert "Traceback" not in run.stderr.read()
+    assert not (tmp_path / "throughput" / ".lock").exists() and not (tmp_path / "throughput" / "metrics.json").exists()
 
 
 def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path):

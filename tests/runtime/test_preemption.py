@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 
-from cat.runtime.preemption import StopSignals, stop_requested
+import pytest
+
+from cat.runtime.preemption import Stopped, StopSignals, stop_requested
 from tests.conftest import REPO
 
 
@@ -37,6 +39,23 @@ def test_sigterm_outside_submitit_is_caught_and_not_handed_to_the_default(monkey
         assert stop_requested()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     signals.hand_back()  # the default handler would end the process: it is not called
+
+
+def test_a_run_with_nothing_to_save_stops_at_once_and_leaves_submitits_signal(monkeypatch):
+    """Evaluation and throughput runs: SIGTERM ends them (through an exception, so the folder is released),
+    instead of a flag that no loop reads; submitit's signal keeps submitit's handler (it requeues)."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    submitit = signal.signal(signal.SIGUSR2, lambda signum, frame: None)
+    try:
+        with StopSignals(save=False) as signals:
+            assert signals.signals == [signal.SIGTERM] and signal.getsignal(signal.SIGUSR2) is not signals._request
+            with pytest.raises(Stopped, match="stopped by SIGTERM") as stopped:
+                os.kill(os.getpid(), signal.SIGTERM)
+            assert stopped.value.signum == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR2, submitit)
 
 
 # A trainer with two DataLoader workers: it prints their pids, waits for the stop signal, then takes
