@@ -123,7 +123,7 @@ def val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
         batch_size=cfg.batch_size,
         sampler=sampler,
         num_workers=cfg.workers,
-        multiprocessing_context=worker_context() if cfg.workers > 0 else None,
+        multiprocessing_context=worker_context(cfg.workers),
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
     )
 
@@ -172,7 +172,7 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
         sampler=None if streamed else sampler,
         drop_last=True,
         num_workers=cfg.workers,
-        multiprocessing_context=worker_context() if cfg.workers > 0 else None,
+        multiprocessing_context=worker_context(cfg.workers),
         pin_memory=cfg.pin_memory and env.device.type == "cuda",
         # A stream's workers take its epoch when they start: new ones each epoch.
         persistent_workers=cfg.workers > 0 and not streamed,

@@ -87,8 +87,8 @@ class PreemptionHook(Hook):
         :func:`~cat.runtime.preemption.worker_context`, so a stop signal leaves them serving the trainer."""
         for loop in (runner._train_loop, runner._val_loop, runner._test_loop):
             loader = getattr(loop, "dataloader", None)  # a loop's config dict until it is built
-            if isinstance(loader, DataLoader) and loader.num_workers > 0:
-                loader.multiprocessing_context = worker_context()
+            if isinstance(loader, DataLoader):
+                loader.multiprocessing_context = worker_context(loader.num_workers)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         # Only once the optimizer has stepped: the gradients of an unfinished accumulation (accum_steps) are not

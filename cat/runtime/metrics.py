@@ -127,8 +127,9 @@ class WandbSink:
         )
         # W&B's exit hook would retry the lost connection and print its traceback at exit: drop the hook
         # through W&B's own cleanup of it (private; where a W&B version keeps it elsewhere, the traceback
-        # stays). Not wandb.teardown(): failing half-way, it left W&B's event-loop thread running into
-        # interpreter exit, which then aborted the process (3 runs in 16).
+        # stays). Not wandb.teardown(), as finish() does with a live service: with the service gone it fails
+        # half-way and leaves W&B's event-loop thread running into interpreter exit, which then aborted the
+        # process (3 runs in 16).
         with contextlib.suppress(Exception):
             from wandb.sdk import wandb_setup
 

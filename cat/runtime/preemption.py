@@ -78,11 +78,12 @@ class _WorkerContext(multiprocessing.context.ForkContext):
     Process = _WorkerProcess
 
 
-def worker_context() -> multiprocessing.context.BaseContext | None:
-    """The ``multiprocessing_context`` for a DataLoader's workers: forked workers that outlast a stop
-    meant for their trainer (module doc). None (the DataLoader's default) where fork is not the start
-    method: spawned workers keep torch's behaviour."""
-    return _WorkerContext() if multiprocessing.get_start_method() == "fork" else None
+def worker_context(workers: int) -> multiprocessing.context.BaseContext | None:
+    """The ``multiprocessing_context`` for a DataLoader with ``workers`` worker processes: forked workers that
+    outlast a stop meant for their trainer (module doc). None (the DataLoader's default) without workers (the
+    DataLoader refuses a context then), and where fork is not the start method: spawned workers keep torch's
+    behaviour."""
+    return _WorkerContext() if workers > 0 and multiprocessing.get_start_method() == "fork" else None
 
 
 class Stopped(Exception):

@@ -74,7 +74,7 @@ class Slow(Dataset):
         return i
 
 with StopSignals():
-    loader = DataLoader(Slow(), num_workers=2, persistent_workers=True, multiprocessing_context=worker_context())
+    loader = DataLoader(Slow(), num_workers=2, persistent_workers=True, multiprocessing_context=worker_context(2))
     batches = iter(loader)
     items = [int(next(batches))]
     print("workers", *(w.pid for w in batches._workers), flush=True)
