@@ -146,6 +146,8 @@ def load_checkpoint_file(
         raise CheckpointError(f"checkpoint not found: {path}")
     if os.path.getsize(path) == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
+    if _file_format(path) == "safetensors":
+        return _load_safetensors(path, map_location)
     try:
         with torch.serialization.safe_globals(list(safe_globals)):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -160,11 +162,52 @@ def load_checkpoint_file(
     except UserError:
         raise
     except Exception as error:
-        first_line = str(weights_only_error).strip().splitlines()[0]
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({type(error).__name__}: {error}; the "
-            f"weights-only reader said: {first_line})"
+            f"weights-only reader said: {_weights_only_reason(weights_only_error)})"
         ) from None
+
+
+# torch.save writes a zip archive; its legacy format (and a bare pickle) begins with pickle's PROTO
+# opcode; torch.load still reads the tar archives of its first releases ("ustar" at byte 257).
+_ZIP_MAGIC, _PICKLE_PROTO, _TAR_MAGIC = b"PK\x03\x04", b"\x80", (257, b"ustar")
+
+
+def _file_format(path: str) -> str:
+    """'torch' (what torch.load reads) or 'safetensors' (timm's and the Hugging Face hub's weights: an
+    8-byte header length, then the header's JSON); a CheckpointError for anything else (a web page
+    saved in place of a download, a text file), before a reader guesses at its bytes."""
+    with open(path, "rb") as file:
+        head = file.read(_TAR_MAGIC[0] + len(_TAR_MAGIC[1]))
+    if head.startswith((_ZIP_MAGIC, _PICKLE_PROTO)) or head[_TAR_MAGIC[0] :] == _TAR_MAGIC[1]:
+        return "torch"
+    if head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= os.path.getsize(path) - 8:
+        return "safetensors"
+    web_page = head.lstrip().lower().startswith((b"<!doctype html", b"<html"))
+    raise CheckpointError(
+        f"checkpoint {path} is not a PyTorch checkpoint: neither a zip archive, a pickle nor safetensors, it "
+        f"begins {head[:40]!r}"
+        + ("; it is a web page, saved in place of the file: download the file itself" if web_page else "")
+    )
+
+
+def _load_safetensors(path: str, map_location: str | torch.device) -> dict[str, Tensor]:
+    """A safetensors file's tensors (the format holds tensors and a string table only: no code), whatever
+    its name and torch's version (a recent torch.load reads them, and only by the name's suffix)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device=str(map_location))
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"checkpoint {path} is unreadable (safetensors: {error})") from None
+
+
+def _weights_only_reason(error: BaseException) -> str:
+    """What torch's weights-only reader found, without its advice to load with weights_only=False."""
+    text = str(error)
+    detail = text.partition("WeightsUnpickler error:")[2].strip()
+    return (detail or text.strip()).splitlines()[0]
 
 
 # torch.hub's convention: a file name may end in "-<first hex digits of its sha256>" before the suffix.

@@ -51,18 +51,49 @@ def test_mismatch_lists_keys_and_shapes(tmp_path):
     torch.testing.assert_close(model.patch_embed.proj.weight, sd["patch_embed.proj.weight"])
 
 
+@pytest.mark.parametrize("writer", ["legacy", "safetensors"])
+def test_other_weight_formats_load(tmp_path, writer):
+    """torch's pre-1.6 format, and safetensors (timm's weights on the Hugging Face hub), through the one
+    loader: a timm model and a circulant one."""
+    from safetensors.torch import save_file
+
+    for name, kwargs in (("deit_tiny_patch16_224", dict(KWARGS, embed_dim=48)), ("ca_deit_tiny", KWARGS)):
+        src = cat.create_model(name, **kwargs)
+        path = tmp_path / f"{name}.{writer}"
+        if writer == "safetensors":
+            save_file(src.state_dict(), path)
+        else:
+            torch.save(src.state_dict(), path, _use_new_zipfile_serialization=False)
+        dst = cat.create_model(name, checkpoint=path, **kwargs)
+        for k, v in src.state_dict().items():
+            torch.testing.assert_close(dst.state_dict()[k], v)
+
+
 def test_missing_empty_and_corrupt_files_are_named(tmp_path):
+    from safetensors.torch import save_file
+
     from cat.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="nope.pth"):
         load_checkpoint_file(tmp_path / "nope.pth")
     good = tmp_path / "good.pth"
     torch.save({"model": build().state_dict()}, good)
-    broken = {"empty.pth": b"", "random.pth": bytes(range(256)) * 40, "truncated.pth": good.read_bytes()[:2000]}
+    save_file(build().state_dict(), tmp_path / "good.safetensors")
+    broken = {
+        "empty.pth": b"",
+        "random.pth": bytes(range(256)) * 40,
+        "truncated.pth": good.read_bytes()[:2000],
+        "truncated.safetensors": (tmp_path / "good.safetensors").read_bytes()[:2000],
+        "notes.pth": b'{"epoch": 3}',
+        "page.pth": b"\n<!DOCTYPE html>\n<html><head><title>Sign in</title></head></html>",
+    }
     for name, data in broken.items():
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(CheckpointError, match=name):
+        with pytest.raises(CheckpointError, match=name) as error:
             load_checkpoint_file(tmp_path / name)
+        # torch's weights-only reader advises weights_only=False; for a broken file that is no advice to pass on
+        assert "weights_only" not in str(error.value)
+    assert "a web page, saved in place of the file" in str(error.value)
 
 
 def test_release_format_with_yacs_config(official_ca_deit):
