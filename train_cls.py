@@ -12,15 +12,13 @@ Configs live in configs/cls (Hydra); see README.md for the keys.
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from cat.classification.job import run
-from cat.runtime import report_user_errors
+from cat.runtime import hydra_entry
 
 
-@hydra.main(config_path="configs/cls", config_name="config", version_base="1.3")
-@report_user_errors
+@hydra_entry("configs/cls", schema="cls")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

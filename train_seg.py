@@ -11,15 +11,13 @@ Configs live in configs/seg (Hydra); see README.md.
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
 from cat.mm import run_mm
-from cat.runtime import report_user_errors
+from cat.runtime import hydra_entry
 
 
-@hydra.main(config_path="configs/seg", config_name="config", version_base="1.3")
-@report_user_errors
+@hydra_entry("configs/seg", schema="seg")
 def main(cfg: DictConfig) -> None:
     run_mm(cfg, "seg")
 

@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import hydra
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from cat.errors import OutputError, UserError
 
@@ -26,9 +29,11 @@ from .metrics import MetricSinks, build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .rng import seed_everything
 from .rundir import RunDirLock
+from .schema import schema_of, section_keys, unknown_key_problem
 
 __all__ = [
     "RunFolder",
+    "hydra_entry",
     "open_run_folder",
     "report_user_errors",
     "run_dir_for",
@@ -53,6 +58,76 @@ def use_sweep_cell_dir(cfg: DictConfig) -> None:
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         sweep = HydraConfig.get().sweep
         cfg.output_dir = os.path.join(sweep.dir, sweep.subdir)
+
+
+# While Hydra composes the config, HYDRA_FULL_ERROR=1 makes it raise its refusals of the command line
+# instead of printing them; the user's own value ('' for none) waits here and is put back as the task
+# starts, in whichever process runs it (a Slurm job inherits the submitting shell's environment).
+_USERS_FULL_ERROR = "CAT_USERS_HYDRA_FULL_ERROR"
+
+
+def _restore_full_error() -> None:
+    users = os.environ.pop(_USERS_FULL_ERROR, None)
+    if users:
+        os.environ["HYDRA_FULL_ERROR"] = users
+    elif users is not None:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
+    """``hydra.main`` on ``<config_path>/config.yaml`` for a trainer whose keys ``schema/<schema>``
+    declares, with :func:`report_user_errors`. Hydra's own refusals of the command line (a key the
+    config lacks, an option its group lacks, an override that does not parse) end it the same way, one
+    line ``error: ...`` and exit status 2, instead of Hydra's report over several lines with status 1
+    (whose advice for a mistyped key, '+key=value', the schema then refuses)."""
+
+    def decorate(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+        @functools.wraps(task)
+        def task_in_users_environment(cfg: DictConfig) -> None:
+            _restore_full_error()
+            task(cfg)
+
+        hydra_main = hydra.main(config_path=config_path, config_name="config", version_base="1.3")(
+            report_user_errors(task_in_users_environment)
+        )
+
+        @functools.wraps(task)
+        def entry() -> None:
+            users = os.environ.get("HYDRA_FULL_ERROR", "")
+            os.environ.update({_USERS_FULL_ERROR: users, "HYDRA_FULL_ERROR": "1"})
+            try:
+                hydra_main()
+            except (ConfigCompositionException, OverrideParseException) as error:
+                if users == "1":
+                    raise
+                print(f"error: {_command_line_problem(error, schema_of(schema))}", file=sys.stderr, flush=True)
+                raise SystemExit(2) from None
+            finally:
+                _restore_full_error()
+
+        return entry
+
+    return decorate
+
+
+def _command_line_problem(error: ConfigCompositionException | OverrideParseException, schema: type) -> str:
+    """Hydra's refusal of an override as one line, in the schema's words where it is about a key."""
+    if isinstance(error, OverrideParseException):
+        return f"{error.override}: not an override Hydra can parse ({error.message.splitlines()[0]})"
+    if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: no such option (available: {', '.join(error.options)})"
+    cause = error.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        parent = cause.full_key.rpartition(".")[0]
+        known = section_keys(schema, parent)
+        if known:
+            return unknown_key_problem(cause.full_key, known)
+        if known is None:  # a free-form mapping (model.kwargs) takes new entries with '+', as Hydra says
+            addition = str(error).splitlines()[-1].rpartition(" use ")[2]
+            return f"{cause.full_key}: {parent} has no such entry; to add one: {addition}"
+        return f"{cause.full_key}: {parent} is a single value, not a section of keys"
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def _debug_requested(args: tuple[Any, ...]) -> bool:

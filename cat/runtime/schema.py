@@ -17,7 +17,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -31,6 +31,8 @@ __all__ = [
     "register_schema",
     "schema_of",
     "schema_problems",
+    "section_keys",
+    "unknown_key_problem",
     "schema_keys",
     "schema_help",
 ]
@@ -246,9 +248,31 @@ def _problems(node: dict[str, Any], schema: type, prefix: str) -> list[str]:
         values = value if typing.get_origin(tp) is list and isinstance(value, list) else [value]
         if not _is_type(value, tp) or any(check.value_problem(v) is not None for v in values):
             problems.append(f"{path}={value!r}: expected {_expected(tp, check, nullable)}")
-    for name in node.keys() - known:
-        problems.append(f"{prefix}{name}: not a key of this config (known here: {', '.join(sorted(known))})")
+    problems += [unknown_key_problem(prefix + name, known) for name in node.keys() - known]
     return problems
+
+
+def unknown_key_problem(path: str, known: Iterable[str]) -> str:
+    """The line for a key (dotted ``path``) that its section of the schema does not declare."""
+    return f"{path}: not a key of this config (known here: {', '.join(sorted(known))})"
+
+
+def section_keys(schema: type, path: str) -> list[str] | None:
+    """The keys the schema declares in the section at dotted ``path`` ('' for the top level): None
+    for a free-form mapping (``model.kwargs``), [] for a single value or a path the schema lacks."""
+    section: Any = schema
+    for name in filter(None, path.split(".")):
+        if not dataclasses.is_dataclass(section):
+            return None if _is_mapping(section) else []
+        fields = {n: a for n, a, _ in _checks(section)}
+        section = _unwrap_optional(fields[name])[0] if name in fields else None
+    if dataclasses.is_dataclass(section):
+        return [name for name, _, _ in _checks(section)]
+    return None if _is_mapping(section) else []
+
+
+def _is_mapping(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
 
 
 def schema_problems(cfg: DictConfig, schema: type) -> list[str]:

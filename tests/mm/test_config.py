@@ -72,6 +72,8 @@ BAD_KEYS = [
         "model.backbone.grad_checkpointing='maybe': expected true or false",
     ),
     ("det", "++model.backbone.kwargs.foo=1", "model.backbone.kwargs.foo: not an argument of ca_pvt_tiny (accepted:"),
+    ("det", "schedule.epoch=3", "schedule.epoch: not a key of this config (known here: epochs, optim,"),
+    ("seg", "model=upernet_ca_swin_tiy", "model=upernet_ca_swin_tiy: no such option (available:"),
 ]
 
 

@@ -176,6 +176,20 @@ CASES = {
     ),
     "zip_root_without_zips": (_zip_root_without_zips, "train.zip (data.format=zip reads <root>/<split>.zip"),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),
+    # Hydra's own refusals of the command line, before the schema sees a config
+    "unknown_key_without_plus": (_overrides("bogus=1"), "bogus: not a key of this config (known here: accum_steps,"),
+    "unknown_nested_key": (_overrides("optim.lrr=1"), "optim.lrr: not a key of this config (known here: clip_grad,"),
+    "unknown_kwarg_without_plus": (
+        _overrides("model.kwargs.dept=3"),
+        "model.kwargs.dept: model.kwargs has no such entry; to add one: +model.kwargs.dept=3",
+    ),
+    "key_under_a_value": (_overrides("optim.opt.x=1"), "optim.opt.x: optim.opt is a single value, not a section"),
+    "unknown_group_option": (
+        _overrides("model=ca_deit_tiy"),
+        "model=ca_deit_tiy: no such option (available: ca_deit_base,",
+    ),
+    "unparsable_override": (_overrides("lr=[1,2"), "lr=[1,2: not an override Hydra can parse (no viable alternative"),
+    "append_existing_key": (_overrides("+epochs=3"), "An item is already at 'epochs'. Either remove + prefix"),
     "img_size_huge": (_overrides("data.img_size=100000"), "one batch of input images alone takes"),
 }
 
@@ -240,6 +254,19 @@ def test_bad_input_is_one_line(case, refused):
 def test_debug_keeps_the_traceback(tmp_path):
     proc = _run(tmp_path / "run", ["schedule.sched=bogus", "debug=true"])
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "schedule.sched='bogus'" in proc.stderr
+
+
+def test_hydra_full_error_keeps_hydras_exception(tmp_path):
+    """HYDRA_FULL_ERROR=1 asks for Hydra's own exception, for a refused command line too."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train_cls.py"), "bogus=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+    )
+    assert proc.returncode == 1 and "hydra.errors.ConfigCompositionException" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_folder_named_like_a_temporary_is_left_alone(tmp_path):
