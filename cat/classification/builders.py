@@ -74,10 +74,13 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None, strict: bool = True) -> nn.Module:
+def build_model(
+    cfg: DictConfig, num_classes: int, checkpoint: str | None = None, strict: bool = True, fine_tune: bool = False
+) -> nn.Module:
     """The model of ``cfg.model``: created, its ``checkpoint`` loaded, converted to circulant attention
     when ``model.convert`` is set. A checkpoint of the unconverted model loads before the conversion
-    (fine-tuning a softmax model as a circulant one), a converted model's after it."""
+    (fine-tuning a softmax model as a circulant one), a converted model's after it. To ``fine_tune``, a
+    checkpoint's classifier for another class count is left out (the model's starts fresh)."""
     kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
     accepted = model_arguments(cfg.model.name)
     if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
@@ -96,7 +99,7 @@ def build_model(cfg: DictConfig, num_classes: int, checkpoint: str | None = None
     if convert_first:
         cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
     if state_dict is not None:
-        load_weights(model, state_dict, strict, checkpoint)
+        load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
     if conversion is not None and not convert_first:
         cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
     if cfg.model.grad_checkpointing:
@@ -195,7 +198,9 @@ def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainSt
     """A fresh train state: the model (from ``checkpoint=`` if given), EMA, AdamW-style optimizer with
     the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
     precision = Precision.from_config(cfg, env.device)
-    model = precision.model(build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load))
+    model = precision.model(
+        build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load, fine_tune=True)
+    )
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
     lr = cfg.lr * data.global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr
     optimizer = create_optimizer_v2(

@@ -42,7 +42,9 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
     dataset = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
     precision = Precision.from_config(cfg, env.device)
-    model = precision.model(build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint))
+    model = precision.model(
+        build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint, strict=cfg.strict_load)
+    )
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
     metrics = evaluate(model, val_loader(cfg, dataset, env), env, precision)
     folder.log.info(
@@ -60,7 +62,9 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
 def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     hw = input_size(cfg)
     precision = Precision.from_config(cfg, env.device)
-    model = precision.model(build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint))
+    model = precision.model(
+        build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint, strict=cfg.strict_load)
+    )
     folder.write_config(cfg)
     if cfg.compile:
         model = torch.compile(model)

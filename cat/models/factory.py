@@ -19,6 +19,7 @@ from .loading import (
     adapt_state_dict,
     extract_state_dict,
     load_checkpoint_file,
+    load_for_fine_tuning,
     load_state_dict,
     without_classifier,
 )
@@ -41,9 +42,16 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
     return load_weights(model, extract_state_dict(load_checkpoint_file(path), str(path)), strict, str(path))
 
 
-def load_weights(model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "") -> LoadReport:
-    """Load a checkpoint's ``state_dict`` (read from ``source``) into ``model``, adapted to its resolution."""
-    report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=strict, source=source)
+def load_weights(
+    model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "", new_classifier: bool = False
+) -> LoadReport:
+    """Load a checkpoint's ``state_dict`` (read from ``source``) into ``model``, adapted to its resolution;
+    with ``new_classifier`` a classifier for another class count keeps its fresh initialisation
+    (:func:`~cat.models.loading.load_for_fine_tuning`)."""
+    if new_classifier:
+        report = load_for_fine_tuning(model, state_dict, strict, source)
+    else:
+        report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=strict, source=source)
     if not report.clean:
         _logger.warning("partially loaded %s:\n%s", source, report)
     return report

@@ -31,6 +31,7 @@ __all__ = [
     "adapt_state_dict",
     "without_classifier",
     "load_pretrained_file",
+    "load_for_fine_tuning",
     "check_name_hash",
     "load_checkpoint_file",
     "extract_state_dict",
@@ -297,7 +298,8 @@ class CheckpointMismatchError(UserError, ValueError):
     def __init__(self, report: LoadReport, source: str) -> None:
         self.report = report
         super().__init__(
-            f"checkpoint {source} does not match the model (pass strict=False to load the matching part):\n{report}"
+            f"checkpoint {source} does not match the model (strict=False, or strict_load=false for a trainer, loads "
+            f"the matching part):\n{report}"
         )
 
 
@@ -348,16 +350,32 @@ def load_pretrained_file(model: nn.Module, path: str | os.PathLike[str]) -> Load
     its name's hash is checked. Everything must match except a classifier of another class count
     (``num_classes=``), which keeps its fresh initialisation."""
     check_name_hash(path)
-    state_dict = adapt_state_dict(model, extract_state_dict(load_checkpoint_file(path), str(path)))
+    return load_for_fine_tuning(model, extract_state_dict(load_checkpoint_file(path), str(path)), True, str(path))
+
+
+def load_for_fine_tuning(
+    model: nn.Module, state_dict: dict[str, Tensor], strict: bool = True, source: str = "state dict"
+) -> LoadReport:
+    """Load ``state_dict`` (fitted to the model's resolution) into ``model``, except a classifier shaped
+    for another class count, which keeps its fresh initialisation: fine-tuning on other data, as timm's
+    pretrained weights and the authors' ``--finetune`` do. With ``strict`` any other mismatch raises."""
+    state_dict = adapt_state_dict(model, state_dict)
     own = model.state_dict()
     kept, classifier = without_classifier(model, state_dict)
-    other_classifier = any(k not in own or own[k].shape != v.shape for k, v in state_dict.items() if k not in kept)
-    if other_classifier:
-        _logger.info("pretrained %s: classifier %r not loaded (another class count)", path, classifier)
+    other = {
+        k: tuple(v.shape) for k, v in state_dict.items() if k not in kept and (k not in own or own[k].shape != v.shape)
+    }
+    if other:
+        _logger.info(
+            "%s: classifier %r not loaded (another class count: %s); it starts from its fresh initialisation",
+            source,
+            classifier,
+            ", ".join(f"{k} {shape}" for k, shape in other.items()),
+        )
         state_dict = kept
-    report = load_state_dict(model, state_dict, strict=False, source=str(path))
-    if other_classifier:
+    report = load_state_dict(model, state_dict, strict=False, source=source)
+    if other:
         report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
-    if not report.clean:
-        raise CheckpointMismatchError(report, str(path))
+    if strict and not report.clean:
+        raise CheckpointMismatchError(report, source)
     return report

@@ -59,3 +59,24 @@ def test_num_classes_from_the_config_or_the_folders():
 
     assert num_classes_of(compose_config("cls", *TINY_CLS), Folders()) == 4  # synthetic: data.num_classes
     assert num_classes_of(compose_config("cls", "data=folder"), Folders()) == 3
+
+
+def test_fine_tuning_starts_a_classifier_for_another_class_count_fresh(tmp_path, caplog):
+    """checkpoint= in train mode: the body loads, a classifier for another class count does not (the
+    authors' --finetune); anything else that does not match still refuses, and eval loads strictly."""
+    from cat.models import CheckpointMismatchError
+
+    cfg = compose_config("cls", *TINY_CLS)
+    source = build_model(cfg, 7)
+    path = tmp_path / "seven_classes.pth"
+    torch.save({"model": source.state_dict()}, path)
+    with caplog.at_level("INFO"):
+        model = build_model(cfg, 5, checkpoint=str(path), fine_tune=True)
+    assert "classifier 'head' not loaded (another class count: head.weight (7, 16), head.bias (7,))" in caplog.text
+    torch.testing.assert_close(model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    assert model.head.weight.shape == (5, 16)
+    with pytest.raises(CheckpointMismatchError, match="head.weight: model"):
+        build_model(cfg, 5, checkpoint=str(path))
+    deeper = compose_config("cls", *TINY_CLS, "model.kwargs.depth=2")
+    with pytest.raises(CheckpointMismatchError, match=r"missing in checkpoint \(15\): blocks.1"):
+        build_model(deeper, 5, checkpoint=str(path), fine_tune=True)
