@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from cat.errors import ConfigError, UserError
 from cat.ops import CirculantAttention, circulant_attention_flops
 
 __all__ = ["count_macs", "model_cost"]
@@ -59,6 +60,12 @@ def model_cost(name: str, img_size: tuple[int, int], **kwargs: Any) -> tuple[int
     accepted = model_arguments(name)
     if accepted is None or "img_size" in accepted:  # models without it (e.g. convnets) take any size
         kwargs = {"img_size": img_size, **kwargs}
-    with torch.device("meta"):
-        model = cat.create_model(name, **kwargs).eval()
-        return sum(p.numel() for p in model.parameters()), count_macs(model, torch.empty(1, 3, *img_size))
+    try:
+        with torch.device("meta"):
+            model = cat.create_model(name, **kwargs).eval()
+            return sum(p.numel() for p in model.parameters()), count_macs(model, torch.empty(1, 3, *img_size))
+    except UserError:
+        raise
+    except Exception as error:  # the model's own complaint about the input size or its arguments
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"{name} does not run at {img_size[0]}x{img_size[1]}: {reason}") from None

@@ -89,6 +89,13 @@ def _print_table(number: int, rows: list[dict[str, object]]) -> None:
         )
 
 
+def _size(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--img-size",
         nargs="+",
-        type=int,
+        type=_size,
         action="append",
         metavar=("H", "W"),
         help="input resolution: H (square) or H W; repeat the flag for several (default 224)",

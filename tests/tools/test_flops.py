@@ -92,3 +92,16 @@ def test_paper_tables_hold_every_printed_number():
     assert all(len(p) == 6 for label, p in table3.items() if label != "Swin-B")
     # Rows that are our targets (CAT, reconstructed) carry no paper metric.
     assert all(("paper" in r) != r.get("target", False) for r in paper_table(2)["rows"])
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        (["0"], "argument --img-size: '0' is not a positive integer"),
+        (["big"], "argument --img-size: 'big' is not a positive integer"),
+        (["100"], "error: invalid config: ca_deit_tiny does not run at 100x100: expected images (B, C, H, W) with H"),
+    ],
+)
+def test_a_size_the_model_cannot_take_is_one_line(run_tool, size, expected):
+    err = run_tool("flops", "ca_deit_tiny", "--img-size", *size, expect=2, stderr=True)
+    assert expected in err and "Traceback" not in err
