@@ -25,6 +25,7 @@ import cat
 import cat.export
 from cat.ops import set_fft_backend
 from cat.runtime import report_user_errors
+from cat.toolkit import check_model_size, positive_int
 
 
 def export_matmul(model: torch.nn.Module, img_size: int, path: str, batch: int = 1) -> None:
@@ -64,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="ca_deit_tiny")
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--backend", choices=("dft", "matmul"), default="dft")
-    parser.add_argument("--img-size", type=int, default=224, help="the example's size (matmul: the only one)")
+    parser.add_argument("--img-size", type=positive_int, default=224, help="the example's size (matmul: the only one)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="max relative difference accepted")
     args = parser.parse_args(argv)
 
+    check_model_size(args.model, args.img_size)
     model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size).eval()
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":

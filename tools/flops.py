@@ -19,6 +19,7 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import model_cost
 from cat.paper import available_tables, paper_table
 from cat.runtime import report_user_errors
+from cat.toolkit import positive_int
 
 
 def measure(name: str, img_size: tuple[int, int], **model_args: object) -> dict[str, object]:
@@ -89,13 +90,6 @@ def _print_table(number: int, rows: list[dict[str, object]]) -> None:
         )
 
 
-def _size(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--img-size",
         nargs="+",
-        type=_size,
+        type=positive_int,
         action="append",
         metavar=("H", "W"),
         help="input resolution: H (square) or H W; repeat the flag for several (default 224)",

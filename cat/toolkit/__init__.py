@@ -3,7 +3,7 @@ line, sample images and figure saving. Nothing here is a tool itself; ``tools/``
 
 from .figures import save_figure
 from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
-from .models import add_model_arguments, model_from_args, model_tool_parser
+from .models import add_model_arguments, check_model_size, model_from_args, model_tool_parser, positive_int
 from .timing import (
     interleaved_medians,
     median_quartiles,
@@ -27,6 +27,8 @@ __all__ = [
     "to_model_input",
     "add_model_arguments",
     "model_from_args",
+    "positive_int",
+    "check_model_size",
     "model_tool_parser",
     "interleaved_medians",
     "median_quartiles",

@@ -11,7 +11,22 @@ from torch import nn
 import cat
 from cat.models import parse_model_args
 
-__all__ = ["add_model_arguments", "model_from_args", "model_tool_parser"]
+__all__ = ["add_model_arguments", "model_from_args", "model_tool_parser", "positive_int", "check_model_size"]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a size or count, 1 or more."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def check_model_size(name: str, img_size: int, **kwargs: object) -> None:
+    """A ConfigError naming the model and the size where ``name`` does not build or run at ``img_size``
+    (a forward on the meta device), before a real model is built, loaded or traced at it."""
+    from cat.flops import model_cost
+
+    model_cost(name, (img_size, img_size), **kwargs)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str, img_size: int = 224) -> None:
@@ -24,16 +39,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str
         help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable",
     )
     parser.add_argument("--checkpoint", default=None, help="weights to load (release format, state dict or cat's)")
-    parser.add_argument("--img-size", type=int, default=img_size)
+    parser.add_argument("--img-size", type=positive_int, default=img_size)
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights of a model without --checkpoint")
 
 
 def model_from_args(args: argparse.Namespace) -> nn.Module:
     """The model the arguments name, in eval mode (random weights seeded by ``--seed`` without a checkpoint)."""
+    kwargs = parse_model_args(args.model_arg)
+    check_model_size(args.model, args.img_size, **kwargs)
     torch.manual_seed(args.seed)
-    return cat.create_model(
-        args.model, checkpoint=args.checkpoint, img_size=args.img_size, **parse_model_args(args.model_arg)
-    ).eval()
+    return cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size, **kwargs).eval()
 
 
 def model_tool_parser(description: str, out_help: str, default: str, help: str) -> argparse.ArgumentParser:

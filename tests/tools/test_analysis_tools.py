@@ -62,6 +62,18 @@ def test_visualize_kernels(run_tool, tmp_path):
     assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "kernels.pdf").is_file()
 
 
+@pytest.mark.parametrize("tool", ["bccb_analysis", "visualize_kernels", "export_onnx"])
+def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
+    out = tmp_path / ("model.onnx" if tool == "export_onnx" else "out")
+    err = run_tool(tool, "--out", str(out), "--img-size", "0", expect=2, stderr=True)
+    assert "argument --img-size: '0' is not a positive integer" in err
+    if tool != "bccb_analysis":  # timm's ViT (its model) floors the patch grid of any size
+        err = run_tool(tool, "--out", str(out), "--model", "ca_deit_tiny", "--img-size", "100", expect=2, stderr=True)
+        assert "error: invalid config: ca_deit_tiny does not run at 100x100: expected images" in err, err
+        assert "Traceback" not in err
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_benchmark(run_tool, tmp_path):
     text = run_tool("benchmark", "--out", str(tmp_path), "--res", "32", "48", "--iters", "2", "--warmup", "1")
