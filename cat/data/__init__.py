@@ -72,9 +72,18 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
             f"dataset split folder not found: {folder} (data.root={data.root}; expected "
             f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)"
         )
-    classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    classes = _class_folders(folder)
     if not classes:
         raise DataError(f"no class folders in {folder}")
+    train_folder = os.path.join(data.root, data.train_split)
+    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := _class_folders(train_folder)):
+        # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
+        missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
+        raise DataError(
+            f"{folder} and {train_folder} hold different class folders (labels are indices into each split's "
+            f"sorted folders, so they would not agree): not in {data.val_split}: {_some(missing)}; not in "
+            f"{data.train_split}: {_some(extra)}"
+        )
     for c in classes:
         has_image = any(
             f.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
@@ -84,6 +93,14 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
     return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=load_rgb)
+
+
+def _class_folders(folder: str) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+
+
+def _some(names: list[str]) -> str:
+    return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
 
 
 def build_transform(data: Any, aug: Any, is_train: bool) -> Any:

@@ -34,3 +34,21 @@ def test_image_folder_and_its_errors(tmp_path):
         build_dataset(cfg.data, cfg.aug, "test")
     with pytest.raises(ConfigError, match="unknown dataset"):
         build_dataset(OmegaConf.merge(cfg.data, {"name": "mnist"}), cfg.aug, "train")
+
+
+def test_val_folders_must_be_the_train_classes(tmp_path):
+    """Labels are indices into each split's sorted class folders: a class missing from val shifts
+    every later label, which only a comparison with train can catch."""
+    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
+    for split, classes in (("train", ["ant", "bee", "cat"]), ("val", ["bee", "cat"])):
+        for name in classes:
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (40, 30)).save(tmp_path / split / name / "a.jpg")
+    with pytest.raises(DataError, match=r"val and .*train hold different class folders .* not in val: ant; not in"):
+        build_dataset(cfg.data, cfg.aug, "val")
+    (tmp_path / "val" / "ant").mkdir()
+    Image.new("RGB", (40, 30)).save(tmp_path / "val" / "ant" / "a.jpg")
+    assert build_dataset(cfg.data, cfg.aug, "val").class_to_idx == {"ant": 0, "bee": 1, "cat": 2}
+    # Without a train split (an evaluation), the val folders are the classes.
+    (tmp_path / "train").rename(tmp_path / "elsewhere")
+    assert len(build_dataset(cfg.data, cfg.aug, "val").classes) == 3
