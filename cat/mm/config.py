@@ -236,10 +236,15 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
         "backend_args": atomic,
     }
     mm.custom_hooks = [*mm.get("custom_hooks", []), {"type": "PreemptionHook", "backend_args": atomic}]
-    if by_epoch:  # a mid-epoch resume trains only the rest of its epoch
+    # A resume loads no image of the batches it trained (mmengine's loops replay or load them).
+    if by_epoch:
         mm.train_cfg["type"] = "ResumableEpochBasedTrainLoop"
         if mm.train_dataloader.sampler.type == "DefaultSampler":
             mm.train_dataloader.sampler.type = "ResumableDefaultSampler"
+    elif mm.train_cfg.get("type") == "IterBasedTrainLoop":
+        mm.train_cfg["type"] = "ResumableIterBasedTrainLoop"
+        if mm.train_dataloader.sampler.type == "InfiniteSampler":
+            mm.train_dataloader.sampler.type = "ResumableInfiniteSampler"
     # Validation metrics at their iteration, as training's: one step axis in metrics.jsonl.
     mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval, "log_metric_by_epoch": False}
     # The run's metric sinks (metrics.jsonl, W&B), handed over when the Runner is built (cat.mm.runner).

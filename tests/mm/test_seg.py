@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +17,7 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, descendant_pids
 from tests.mm.conftest import run_entry
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -81,6 +87,38 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path, fpn
     (evaluated,) = read_history(out / "eval" / "metrics.jsonl")  # an eval run's history: its one result
     assert evaluated["test/mIoU"] == pytest.approx(metrics["mIoU"])
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
+
+
+def test_sigterm_saves_the_iteration_and_the_rerun_skips_what_it_trained(toy_ade, tmp_path):
+    """SIGTERM to the trainer and its DataLoader workers, as Slurm signals a job step: mmengine's iteration
+    loop starts its workers as it is built, and they must still serve the last iteration; the rerun then
+    starts its loader after the batches already trained instead of loading and dropping them."""
+    out = tmp_path / "run"
+    args = [f"data.root={toy_ade}", f"output_dir={out}", "experiment=toy_fpn_ca_pvt", "schedule.iters=30"]
+    args += ["schedule.val_interval=30", *FAST, "save.interval=100", "workers=2"]
+    first = subprocess.Popen([sys.executable, str(REPO / "train_seg.py"), *args], cwd=REPO, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while not re.search(
+        r"Iter\(train\) +\[ *4/30\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    ):
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    workers = descendant_pids(first.pid)
+    assert len(workers) == 2  # the train loader's
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr.decode()[-3000:]
+    stopped = json.loads((out / "metrics.json").read_text())
+    assert stopped["preempted"] is True and (out / f"iter_{stopped['iteration']}.pth").is_file()
+    proc = run_entry("train_seg.py", *args)
+    log = proc.stdout + proc.stderr
+    done = stopped["iteration"]
+    assert f"resuming at iteration {done + 1}: skipping the {done} batches it trained" in log
+    trained = re.findall(r"Iter\(train\) +\[ *(\d+)/30\]", log)
+    assert trained[0] == str(done + 1) and trained[-1] == "30" and len(trained) == 30 - done
+    assert json.loads((out / "metrics.json").read_text())["mIoU"] is not None
 
 
 def test_eval_with_multiscale_flip(toy_ade, tmp_path, fpn_run):
