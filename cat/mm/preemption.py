@@ -5,8 +5,8 @@ re-run resumes from that iteration.
 mmengine resumes a mid-epoch checkpoint at the right iteration count but replays its epoch from the
 first batch; :class:`ResumableEpochBasedTrainLoop` skips the batches that epoch already trained,
 through :class:`ResumableDefaultSampler` (indices only, no image is loaded for a skipped batch). Its
-iteration loop (segmentation) loads and drops every batch before the resumed iteration instead (at
-Table 4's 160k iterations, most of an hour of loading per requeue): :class:`ResumableIterBasedTrainLoop`
+iteration loop (segmentation) loads and drops every batch before the resumed iteration instead (up to
+160k batches for Table 4's UperNet runs): :class:`ResumableIterBasedTrainLoop`
 skips them through :class:`ResumableInfiniteSampler`, the same way.
 """
 
