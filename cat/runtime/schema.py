@@ -263,7 +263,7 @@ def section_keys(schema: type, path: str) -> list[str] | None:
     section: Any = schema
     for name in filter(None, path.split(".")):
         if not dataclasses.is_dataclass(section):
-            return None if _is_mapping(section) else []
+            break  # inside a mapping or below a value: what that is decides
         fields = {n: a for n, a, _ in _checks(section)}
         section = _unwrap_optional(fields[name])[0] if name in fields else None
     if dataclasses.is_dataclass(section):
