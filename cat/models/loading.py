@@ -373,9 +373,10 @@ def load_for_fine_tuning(
             ", ".join(f"{k} {shape}" for k, shape in other.items()),
         )
         state_dict = kept
-    report = load_state_dict(model, state_dict, strict=False, source=source)
+    report = LoadReport.between(own, state_dict)
     if other:
         report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
     if strict and not report.clean:
-        raise CheckpointMismatchError(report, source)
+        raise CheckpointMismatchError(report, source)  # before any weight is loaded, as load_state_dict's
+    load_state_dict(model, state_dict, strict=False, source=source)
     return report

@@ -80,3 +80,10 @@ def test_fine_tuning_starts_a_classifier_for_another_class_count_fresh(tmp_path,
     deeper = compose_config("cls", *TINY_CLS, "model.kwargs.depth=2")
     with pytest.raises(CheckpointMismatchError, match=r"missing in checkpoint \(15\): blocks.1"):
         build_model(deeper, 5, checkpoint=str(path), fine_tune=True)
+    from cat.models.loading import load_for_fine_tuning
+
+    fresh = build_model(deeper, 5)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointMismatchError):
+        load_for_fine_tuning(fresh, source.state_dict())
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())  # a refusal loads nothing
