@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config, descendant_pids, refusal_line
+from tests.conftest import REPO, compose_config, refusal_line
 from tests.entry_cases import run_entry_cases
-from tests.mm.conftest import run_entry
+from tests.mm.conftest import run_entry, stop_like_slurm
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -198,29 +195,9 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
         capture_output=True,
     )
     out = tmp_path / "run"
-    args = [
-        sys.executable,
-        str(REPO / "train_det.py"),
-        f"data.root={root}",
-        f"output_dir={out}",
-        "schedule.epochs=1",
-        "workers=2",
-        "accum_steps=4",
-        *FAST,
-    ]
-    first = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not re.search(
-        r"Epoch\(train\) +\[1\]\[ *1/12\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
-    ):
-        assert first.poll() is None and time.time() < deadline
-        time.sleep(0.1)
-    workers = descendant_pids(first.pid)
-    assert workers  # the train loader's two
-    for pid in workers:
-        os.kill(pid, signal.SIGTERM)
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=300) == 0
+    args = [f"data.root={root}", f"output_dir={out}", "schedule.epochs=1", "workers=2", "accum_steps=4", *FAST]
+    status, stderr = stop_like_slurm("train_det.py", args, out / "log.txt", r"Epoch\(train\) +\[1\]\[ *1/12\]")
+    assert status == 0, stderr[-3000:]
     stopped = json.loads((out / "metrics.json").read_text())
     assert stopped["preempted"] is True and stopped["iteration"] in (4, 8)  # the end of an accumulation
     saved = out / f"iter_{stopped['iteration']}.pth"

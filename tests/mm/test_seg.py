@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +12,8 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config, descendant_pids
-from tests.mm.conftest import run_entry
+from tests.conftest import REPO, compose_config
+from tests.mm.conftest import run_entry, stop_like_slurm
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -96,20 +91,8 @@ def test_sigterm_saves_the_iteration_and_the_rerun_skips_what_it_trained(toy_ade
     out = tmp_path / "run"
     args = [f"data.root={toy_ade}", f"output_dir={out}", "experiment=toy_fpn_ca_pvt", "schedule.iters=30"]
     args += ["schedule.val_interval=30", *FAST, "save.interval=100", "workers=2"]
-    first = subprocess.Popen([sys.executable, str(REPO / "train_seg.py"), *args], cwd=REPO, stderr=subprocess.PIPE)
-    deadline = time.time() + 600
-    while not re.search(
-        r"Iter\(train\) +\[ *4/30\]", (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
-    ):
-        assert first.poll() is None and time.time() < deadline
-        time.sleep(0.1)
-    workers = descendant_pids(first.pid)
-    assert len(workers) == 2  # the train loader's
-    for pid in workers:
-        os.kill(pid, signal.SIGTERM)
-    first.send_signal(signal.SIGTERM)
-    _, stderr = first.communicate(timeout=300)
-    assert first.returncode == 0, stderr.decode()[-3000:]
+    status, stderr = stop_like_slurm("train_seg.py", args, out / "log.txt", r"Iter\(train\) +\[ *4/30\]")
+    assert status == 0, stderr[-3000:]
     stopped = json.loads((out / "metrics.json").read_text())
     assert stopped["preempted"] is True and (out / f"iter_{stopped['iteration']}.pth").is_file()
     proc = run_entry("train_seg.py", *args)
