@@ -23,7 +23,9 @@ from cat.models import extract_state_dict, load_checkpoint_file, load_weights, m
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
 from cat.runtime.preemption import worker_context
+from cat.runtime.resume import resumes
 
+from .checkpoints import LAST
 from .loops import TrainOptions
 from .schema import input_size
 from .state import TrainState
@@ -195,11 +197,12 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
 
 
 def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainState:
-    """A fresh train state: the model (from ``checkpoint=`` if given), EMA, AdamW-style optimizer with
-    the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
+    """A fresh train state: the model (from ``checkpoint=`` if given, unless the run resumes), EMA,
+    AdamW-style optimizer with the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
     precision = Precision.from_config(cfg, env.device)
+    checkpoint = None if resumes(cfg, LAST) else cfg.checkpoint
     model = precision.model(
-        build_model(cfg, data.num_classes, checkpoint=cfg.checkpoint, strict=cfg.strict_load, fine_tune=True)
+        build_model(cfg, data.num_classes, checkpoint=checkpoint, strict=cfg.strict_load, fine_tune=True)
     )
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
     lr = cfg.lr * data.global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr

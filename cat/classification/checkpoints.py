@@ -20,7 +20,10 @@ from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from cat.runtime.io import atomic_save
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "LAST"]
+
+LAST = "last.pth"  # what a run resumes from
+
 
 _SNAPSHOT_NAME = re.compile(r"epoch_\d+\.pth")
 
@@ -48,7 +51,7 @@ class CheckpointManager:
     def __init__(self, folder: str, keep_last: int = 1) -> None:
         self.folder = folder
         self.keep_last = keep_last
-        self.last = os.path.join(folder, "last.pth")
+        self.last = os.path.join(folder, LAST)
         self.best = os.path.join(folder, "best.pth")
 
     def save(self, state: dict[str, Any], is_best: bool = False, epoch_end: bool = True) -> None:

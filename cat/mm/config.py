@@ -21,9 +21,11 @@ from cat.errors import DataError
 from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype
 from cat.runtime.dist import DistEnv
+from cat.runtime.resume import resumes
 
 from .backbone import backbone_features
 from .safe_load import ATOMIC_BACKEND
+from .schema import LAST_CHECKPOINT
 
 __all__ = [
     "load_base_config",
@@ -205,8 +207,14 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
             "device_ids": [env.local_rank] if env.device.type == "cuda" else None,
             "find_unused_parameters": cfg.find_unused_parameters,
         }
-    mm.resume = bool(cfg.resume) and cfg.mode == "train"
-    mm.load_from = cfg.checkpoint
+    # checkpoint= in training: the weights a run starts from (mmengine's load_from without its resume), as in
+    # classification. Once the run folder has a checkpoint the run goes on from it and reads neither that nor
+    # the backbone's pretrained weights: mmengine would resume from load_from, the same file at every requeue.
+    resuming = resumes(cfg, LAST_CHECKPOINT)
+    mm.resume = resuming or (cfg.resume and cfg.mode == "train" and cfg.checkpoint is None)
+    mm.load_from = None if resuming else cfg.checkpoint
+    if resuming:
+        mm.model.backbone.pretrained = None
     opt = cfg.schedule.optim
     amp = cfg.amp.enabled and env.device.type == "cuda"
     if cfg.amp.enabled and not amp:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import ConfigError
 from cat.models import model_arguments
+from cat.runtime.resume import resumes
 from cat.runtime.rundir import check_writable
 from cat.runtime.schema import JobConfig, SaveConfig, key, register_schema, schema_problems, section
 
@@ -148,6 +149,9 @@ def _backbone_kwargs_problems(cfg: DictConfig) -> list[str]:
     ]
 
 
+LAST_CHECKPOINT = "last_checkpoint"  # mmengine's pointer, in a run folder, to the checkpoint a run resumes from
+
+
 def check_mm_config(cfg: DictConfig, task: str) -> None:
     """Every problem with a detection/segmentation config, before anything is built (ConfigError)."""
     problems = schema_problems(cfg, SCHEMAS[task])
@@ -155,7 +159,8 @@ def check_mm_config(cfg: DictConfig, task: str) -> None:
         raise ConfigError(problems)
     if cfg.mode == "eval" and not cfg.checkpoint:
         problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
-    for name in ("checkpoint", "model.pretrained"):
+    # A resumed training run reads neither: its folder's checkpoint holds the model (cat.mm.config).
+    for name in () if resumes(cfg, LAST_CHECKPOINT) else ("checkpoint", "model.pretrained"):
         path = OmegaConf.select(cfg, name)
         # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
         remote = name == "checkpoint" and isinstance(path, str) and "://" in path

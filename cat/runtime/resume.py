@@ -1,13 +1,22 @@
-"""What a resumed run may change: the config keys that differ from those its checkpoint was trained with,
-and the refusal of those that would make it another run. Each trainer says which keys are fixed."""
+"""Whether a run resumes, and what a resumed run may change: the config keys that differ from those its
+checkpoint was trained with, and the refusal of those that would make it another run. Each trainer says
+which keys are fixed."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from cat.errors import ConfigError
 
-__all__ = ["flatten_config", "resume_changes", "refuse_fixed_changes", "describe_changes"]
+__all__ = ["resumes", "flatten_config", "resume_changes", "refuse_fixed_changes", "describe_changes"]
+
+
+def resumes(cfg: Any, latest: str) -> bool:
+    """Whether a training run goes on from its folder's checkpoint (``latest``: the file there that marks
+    one, e.g. ``last.pth``). It then holds the model: ``checkpoint=`` (and a backbone's pretrained weights),
+    where the run started, are neither read again nor needed, and may have moved since."""
+    return cfg.mode == "train" and bool(cfg.resume) and os.path.lexists(os.path.join(cfg.output_dir, latest))
 
 
 def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -144,7 +144,7 @@ class JobConfig:
     name: str = key("run name: names output_dir and the W&B run")
     mode: str = key("train, or eval a checkpoint", choices=("train", "eval"))
     output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
-    checkpoint: str | None = key("eval: the weights to evaluate; classification training: initial weights")
+    checkpoint: str | None = key("eval: the weights to evaluate; training: the weights a run starts from")
     resume: bool = key("continue from output_dir's last checkpoint when there is one")
     strict_load: bool = key("checkpoint= must match the model key for key; false: load what fits")
     seed: int = key("random seed (each rank and epoch derives its own)", min=0)

@@ -112,6 +112,19 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     assert "config changed since the checkpoint, applied from here on: epochs: 1 -> 3" in log
 
 
+def test_a_resume_needs_no_starting_checkpoint(tmp_path):
+    """``checkpoint=`` is where a run started; once it has a last.pth (a requeued fine-tuning job), the
+    starting weights may have moved: the resume neither needs nor reads them, and a new run still does."""
+    start = tmp_path / "start.pth"
+    run_train(tmp_path / "source", "epochs=1", "batch_size=16")
+    start.write_bytes((tmp_path / "source" / "last.pth").read_bytes())
+    run_train(tmp_path / "run", "epochs=1", "batch_size=16", f"checkpoint={start}")
+    start.unlink()
+    assert run_train(tmp_path / "run", "epochs=2", "batch_size=16", f"checkpoint={start}")["epoch"] == 2
+    proc = train_proc(tmp_path / "new", "epochs=1", "batch_size=16", f"checkpoint={start}")
+    assert proc.returncode == 2 and f"checkpoint={start}: no such file" in proc.stderr
+
+
 def test_resume_refuses_a_different_model_and_keeps_the_record(tmp_path):
     run_train(tmp_path, "epochs=1", "batch_size=16")
     config = (tmp_path / "config.yaml").read_text()

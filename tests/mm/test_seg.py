@@ -84,6 +84,28 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path, fpn
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
 
 
+def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ade, tmp_path, fpn_run):
+    """checkpoint= in training is the weights a run starts from (at iteration 1, not where its source
+    stopped); the rerun goes on from its own folder, after that file and the backbone's are gone."""
+    import cat
+
+    start, backbone = tmp_path / "start.pth", tmp_path / "backbone.pth"
+    shutil.copy(fpn_run / "iter_3.pth", start)
+    torch.save(cat.create_model("ca_pvt_tiny").state_dict(), backbone)
+    out = tmp_path / "run"
+    args = ["experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", *FAST]
+    args += [f"checkpoint={start}", f"model.pretrained={backbone}", "schedule.val_interval=2"]
+    first = run_entry("train_seg.py", *args, "schedule.iters=2")
+    log = first.stdout + first.stderr
+    assert f"Load checkpoint from {start}" in log and "resumed" not in log
+    assert re.findall(r"Iter\(train\) +\[ *(\d+)/2\]", log) == ["1", "2"]
+    start.unlink(), backbone.unlink()
+    second = run_entry("train_seg.py", *args, "schedule.iters=4")
+    log = second.stdout + second.stderr
+    assert f"Auto resumed from the latest checkpoint {out / 'iter_2.pth'}" in log
+    assert re.findall(r"Iter\(train\) +\[ *(\d+)/4\]", log) == ["3", "4"]
+
+
 def test_sigterm_saves_the_iteration_and_the_rerun_skips_what_it_trained(toy_ade, tmp_path):
     """SIGTERM to the trainer and its DataLoader workers, as Slurm signals a job step: mmengine's iteration
     loop starts its workers as it is built, and they must still serve the last iteration; the rerun then
