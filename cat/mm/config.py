@@ -24,8 +24,7 @@ from cat.runtime.dist import DistEnv
 from cat.runtime.resume import resumes
 
 from .backbone import backbone_features
-from .safe_load import ATOMIC_BACKEND
-from .schema import LAST_CHECKPOINT
+from .safe_load import ATOMIC_BACKEND, LAST_CHECKPOINT
 
 __all__ = [
     "load_base_config",

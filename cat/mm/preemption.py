@@ -28,6 +28,8 @@ from cat.runtime.dist import all_reduce_sum
 from cat.runtime.io import atomic_write_text
 from cat.runtime.preemption import stop_requested, worker_context
 
+from .safe_load import LAST_CHECKPOINT
+
 __all__ = [
     "Preempted",
     "PreemptionHook",
@@ -166,5 +168,5 @@ class PreemptionHook(Hook):
         runner.save_checkpoint(runner.work_dir, name, by_epoch=False, backend_args=self.backend_args)
         path = os.path.join(runner.work_dir, name)
         if runner.rank == 0:
-            atomic_write_text(os.path.join(runner.work_dir, "last_checkpoint"), path)
+            atomic_write_text(os.path.join(runner.work_dir, LAST_CHECKPOINT), path)
         raise Preempted(iteration, path)

@@ -15,7 +15,7 @@ from cat.runtime import DistEnv, RunFolder, run_job, use_sweep_cell_dir
 from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
 
 from .backbone import register_backbones
-from .safe_load import check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
+from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
 from .schema import check_mm_config
 
 __all__ = ["run_mm", "MM_RESUME_FIXED_KEYS", "MM_RESUME_FREE_KEYS"]
@@ -57,7 +57,7 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
     """Where mmengine will auto-resume: the config differs from the one the run folder's checkpoints were
     trained with (its ``config.yaml``) only where a resume can take it (:data:`MM_RESUME_FIXED_KEYS`), and
     the changes are logged. A folder without a checkpoint to resume, or without ``config.yaml``, starts over."""
-    saved, pointer = folder.file("config.yaml"), folder.file("last_checkpoint")
+    saved, pointer = folder.file("config.yaml"), folder.file(LAST_CHECKPOINT)
     if not (os.path.isfile(pointer) and os.path.isfile(saved)):
         return
     with open(pointer) as f:  # checked by check_last_checkpoint: a checkpoint in this folder

@@ -34,6 +34,7 @@ from cat.runtime.io import atomic_write_bytes
 
 __all__ = [
     "ATOMIC_BACKEND",
+    "LAST_CHECKPOINT",
     "MM_META_KEYS",
     "check_last_checkpoint",
     "check_weights_match",
@@ -203,10 +204,13 @@ def load_remote_checkpoint(filename: str, map_location: Any = None) -> Any:
     return checkpoint
 
 
+LAST_CHECKPOINT = "last_checkpoint"  # mmengine's pointer, in a run folder, to the checkpoint a run resumes from
+
+
 def check_last_checkpoint(folder: str) -> None:
     """Before mmengine's auto-resume reads it: ``folder/last_checkpoint`` (if any) must name a
     checkpoint file inside ``folder``, never a URL, another folder or garbage (CheckpointError)."""
-    pointer = os.path.join(folder, "last_checkpoint")
+    pointer = os.path.join(folder, LAST_CHECKPOINT)
     if not os.path.lexists(pointer):
         return
     try:

@@ -15,6 +15,8 @@ from cat.runtime.resume import resumes
 from cat.runtime.rundir import check_writable
 from cat.runtime.schema import JobConfig, SaveConfig, key, register_schema, schema_problems, section
 
+from .safe_load import LAST_CHECKPOINT
+
 __all__ = ["DetConfig", "SegConfig", "check_mm_config"]
 
 
@@ -147,9 +149,6 @@ def _backbone_kwargs_problems(cfg: DictConfig) -> list[str]:
         for name in backbone.kwargs
         if name not in accepted
     ]
-
-
-LAST_CHECKPOINT = "last_checkpoint"  # mmengine's pointer, in a run folder, to the checkpoint a run resumes from
 
 
 def check_mm_config(cfg: DictConfig, task: str) -> None:
