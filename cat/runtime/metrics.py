@@ -91,13 +91,39 @@ class WandbSink:
         if self.stopped:
             return
         if self.run is None:
-            import wandb
-
-            self.run = wandb.init(id=persistent_run_id(self.settings["dir"]), **self.settings)
+            run_id = persistent_run_id(self.settings["dir"])  # a foreign id file is the user's to fix: raised
+            try:
+                self.run = self._start(run_id)
+            except Exception as error:  # any W&B failure: the run's own record goes on
+                return self._stop(error, step, started=False)
         try:
             self.run.log(dict(metrics), step=step)
-        except Exception as error:  # any W&B failure: the run's own record goes on
-            self._stop(error, step)
+        except Exception as error:
+            self._stop(error, step, started=True)
+
+    def _start(self, run_id: str) -> Any:
+        """The W&B run. Online, a W&B that cannot reach its server (a compute node without internet, where
+        ``auto`` found the key of a shared home) or refuses the run gives up after its init timeout; the run then
+        goes on offline, with one warning, rather than ending at its first logged step."""
+        import wandb
+
+        try:
+            return wandb.init(id=run_id, **self.settings)
+        except Exception as error:
+            if self.settings["mode"] != "online":
+                raise
+            with contextlib.suppress(Exception):  # W&B's service still holds the failed run's id
+                wandb.teardown()
+            self.settings["mode"] = "offline"
+            logging.getLogger("cat").warning(
+                "W&B could not start the run online (%s: %s); it logs offline into %s instead, for `wandb sync` "
+                "to upload later (logger.wandb.mode=offline skips the attempt, which waits WANDB_INIT_TIMEOUT "
+                "seconds, 90 by default)",
+                type(error).__name__,
+                " ".join(str(error).split()),
+                os.path.join(self.settings["dir"], "wandb"),
+            )
+            return wandb.init(id=run_id, **self.settings)
 
     def finish(self) -> None:
         if self.run is not None:
@@ -105,7 +131,7 @@ class WandbSink:
             try:
                 run.finish()
             except Exception as error:
-                return self._stop(error, None)
+                return self._stop(error, None, started=True)
             import wandb
 
             # Now, not in W&B's exit hook: submitit requeues a preempted cell right after this run closes,
@@ -113,17 +139,19 @@ class WandbSink:
             try:
                 wandb.teardown()
             except (Exception, SystemExit) as error:  # SystemExit: the service's own exit status
-                self._stop(error, None)
+                self._stop(error, None, started=True)
 
-    def _stop(self, error: BaseException, step: int | None) -> None:
+    def _stop(self, error: BaseException, step: int | None, started: bool) -> None:
         self.run, self.stopped = None, True
         logging.getLogger("cat").warning(
-            "W&B stopped %s (%s: %s); its service process has probably ended, as a Slurm step's stop signal "
-            "ends every process of the step. The W&B run holds what was logged before; this run goes on "
-            "without W&B (metrics.jsonl has every metric), and the next run resumes the W&B run",
+            "W&B stopped %s (%s: %s)%s. The W&B run holds what was logged before; this run goes on without W&B "
+            "(metrics.jsonl has every metric), and the next run resumes the W&B run",
             f"at step {step}" if step is not None else "while finishing",
             type(error).__name__,
-            error,
+            " ".join(str(error).split()),
+            "; its service process has probably ended, as a Slurm step's stop signal ends every process of the step"
+            if started
+            else "",
         )
         # W&B's exit hook would retry the lost connection and print its traceback at exit: drop the hook
         # through W&B's own cleanup of it (private; where a W&B version keeps it elsewhere, the traceback

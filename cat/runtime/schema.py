@@ -123,7 +123,8 @@ class ClusterConfig:
 @dataclass
 class WandbConfig:
     mode: str = key(
-        "auto: online with an API key, else offline; disabled: no W&B (metrics.jsonl is always written)",
+        "auto: online with an API key, else offline (and online falls back to offline when W&B's server is "
+        "unreachable); disabled: no W&B (metrics.jsonl is always written)",
         choices=("auto", "online", "offline", "disabled"),
     )
     project: str = key("W&B project")
