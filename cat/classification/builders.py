@@ -12,7 +12,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
@@ -77,12 +77,18 @@ class ShardSampler(Sampler[int]):
 
 
 def build_model(
-    cfg: DictConfig, num_classes: int, checkpoint: str | None = None, strict: bool = True, fine_tune: bool = False
+    cfg: DictConfig,
+    num_classes: int,
+    checkpoint: str | None = None,
+    strict: bool = True,
+    fine_tune: bool = False,
+    state_dict: dict[str, Tensor] | None = None,
 ) -> nn.Module:
-    """The model of ``cfg.model``: created, its ``checkpoint`` loaded, converted to circulant attention
-    when ``model.convert`` is set. A checkpoint of the unconverted model loads before the conversion
-    (fine-tuning a softmax model as a circulant one), a converted model's after it. To ``fine_tune``, a
-    checkpoint's classifier for another class count is left out (the model's starts fresh)."""
+    """The model of ``cfg.model``: created, its ``checkpoint`` loaded (``state_dict``: weights the caller
+    already read from it), converted to circulant attention when ``model.convert`` is set. A checkpoint of
+    the unconverted model loads before the conversion (fine-tuning a softmax model as a circulant one), a
+    converted model's after it. To ``fine_tune``, a checkpoint's classifier for another class count is left
+    out (the model's starts fresh)."""
     kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
     accepted = model_arguments(cfg.model.name)
     if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
@@ -91,9 +97,8 @@ def build_model(
         kwargs = {"img_size": input_size(cfg)[0], **kwargs}
     model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
-    state_dict = (
-        extract_state_dict(load_checkpoint_file(checkpoint), str(checkpoint)) if checkpoint is not None else None
-    )
+    if state_dict is None and checkpoint is not None:
+        state_dict = extract_state_dict(load_checkpoint_file(checkpoint), str(checkpoint))
     # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
     convert_first = (
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()

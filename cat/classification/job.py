@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from cat.data import build_dataset
 from cat.errors import ConfigError
+from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
 from cat.runtime import DistEnv, Precision, RunFolder, run_job, use_sweep_cell_dir
 
 from .builders import build_model, num_classes_of, val_loader
@@ -42,20 +43,34 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
     dataset = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
     precision = Precision.from_config(cfg, env.device)
-    model = precision.model(
-        build_model(cfg, num_classes_of(cfg, dataset), checkpoint=checkpoint, strict=cfg.strict_load)
-    )
+    entries = load_checkpoint_file(checkpoint)
+    # The model's weights, and the weight EMA where the run kept one: both are the run's result.
+    weights = {"": extract_state_dict(entries, checkpoint)}
+    if holds_ema_weights(entries):
+        weights["ema_"] = extract_state_dict(entries, checkpoint, use_ema=True)
+    del entries  # the optimizer's state, among others
+    models = {
+        prefix: precision.model(
+            build_model(cfg, num_classes_of(cfg, dataset), checkpoint, cfg.strict_load, state_dict=state_dict)
+        )
+        for prefix, state_dict in weights.items()
+    }
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
-    metrics = evaluate(model, val_loader(cfg, dataset, env), env, precision)
-    folder.log.info(
-        "eval %s: top1 %.2f top5 %.2f loss %.4f on %d images",
-        checkpoint,
-        metrics["top1"],
-        metrics["top5"],
-        metrics["loss"],
-        metrics["num_images"],
-    )
-    folder.metrics.log({f"eval/{k}": metrics[k] for k in ("top1", "top5", "loss")}, step=0)
+    loader = val_loader(cfg, dataset, env)
+    metrics: dict[str, Any] = {}
+    for prefix, model in models.items():
+        result = evaluate(model, loader, env, precision)
+        folder.log.info(
+            "eval %s%s: top1 %.2f top5 %.2f loss %.4f on %d images",
+            checkpoint,
+            ", its weight EMA" if prefix else "",
+            result["top1"],
+            result["top5"],
+            result["loss"],
+            result["num_images"],
+        )
+        metrics.update({f"{prefix}{k}": v for k, v in result.items() if not prefix or k != "num_images"})
+    folder.metrics.log({f"eval/{k}": v for k, v in metrics.items() if k != "num_images"}, step=0)
     return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
 
 

@@ -116,7 +116,7 @@ class ScheduleConfig:
 
 @dataclass
 class EmaConfig:
-    enabled: bool = key("keep an exponential moving average of the weights (evaluated as ema_top1)")
+    enabled: bool = key("keep an exponential moving average of the weights (evaluated as ema_top1, saved as model_ema)")
     decay: float = key("EMA decay per step", min=0, max=1)
 
 

@@ -9,6 +9,8 @@ import torch
 from timm.utils import ModelEmaV3
 from torch import nn
 
+from cat.models import extract_state_dict
+
 __all__ = ["TrainState"]
 
 
@@ -48,7 +50,8 @@ class TrainState:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
+            # The EMA model's own weights, under the name DeiT's checkpoints and timm's loader use.
+            "model_ema": self.ema.module.state_dict() if self.ema is not None else None,
             "epoch": self.epoch - 1,
             "step_in_epoch": self.step_in_epoch,
             "best_top1": self.best_top1,
@@ -66,7 +69,7 @@ class TrainState:
         for group, current in zip(self.optimizer.param_groups, hyperparameters, strict=True):
             group.update(current)
         self.scaler.load_state_dict(state["scaler"])
-        if self.ema is not None and state.get("ema") is not None:
-            self.ema.load_state_dict(state["ema"])
+        if self.ema is not None:
+            self.ema.module.load_state_dict(extract_state_dict(state, "the checkpoint", use_ema=True))
         self.epoch, self.step_in_epoch = state["epoch"] + 1, state["step_in_epoch"]
         self.best_top1, self.wall_time_s, self.metrics = state["best_top1"], state["wall_time_s"], state["metrics"]

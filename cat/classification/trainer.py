@@ -308,11 +308,13 @@ class Trainer:
             "top5": metrics["top5"],
             "val_loss": metrics["loss"],
             "train_loss": result.loss,
+            **({"ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
         }
         state.epoch, state.step_in_epoch = state.epoch + 1, 0
         self.checkpoints.save_epoch_end(state, is_best)
         self.folder.log.info(
-            "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f  (%.1f s, %.0f img/s)",
+            "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f%s  "
+            "(%.1f s, %.0f img/s)",
             state.epoch,
             self.cfg.epochs,
             result.loss,
@@ -321,6 +323,7 @@ class Trainer:
             metrics["top5"],
             metrics["loss"],
             state.best_top1,
+            f"  ema top1 {metrics['ema_top1']:.2f}" if "ema_top1" in metrics else "",
             time.perf_counter() - started,
             result.images_per_s,
         )

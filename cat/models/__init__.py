@@ -19,6 +19,7 @@ from .loading import (
     adapt_state_dict,
     check_name_hash,
     extract_state_dict,
+    holds_ema_weights,
     load_checkpoint_file,
     load_state_dict,
 )
@@ -40,5 +41,6 @@ __all__ = [
     "check_name_hash",
     "load_checkpoint_file",
     "extract_state_dict",
+    "holds_ema_weights",
     "load_state_dict",
 ]

@@ -37,9 +37,13 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> LoadReport:
-    """Load the weights in ``path`` (release format, bare state dict, or cat's own) into ``model``."""
-    return load_weights(model, extract_state_dict(load_checkpoint_file(path), str(path)), strict, str(path))
+def load_checkpoint(
+    model: nn.Module, path: str | os.PathLike[str], strict: bool = True, use_ema: bool = False
+) -> LoadReport:
+    """Load the weights in ``path`` (release format, bare state dict, or cat's own) into ``model``; with
+    ``use_ema`` the weight EMA the file holds (timm's name for the choice; timm's own loader prefers it by default)."""
+    state_dict = extract_state_dict(load_checkpoint_file(path), str(path), use_ema)
+    return load_weights(model, state_dict, strict, str(path))
 
 
 def load_weights(
@@ -72,9 +76,13 @@ def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> 
 
 
 def create_model(
-    name: str, checkpoint: str | os.PathLike[str] | None = None, strict: bool = True, **kwargs: Any
+    name: str,
+    checkpoint: str | os.PathLike[str] | None = None,
+    strict: bool = True,
+    use_ema: bool = False,
+    **kwargs: Any,
 ) -> nn.Module:
-    """``timm.create_model(name, **kwargs)``, then load ``checkpoint`` if given.
+    """``timm.create_model(name, **kwargs)``, then load ``checkpoint`` if given (its weight EMA with ``use_ema``).
 
     Raises a ``ValueError`` naming close matches for an unknown model, and
     :class:`CheckpointMismatchError` listing mismatched keys unless ``strict=False``.
@@ -84,7 +92,7 @@ def create_model(
         raise ConfigError(f"unknown model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
     model = timm.create_model(name, **kwargs)
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, strict=strict)
+        load_checkpoint(model, checkpoint, strict=strict, use_ema=use_ema)
     return model
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "check_name_hash",
     "load_checkpoint_file",
     "extract_state_dict",
+    "holds_ema_weights",
     "load_state_dict",
     "CheckpointMismatchError",
     "LoadReport",
@@ -234,12 +235,26 @@ def check_name_hash(path: str | os.PathLike[str]) -> None:
         )
 
 
-def extract_state_dict(checkpoint: Any, source: str = "checkpoint") -> dict[str, Tensor]:
-    """The model state dict inside a loaded checkpoint (release format, mmengine format or bare);
-    a CheckpointError naming ``source`` (the file it was read from) when there is none."""
+# Where a checkpoint keeps the weight EMA: cat's and DeiT's name, timm's train.py's, cat's own before it wrote the
+# first (the EMA wrapper's state dict, its names under "module.").
+EMA_KEYS = ("model_ema", "state_dict_ema", "ema")
+
+
+def holds_ema_weights(checkpoint: Any) -> bool:
+    """Whether a loaded checkpoint holds a weight EMA beside the model (a run with ``ema.enabled=true``)."""
+    return isinstance(checkpoint, dict) and any(isinstance(checkpoint.get(key), dict) for key in EMA_KEYS)
+
+
+def extract_state_dict(checkpoint: Any, source: str = "checkpoint", use_ema: bool = False) -> dict[str, Tensor]:
+    """The model state dict inside a loaded checkpoint (release format, mmengine format or bare), or with
+    ``use_ema`` its weight EMA; a CheckpointError naming ``source`` (the file it was read from) when there is none."""
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{source} holds a {type(checkpoint).__name__}, not a checkpoint (a dict of weights)")
-    for key in ("model", "state_dict"):
+    if use_ema and not holds_ema_weights(checkpoint):
+        raise CheckpointError(
+            f"{source} holds no weight EMA (no {', '.join(EMA_KEYS)} entry): its run did not keep one (ema.enabled)"
+        )
+    for key in EMA_KEYS if use_ema else ("model", "state_dict"):
         if isinstance(checkpoint.get(key), dict):
             checkpoint = checkpoint[key]
             break

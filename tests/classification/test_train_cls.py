@@ -276,7 +276,7 @@ def test_compiled_bf16_run_with_ema_resumes_identically(tmp_path, uninterrupted)
     expected = torch.load(tmp_path / "whole" / "last.pth", map_location="cpu", weights_only=True)
     got = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
     assert expected["model"].keys() == uninterrupted[1].keys()
-    for part in ("model", "ema"):
+    for part in ("model", "model_ema"):
         assert got[part].keys() == expected[part].keys(), part
         for k, v in expected[part].items():
             assert torch.equal(got[part][k], v), (part, k)
@@ -387,14 +387,20 @@ def test_zip_full_cache_trains_as_the_folder(image_data, uninterrupted_folder, t
 @pytest.mark.slow
 def test_wandb_offline_files_and_outputs(tmp_path):
     metrics = run_train(tmp_path, "epochs=1", "batch_size=16", "logger.wandb.mode=offline", "ema.enabled=true")
-    assert set(metrics) >= {"top1", "top5", "best_top1", "epoch", "wall_time_s"}
+    assert set(metrics) >= {"top1", "top5", "best_top1", "ema_top1", "epoch", "wall_time_s"}
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
-    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "log.txt").read_text().count(
-        "epoch 1/1  train loss"
-    ) == 1
+    log = (tmp_path / "log.txt").read_text()
+    assert (tmp_path / "config.yaml").is_file() and log.count("epoch 1/1  train loss") == 1
+    assert f"ema top1 {metrics['ema_top1']:.2f}" in log
+    # An evaluation reports both results of the run: the model's and its weight EMA's.
+    evaluated = run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
+    assert (evaluated["top1"], evaluated["ema_top1"]) == (metrics["top1"], metrics["ema_top1"])
+    assert "its weight EMA: top1" in (tmp_path / "eval" / "log.txt").read_text()
     ckpt = torch.load(tmp_path / "best.pth", map_location="cpu", weights_only=True)
-    assert {"model", "optimizer", "scheduler", "scaler", "ema", "epoch", "best_top1", "config", "rng"} <= set(ckpt)
+    assert {"model", "optimizer", "scheduler", "scaler", "model_ema", "epoch", "best_top1", "config", "rng"} <= set(
+        ckpt
+    )
     assert OmegaConf.create(ckpt["config"]).data.name == "synthetic"
     # The checkpoint is in the release format, so cat.create_model loads it.
     cat.create_model(

@@ -34,6 +34,38 @@ def test_formats_round_trip(tmp_path, wrap):
         torch.testing.assert_close(dst.state_dict()[k], v)
 
 
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda model, ema: {"model": model, "model_ema": ema},  # cat's and DeiT's
+        lambda model, ema: {"state_dict": model, "state_dict_ema": ema},  # timm's train.py
+        lambda model, ema: {"model": model, "ema": {"module." + k: v for k, v in ema.items()}},  # cat's earlier
+    ],
+)
+def test_a_weight_ema_loads_on_request(tmp_path, wrap):
+    """A checkpoint's weight EMA, under each name it goes by, loads with use_ema; without it, the model's weights,
+    which is cat's choice (timm's own loader prefers the EMA, and reads cat's name for it: a foreign check)."""
+    from timm.models import load_checkpoint as timm_load_checkpoint
+
+    model, ema = build().state_dict(), build().state_dict()
+    path = tmp_path / "ckpt.pth"
+    torch.save(wrap(model, ema), path)
+    for use_ema, expected in ((False, model), (True, ema)):
+        loaded = cat.create_model("ca_deit_tiny", checkpoint=path, use_ema=use_ema, **KWARGS).state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in expected.items()), use_ema
+    if "ema" not in wrap(model, ema):  # timm knows the two names, not cat's earlier one
+        by_timm = build()
+        timm_load_checkpoint(by_timm, str(path))
+        assert all(torch.equal(by_timm.state_dict()[k], v) for k, v in ema.items())
+
+
+def test_a_missing_weight_ema_is_named(tmp_path):
+    path = tmp_path / "plain.pth"
+    torch.save({"model": build().state_dict(), "model_ema": None}, path)  # a run without EMA
+    with pytest.raises(cat.errors.CheckpointError, match=r"plain\.pth holds no weight EMA \(no model_ema, "):
+        cat.create_model("ca_deit_tiny", checkpoint=path, use_ema=True, **KWARGS)
+
+
 def test_mismatch_lists_keys_and_shapes(tmp_path):
     sd = build().state_dict()
     sd.pop("norm.weight")
