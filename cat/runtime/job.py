@@ -54,10 +54,13 @@ def run_dir_for(output_dir: str, mode: str) -> str:
 def use_sweep_cell_dir(cfg: DictConfig) -> None:
     """In a Hydra multirun, point ``cfg.output_dir`` at the cell's own folder,
     ``<hydra.sweep.dir>/<the cell's overrides>``: cells never share a folder, and relaunching the
-    sweep finds each cell's checkpoints where it left them."""
+    sweep finds each cell's checkpoints where it left them. Its W&B run is named after the cell too, in
+    the sweep's group, so seeds and settings of one sweep are told apart there as well."""
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        sweep = HydraConfig.get().sweep
+        sweep, wandb = HydraConfig.get().sweep, cfg.logger.wandb
         cfg.output_dir = os.path.join(sweep.dir, sweep.subdir)
+        wandb.name = f"{wandb.name}/{sweep.subdir}" if sweep.subdir else wandb.name
+        wandb.group = cfg.sweep_name if wandb.group is None else wandb.group
 
 
 # While Hydra composes the config, HYDRA_FULL_ERROR=1 makes it raise its refusals of the command line

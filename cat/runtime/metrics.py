@@ -79,6 +79,7 @@ class WandbSink:
             "project": wandb_cfg.project,
             "entity": wandb_cfg.entity,
             "name": wandb_cfg.name,
+            "group": wandb_cfg.group,
             "tags": list(wandb_cfg.tags),
             "config": config,
             "dir": output_dir,

@@ -130,7 +130,8 @@ class WandbConfig:
     project: str = key("W&B project")
     entity: str | None = key("W&B entity (team or user); null: the key's default")
     tags: list[str] = key("W&B run tags")
-    name: str = key("W&B run name")
+    name: str = key("W&B run name (in a multirun the cell's folder name is added: <name>/<the cell's overrides>)")
+    group: str | None = key("W&B run group; null: a multirun's cells are grouped by sweep_name, other runs not")
 
 
 @dataclass

@@ -150,6 +150,7 @@ CASES = {
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
     "dist_timeout_zero": (_overrides("dist_timeout_s=0"), "dist_timeout_s=0: expected an integer >= 1"),
+    "wandb_group_list": (_overrides("logger.wandb.group=[a]"), "logger.wandb.group=['a']: expected a string (or null)"),
     "grad_checkpointing_unsupported": (
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",

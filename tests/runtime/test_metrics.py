@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
 from tests.conftest import REPO
 
-LOGGER = OmegaConf.create({"wandb": {"mode": "disabled", "project": "p", "entity": None, "tags": [], "name": "n"}})
+LOGGER = OmegaConf.create(
+    {"wandb": {"mode": "disabled", "project": "p", "entity": None, "tags": [], "name": "n", "group": None}}
+)
 
 
 def test_history_lines_and_replayed_steps(tmp_path):
@@ -79,6 +81,7 @@ from omegaconf import OmegaConf
 from cat.runtime.logger import setup_logging
 from cat.runtime.metrics import build_metric_sinks
 from tests.conftest import descendant_pids
+from tests.runtime.test_metrics import LOGGER
 
 def end_service():
     for pid in services:
@@ -88,7 +91,7 @@ def end_service():
         time.sleep(0.05)
 
 setup_logging(True)
-logger = OmegaConf.create({"wandb": {"mode": "offline", "project": "p", "entity": None, "tags": [], "name": "n"}})
+logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "offline"}})
 sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
 sinks.log({"a": 1.0}, 1)  # starts the W&B run and its service process
 services = descendant_pids(os.getpid())
@@ -132,9 +135,10 @@ import sys
 from omegaconf import OmegaConf
 from cat.runtime.logger import setup_logging
 from cat.runtime.metrics import build_metric_sinks
+from tests.runtime.test_metrics import LOGGER
 
 setup_logging(True)
-logger = OmegaConf.create({"wandb": {"mode": "auto", "project": "p", "entity": None, "tags": [], "name": "n"}})
+logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "auto"}})
 sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
 for step in (1, 2, 3):
     sinks.log({"a": float(step)}, step)

@@ -55,9 +55,12 @@ def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
     folders = cells(tmp_path)
     names = {(m, s): f"{KWARGS},epochs=2,model={m},seed={s}" for m in ("ca_deit_tiny", "deit_tiny") for s in (0, 1)}
     assert sorted(folders) == sorted(names.values())
-    for folder in folders.values():
+    for cell, folder in folders.items():
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["epoch"] == 2 and not metrics.get("preempted")
+        # Its W&B run is told apart from the other cells' (the same experiment name) and grouped by the sweep.
+        wandb = OmegaConf.load(folder / "config.yaml").logger.wandb
+        assert (wandb.name, wandb.group) == (f"quickstart_digits/{cell}", "sweep")
 
     text = run_tool("make_tables", str(tmp_path), "--csv", str(tmp_path / "sweep.csv"))
     rows = [line for line in text.splitlines() if line.startswith(f"| {KWARGS}")]
