@@ -6,7 +6,15 @@ else is a bug and keeps its traceback. The base imports nothing so every layer c
 
 from __future__ import annotations
 
-__all__ = ["UserError", "ConfigError", "CheckpointError", "DataError", "OutputError", "RunDirLockedError"]
+__all__ = [
+    "UserError",
+    "ConfigError",
+    "CheckpointError",
+    "DataError",
+    "OutputError",
+    "RunDirLockedError",
+    "SweepCellError",
+]
 
 
 class UserError(Exception):
@@ -39,3 +47,9 @@ class OutputError(UserError):
 
 class RunDirLockedError(UserError):
     """Another live run holds the output folder."""
+
+
+class SweepCellError(UserError):
+    """A cell of a multirun ended with a user error. Raised in the cell rather than exiting, so Hydra records it
+    (and submitit writes the cell's result: the sweep does not wait for one), and the sweep reports it once its
+    other cells have run; its one argument, the message, pickles from a cell's process to the sweep's."""

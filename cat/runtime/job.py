@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from cat.errors import OutputError, UserError
+from cat.errors import OutputError, SweepCellError, UserError
 
 from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distributed
 from .io import atomic_write_json, atomic_write_text
@@ -51,13 +52,20 @@ def run_dir_for(output_dir: str, mode: str) -> str:
     return output_dir if mode == "train" else os.path.join(output_dir, mode)
 
 
+def _sweep_of_cell() -> DictConfig | None:
+    """Hydra's ``sweep`` settings (``dir``, ``subdir``: the cell's overrides) where this runs as a multirun's cell."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return HydraConfig.get().sweep
+    return None
+
+
 def use_sweep_cell_dir(cfg: DictConfig) -> None:
     """In a Hydra multirun, point ``cfg.output_dir`` at the cell's own folder,
     ``<hydra.sweep.dir>/<the cell's overrides>``: cells never share a folder, and relaunching the
     sweep finds each cell's checkpoints where it left them. Its W&B run is named after the cell too, in
     the sweep's group, so seeds and settings of one sweep are told apart there as well."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        sweep, wandb = HydraConfig.get().sweep, cfg.logger.wandb
+    if (sweep := _sweep_of_cell()) is not None:
+        wandb = cfg.logger.wandb
         cfg.output_dir = os.path.join(sweep.dir, sweep.subdir)
         wandb.name = f"{wandb.name}/{sweep.subdir}" if sweep.subdir else wandb.name
         wandb.group = cfg.sweep_name if wandb.group is None else wandb.group
@@ -77,6 +85,22 @@ def _restore_full_error() -> None:
         os.environ.pop("HYDRA_FULL_ERROR", None)
 
 
+@contextlib.contextmanager
+def _users_full_error() -> Iterator[None]:
+    """The user's HYDRA_FULL_ERROR while a task runs, the entry's again after it: a multirun's in-process cells
+    return to the sweep, whose failed cell the entry then reports."""
+    entrys = {name: os.environ.get(name) for name in (_USERS_FULL_ERROR, "HYDRA_FULL_ERROR")}
+    _restore_full_error()
+    try:
+        yield
+    finally:
+        for name, value in entrys.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """``hydra.main`` on ``<config_path>/config.yaml`` for a trainer whose keys ``schema/<schema>``
     declares, with :func:`report_user_errors`. Hydra's own refusals of the command line (a key the
@@ -85,13 +109,15 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
     (whose advice for a mistyped key, '+key=value', the schema then refuses)."""
 
     def decorate(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+        reported_task = report_user_errors(task)
+
         @functools.wraps(task)
         def task_in_users_environment(cfg: DictConfig) -> None:
-            _restore_full_error()
-            task(cfg)
+            with _users_full_error():  # around the report too: it shows a traceback for the user's HYDRA_FULL_ERROR
+                reported_task(cfg)
 
         hydra_main = hydra.main(config_path=config_path, config_name="config", version_base="1.3")(
-            report_user_errors(task_in_users_environment)
+            task_in_users_environment
         )
 
         @functools.wraps(task)
@@ -100,10 +126,13 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
             os.environ.update({_USERS_FULL_ERROR: users, "HYDRA_FULL_ERROR": "1"})
             try:
                 hydra_main()
-            except (ConfigCompositionException, OverrideParseException) as error:
+            except (ConfigCompositionException, OverrideParseException, SweepCellError) as error:
                 if users == "1":
                     raise
-                print(f"error: {_command_line_problem(error, schema_of(schema))}", file=sys.stderr, flush=True)
+                problem = (
+                    str(error) if isinstance(error, SweepCellError) else _command_line_problem(error, schema_of(schema))
+                )
+                print(f"error: {problem}", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None
             finally:
                 _restore_full_error()
@@ -156,6 +185,8 @@ def report_user_errors(main: F) -> F:
             if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep its own message
                 message = message.splitlines()[-1].split(": ", 1)[-1]
             print(f"error: {message}", file=sys.stderr, flush=True)
+            if (sweep := _sweep_of_cell()) is not None:  # the sweep's other cells still run; it reports this one
+                raise SweepCellError(f"sweep cell {sweep.subdir or sweep.dir}: {message}") from None
             raise SystemExit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -23,13 +23,15 @@ TINY = ["'++model.kwargs={embed_dim:48,depth:2,patch_size:4}'", "logger.wandb.mo
 KWARGS = "++model.kwargs={embed_dim:48,depth:2,patch_size:4}"  # as it names the cells
 
 
-def sweep(sweep_dir: Path, *overrides: str, wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+def sweep(
+    sweep_dir: Path, *overrides: str, wait: bool = True, launcher: str = "submitit_local"
+) -> subprocess.Popen | subprocess.CompletedProcess:
     command = " ".join(
         [
             sys.executable,
             str(REPO / "train_cls.py"),
             "-m",
-            "hydra/launcher=submitit_local",
+            f"hydra/launcher={launcher}",
             *TINY,
             *overrides,
             f"hydra.sweep.dir={sweep_dir}",
@@ -100,6 +102,20 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     log = (victim / "log.txt").read_text()
     assert "stop requested" in log and "resumed from" in log
     assert "2 finished" in run_tool("make_tables", str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["submitit_local", "basic"])
+def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(tmp_path, launcher):
+    """The bad cell first: the sweep's other cell still trains (in-process, one cell's exit ended them all), and
+    the sweep ends with the bad cell's one line and status 2, not submitit's traceback around it (a cell that
+    exited wrote no result, which submitit waited for, and on a Slurm without accounting forever)."""
+    proc = sweep(tmp_path, "lr=-1,1e-3", "epochs=1", wait=False, launcher=launcher)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
+    bad = f"{KWARGS},epochs=1,lr=-1"
+    assert output.rstrip().splitlines()[-1] == f"error: sweep cell {bad}: invalid config: lr=-1: expected a number > 0"
+    assert json.loads((tmp_path / f"{KWARGS},epochs=1,lr=0.001" / "metrics.json").read_text())["epoch"] == 1
 
 
 @pytest.mark.slow
