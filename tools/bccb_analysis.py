@@ -31,7 +31,7 @@ from torch import Tensor
 
 from cat.ops import bccb_project
 from cat.runtime import report_user_errors
-from cat.toolkit import load_images, model_from_args, model_tool_parser, save_figure, to_model_input
+from cat.toolkit import load_images, model_from_args, model_tool_parser, positive_int, save_figure, to_model_input
 
 
 def capture_attention(model: torch.nn.Module, x: Tensor) -> list[Tensor]:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "timm ViT-style model with softmax attention",
     )
     parser.add_argument("--images", default=None, help="folder of images (default: scikit-image's samples)")
-    parser.add_argument("--num-images", type=int, default=4)
+    parser.add_argument("--num-images", type=positive_int, default=4)
     parser.add_argument("--figure-layer", type=int, default=None, help="layer shown in the figures (default: middle)")
     args = parser.parse_args(argv)
 

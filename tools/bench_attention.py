@@ -53,10 +53,11 @@ import torch.nn.functional as F
 from timm.layers import Attention
 
 import cat  # noqa: F401  (registers cat's models with timm)
+from cat.errors import ConfigError
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import timing
+from cat.toolkit import check_model_size, device_name, positive_int, timing
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -481,18 +482,22 @@ PROFILE_ROWS = 20  # operators printed per --profile-ops table (the JSON holds t
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dim", type=int, default=192)
-    parser.add_argument("--grids", type=int, nargs="*", default=[14, 28, 56], help="token grid sides S")
-    parser.add_argument("--batches", type=int, nargs="*", default=[8, 2, 1], help="batch per grid (last repeats)")
+    parser.add_argument("--dim", type=positive_int, default=192)
+    parser.add_argument("--grids", type=positive_int, nargs="*", default=[14, 28, 56], help="token grid sides S")
+    parser.add_argument(
+        "--batches", type=positive_int, nargs="*", default=[8, 2, 1], help="batch per grid (last repeats)"
+    )
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--matmul", action="store_true", help="also time the matmul DFT backend")
-    parser.add_argument("--growth", type=int, nargs="*", default=[], help="grid sides for the cost-growth fit")
-    parser.add_argument("--models-res", type=int, nargs="*", default=[], help="whole-model resolutions")
+    parser.add_argument("--growth", type=positive_int, nargs="*", default=[], help="grid sides for the cost-growth fit")
+    parser.add_argument("--models-res", type=positive_int, nargs="*", default=[], help="whole-model resolutions")
     parser.add_argument(
-        "--models-batches", type=int, nargs="*", default=[1], help="batch per resolution (last repeats)"
+        "--models-batches", type=positive_int, nargs="*", default=[1], help="batch per resolution (last repeats)"
     )
-    parser.add_argument("--train-res", type=int, nargs="*", default=[], help="resolutions for whole training steps")
-    parser.add_argument("--train-batches", type=int, nargs="*", default=[8, 2], help="batch per --train-res")
+    parser.add_argument(
+        "--train-res", type=positive_int, nargs="*", default=[], help="resolutions for whole training steps"
+    )
+    parser.add_argument("--train-batches", type=positive_int, nargs="*", default=[8, 2], help="batch per --train-res")
     parser.add_argument(
         "--train-models",
         nargs="*",
@@ -505,16 +510,18 @@ def build_parser() -> argparse.ArgumentParser:
         ],
         help="MODEL[+VARIANT] for --train-res, the first the baseline",
     )
-    parser.add_argument("--memory-res", type=int, nargs="*", default=[], help="resolutions for the memory mode")
+    parser.add_argument(
+        "--memory-res", type=positive_int, nargs="*", default=[], help="resolutions for the memory mode"
+    )
     parser.add_argument(
         "--memory-pairs",
         nargs="*",
         default=["ca_deit_tiny:deit_tiny_patch16_224", "ca_pvt_tiny:pvt_tiny"],
         help="MODEL:BASELINE pairs for the memory mode",
     )
-    parser.add_argument("--memory-batch", type=int, default=1)
+    parser.add_argument("--memory-batch", type=positive_int, default=1)
     parser.add_argument("--memory-worker", nargs=3, help=argparse.SUPPRESS)  # internal: MODEL RES BATCH
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument(
         "--pairs", type=int, default=0, help="training steps: also time single steps in this many pairs per model"
     )
@@ -545,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
     parser.add_argument("--alone-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_alone_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (every module and input is made there)")
+    parser.add_argument(
+        "--device", type=device_name, default="cpu", help="cpu or cuda (every module and input is made there)"
+    )
     parser.add_argument(
         "--amp",
         choices=sorted(AMP_DTYPES),
@@ -555,6 +564,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     parser.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
     return parser
+
+
+def check_models(args: argparse.Namespace) -> None:
+    """Every model the run builds, at every resolution it builds it at, checked before any timing starts: an
+    unknown model or variant, or a size a model cannot take, is one line (on the meta device: no compute)."""
+    wanted = [(spec, args.train_res) for spec in args.train_models]
+    wanted += [(name, args.models_res) for name in ("ca_deit_tiny", "deit_tiny_patch16_224")]  # whole_models'
+    wanted += [(spec, args.memory_res) for pair in args.memory_pairs for spec in pair.split(":")]
+    for spec, sizes in wanted:
+        name, _, variant = spec.partition("+")
+        if variant not in VARIANTS:
+            raise ConfigError(f"unknown model variant +{variant} in {spec!r} (known: {', '.join(VARIANTS[1:])})")
+        for res in sizes:
+            check_model_size(name, res)
 
 
 def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
@@ -586,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.alone < 0 or (args.alone and not args.processes):
         parser.error(f"--alone {args.alone}: give a count of at least 1, with --processes (the rounds it runs)")
     job = worker_job(args)
+    if job is None:
+        check_models(args)
     with autocast_for(args.device, args.amp is not None, args.amp):
         if job is not None:
             print(job())

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 from cat.data import build_transform  # noqa: E402
 from cat.data.packed import RankShardSampler, ZipImageDataset  # noqa: E402
 from cat.data.shards import ShardStream  # noqa: E402
+from cat.toolkit import non_negative_int, positive_int  # noqa: E402
 
 FORMATS = ("folder", "zip/no", "zip/part", "zip/full", "tar", "timm")
 _OPENED = [0]  # dataset files opened in this process since the audit hook went in
@@ -192,22 +193,28 @@ def measure(args: argparse.Namespace, folder: Path, packed: Path) -> list[dict[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--images", type=positive_int, default=2000)
+    parser.add_argument("--classes", type=positive_int, default=100)
     parser.add_argument("--data", type=Path, default=None, help="where the generated set goes (default: a temp dir)")
-    parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes per format")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=10, help="timed batches per round and format")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--world", type=int, default=8, help="ranks sharing the set (zip/part holds 1/world)")
+    parser.add_argument("--workers", type=non_negative_int, default=1, help="DataLoader worker processes per format")
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--batches", type=positive_int, default=10, help="timed batches per round and format")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--world", type=positive_int, default=8, help="ranks sharing the set (zip/part holds 1/world)")
     parser.add_argument("--shard-mb", type=float, default=8.0, help="tar: megabytes per shard")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    needed = args.world * args.batch * (args.batches + 1)  # each rank's share: a warm-up batch, then the timed ones
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data or Path(tmp)
         folder, packed = root / "folder", root / "zip"
         if not (folder / "train").is_dir():
+            if args.images < max(needed, args.classes):
+                parser.error(
+                    f"--images {args.images}: at least {max(needed, args.classes)} (--world {args.world} ranks x "
+                    f"(--batches {args.batches} + 1 warm-up) x --batch {args.batch}, and one per --classes)"
+                )
             make_imagenet_like(folder, args.images, args.classes)
         packer = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))
         classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())

@@ -29,7 +29,16 @@ import torch
 import cat
 from cat.flops import model_cost
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import peak_growth_mib, peak_memory_mib, reset_peak_memory, save_figure, time_calls
+from cat.toolkit import (
+    device_name,
+    non_negative_int,
+    peak_growth_mib,
+    peak_memory_mib,
+    positive_int,
+    reset_peak_memory,
+    save_figure,
+    time_calls,
+)
 
 
 def measure_one(cfg: dict) -> dict:
@@ -118,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="folder for benchmark.csv/.json and the figure")
     parser.add_argument("--models", nargs="+", default=["deit_tiny_patch16_224", "ca_deit_tiny"])
-    parser.add_argument("--res", nargs="+", type=int, default=[224, 512])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--res", nargs="+", type=positive_int, default=[224, 512])
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--warmup", type=non_negative_int, default=2)
+    parser.add_argument("--iters", type=positive_int, default=5)
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="autocast dtype")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile each model")

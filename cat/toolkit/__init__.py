@@ -3,7 +3,15 @@ line, sample images and figure saving. Nothing here is a tool itself; ``tools/``
 
 from .figures import save_figure
 from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
-from .models import add_model_arguments, check_model_size, model_from_args, model_tool_parser, positive_int
+from .models import (
+    add_model_arguments,
+    check_model_size,
+    device_name,
+    model_from_args,
+    model_tool_parser,
+    non_negative_int,
+    positive_int,
+)
 from .timing import (
     interleaved_medians,
     median_quartiles,
@@ -28,6 +36,8 @@ __all__ = [
     "add_model_arguments",
     "model_from_args",
     "positive_int",
+    "non_negative_int",
+    "device_name",
     "check_model_size",
     "model_tool_parser",
     "interleaved_medians",

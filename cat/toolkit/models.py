@@ -11,7 +11,15 @@ from torch import nn
 import cat
 from cat.models import parse_model_args
 
-__all__ = ["add_model_arguments", "model_from_args", "model_tool_parser", "positive_int", "check_model_size"]
+__all__ = [
+    "add_model_arguments",
+    "model_from_args",
+    "model_tool_parser",
+    "positive_int",
+    "non_negative_int",
+    "device_name",
+    "check_model_size",
+]
 
 
 def positive_int(text: str) -> int:
@@ -19,6 +27,27 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a count that may be 0 (warm-up iterations)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
+def device_name(text: str) -> str:
+    """An argparse type: ``cpu``, or ``cuda``/``cuda:N`` where this machine has that GPU."""
+    if text == "cpu":
+        return text
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available on this machine")
+    if index and int(index) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
 
 
 def check_model_size(name: str, img_size: int, **kwargs: object) -> None:

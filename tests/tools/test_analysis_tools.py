@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from tests.conftest import REPO
@@ -72,6 +74,51 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
         assert "error: invalid config: ca_deit_tiny does not run at 100x100: expected images" in err, err
         assert "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "tool, args, message",
+    [
+        ("benchmark", ["--batch", "0"], "argument --batch: '0' is not a positive integer"),
+        ("benchmark", ["--warmup", "-1"], "argument --warmup: '-1' is not an integer >= 0"),
+        ("benchmark", ["--device", "tpu"], "argument --device: 'tpu' is not cpu, cuda or cuda:N"),
+        ("bench_attention", ["--train-res", "0"], "argument --train-res: '0' is not a positive integer"),
+        ("bench_attention", ["--device", "cuda:x"], "argument --device: 'cuda:x' is not cpu, cuda or cuda:N"),
+        (
+            "bench_attention",
+            ["--train-res", "100", "--train-models", "ca_deit_tiny"],
+            "error: invalid config: ca_deit_tiny does not run at 100x100: expected images",
+        ),
+        (
+            "bench_attention",
+            ["--train-res", "224", "--train-models", "ca_deit_tiny+fast"],
+            "error: invalid config: unknown model variant +fast in 'ca_deit_tiny+fast' (known: lean,",
+        ),
+        (
+            "bench_data",
+            ["--images", "5", "--classes", "2"],
+            "--images 5: at least 2816 (--world 8 ranks x (--batches 10 + 1 warm-up) x --batch 32",
+        ),
+        ("bccb_analysis", ["--num-images", "0"], "argument --num-images: '0' is not a positive integer"),
+    ],
+)
+def test_the_benchmarks_refuse_what_they_cannot_measure_in_one_line(run_tool, tool, args, message, tmp_path):
+    """Before anything is built or timed (each of these was a traceback, some after minutes of other timings)."""
+    out = ["--out", str(tmp_path / "out")] if tool in ("benchmark", "bccb_analysis") else []
+    err = run_tool(tool, *out, *args, expect=2, stderr=True)
+    assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_gpu_is_named():
+    from cat.toolkit import device_name
+
+    if torch.cuda.is_available():
+        assert device_name("cuda") == "cuda" and device_name("cuda:0") == "cuda:0"
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="cuda: CUDA is not available on this machine"):
+            device_name("cuda")
+    assert device_name("cpu") == "cpu"
 
 
 @pytest.mark.slow
