@@ -34,6 +34,7 @@ import torch
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, report_user_errors
+from cat.toolkit import positive_int
 
 BENCH = Path(__file__).with_name("bench_attention.py")
 GPUS_GIB = (40, 80)
@@ -98,13 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", help="Table 2 model names (default: every row)")
     parser.add_argument("--dtype", choices=sorted(AMP_DTYPES) + ["fp32"], default="bf16")
-    parser.add_argument("--batches", type=int, nargs=2, default=(8, 16), help="the two measured batches")
-    parser.add_argument("--recipe-batch", type=int, default=128, help="images per GPU (global 1024 on 8)")
+    parser.add_argument("--batches", type=positive_int, nargs=2, default=(8, 16), help="the two measured batches")
+    parser.add_argument("--recipe-batch", type=positive_int, default=128, help="images per GPU (global 1024 on 8)")
     parser.add_argument("--overhead-gib", type=float, default=1.0, help="CUDA context and allocator slack")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     batches = tuple(args.batches)
-    rows = [r for r in paper_table(2)["rows"] if not args.models or r["model"] in args.models]
+    if batches[0] == batches[1]:
+        parser.error(f"--batches {batches[0]} {batches[1]}: two different batches (memory per image is their slope)")
+    table = paper_table(2)["rows"]
+    unknown = sorted(set(args.models or ()) - {r["model"] for r in table})
+    if unknown:
+        parser.error(
+            f"--models {' '.join(unknown)}: not in Table 2 (its models: {', '.join(r['model'] for r in table)})"
+        )
+    rows = [r for r in table if not args.models or r["model"] in args.models]
     results = []
     for row in rows:
         growth = measure(row["model"], row["img_size"], batches, args.dtype)

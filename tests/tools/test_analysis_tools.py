@@ -100,6 +100,8 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
             "--images 5: at least 2816 (--world 8 ranks x (--batches 10 + 1 warm-up) x --batch 32",
         ),
         ("bccb_analysis", ["--num-images", "0"], "argument --num-images: '0' is not a positive integer"),
+        ("recipe_memory", ["--batches", "8", "8"], "--batches 8 8: two different batches"),
+        ("recipe_memory", ["--models", "ca_deit_tiy"], "--models ca_deit_tiy: not in Table 2 (its models: deit_tiny"),
     ],
 )
 def test_the_benchmarks_refuse_what_they_cannot_measure_in_one_line(run_tool, tool, args, message, tmp_path):
