@@ -60,10 +60,12 @@ def draw_scene(rng: np.random.Generator, size: int) -> tuple[Image.Image, list[t
 
 def toy_dataset_parser(description: str) -> argparse.ArgumentParser:
     """The command line both toy-dataset tools share."""
+    from cat.toolkit import positive_int  # the tools' layer, above this one
+
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--train", type=int, default=64, help="training images")
-    parser.add_argument("--val", type=int, default=16, help="validation images")
-    parser.add_argument("--size", type=int, default=128, help="image side in pixels")
+    parser.add_argument("--train", type=positive_int, default=64, help="training images")
+    parser.add_argument("--val", type=positive_int, default=16, help="validation images")
+    parser.add_argument("--size", type=positive_int, default=128, help="image side in pixels")
     parser.add_argument("--seed", type=int, default=0)
     return parser

@@ -101,13 +101,18 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
         ),
         ("bccb_analysis", ["--num-images", "0"], "argument --num-images: '0' is not a positive integer"),
         ("recipe_memory", ["--batches", "8", "8"], "--batches 8 8: two different batches"),
+        ("make_toy_coco", ["OUT", "--train", "0"], "argument --train: '0' is not a positive integer"),
+        ("make_toy_ade", ["OUT", "--train", "-1"], "argument --train: '-1' is not a positive integer"),
         ("recipe_memory", ["--models", "ca_deit_tiy"], "--models ca_deit_tiy: not in Table 2 (its models: deit_tiny"),
     ],
 )
 def test_the_benchmarks_refuse_what_they_cannot_measure_in_one_line(run_tool, tool, args, message, tmp_path):
     """Before anything is built or timed (each of these was a traceback, some after minutes of other timings)."""
-    out = ["--out", str(tmp_path / "out")] if tool in ("benchmark", "bccb_analysis") else []
-    err = run_tool(tool, *out, *args, expect=2, stderr=True)
+    out = str(tmp_path / "out")
+    args = [out if arg == "OUT" else arg for arg in args]  # the toy-data tools' folder
+    err = run_tool(
+        tool, *(["--out", out] if tool in ("benchmark", "bccb_analysis") else []), *args, expect=2, stderr=True
+    )
     assert message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
 
