@@ -142,13 +142,19 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
 VARIANTS = ("", "lean", "autograd", "released", "checkpointed", "converted")
 
 
+def split_variant(spec: str) -> tuple[str, str]:
+    """``MODEL[+VARIANT]`` as (model, variant); a ConfigError for a variant this tool does not know."""
+    name, _, variant = spec.partition("+")
+    if variant not in VARIANTS:
+        raise ConfigError(f"unknown model variant +{variant} in {spec!r} (known: {', '.join(VARIANTS[1:])})")
+    return name, variant
+
+
 def build_variant(model_name: str, res: int, device: str) -> torch.nn.Module:
     """``MODEL[+VARIANT]`` in training mode: as created (circulant attention's policy ``auto``), ``+lean``
     or ``+autograd`` (:func:`set_lean_attention` True / False), ``+released`` (the released pipeline),
     ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model)."""
-    name, _, variant = model_name.partition("+")
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown model variant +{variant} in {model_name!r} (known: {', '.join(VARIANTS[1:])})")
+    name, variant = split_variant(model_name)
     torch.manual_seed(0)
     with torch.device(device):
         model = timm.create_model(name, img_size=res).train()
@@ -573,9 +579,7 @@ def check_models(args: argparse.Namespace) -> None:
     wanted += [(name, args.models_res) for name in ("ca_deit_tiny", "deit_tiny_patch16_224")]  # whole_models'
     wanted += [(spec, args.memory_res) for pair in args.memory_pairs for spec in pair.split(":")]
     for spec, sizes in wanted:
-        name, _, variant = spec.partition("+")
-        if variant not in VARIANTS:
-            raise ConfigError(f"unknown model variant +{variant} in {spec!r} (known: {', '.join(VARIANTS[1:])})")
+        name, _ = split_variant(spec)
         for res in sizes:
             check_model_size(name, res)
 

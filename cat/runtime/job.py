@@ -89,12 +89,12 @@ def _restore_full_error() -> None:
 def _users_full_error() -> Iterator[None]:
     """The user's HYDRA_FULL_ERROR while a task runs, the entry's again after it: a multirun's in-process cells
     return to the sweep, whose failed cell the entry then reports."""
-    entrys = {name: os.environ.get(name) for name in (_USERS_FULL_ERROR, "HYDRA_FULL_ERROR")}
+    at_entry = {name: os.environ.get(name) for name in (_USERS_FULL_ERROR, "HYDRA_FULL_ERROR")}
     _restore_full_error()
     try:
         yield
     finally:
-        for name, value in entrys.items():
+        for name, value in at_entry.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
