@@ -39,8 +39,8 @@ __all__ = [
     "check_last_checkpoint",
     "check_weights_match",
     "install_safe_checkpoint_io",
-    "load_mm_checkpoint",
-    "load_remote_checkpoint",
+    "load_from_safe_local",
+    "load_from_safe_remote",
     "mmengine_safe_globals",
     "sanitize_mm_checkpoint",
 ]
@@ -141,7 +141,7 @@ def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
     return checkpoint
 
 
-def load_mm_checkpoint(filename: str, map_location: Any = None) -> Any:
+def load_from_safe_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals,
     then :func:`sanitize_mm_checkpoint`."""
     path = os.path.expanduser(filename)
@@ -190,13 +190,13 @@ def _cached_download(url: str) -> str:
     return path
 
 
-def load_remote_checkpoint(filename: str, map_location: Any = None) -> Any:
+def load_from_safe_remote(filename: str, map_location: Any = None) -> Any:
     """mmengine's URL and model-zoo schemes, replaced: fetch (or find in the cache), check the hash a
     torch.hub-style name declares, then read it like a local file."""
     location = _resolve_remote(filename)
     path = _cached_download(location) if location.startswith(("http://", "https://")) else location
     check_name_hash(path)
-    checkpoint = load_mm_checkpoint(path, map_location)
+    checkpoint = load_from_safe_local(path, map_location)
     if filename.startswith("mmcls://"):
         from mmengine.runner.checkpoint import _process_mmcls_checkpoint
 
@@ -258,8 +258,8 @@ _REMOTE_PREFIXES = ("http://", "https://", "torchvision://", "modelzoo://", "ope
 
 
 def install_safe_checkpoint_io() -> None:
-    """Route every mmengine checkpoint read through :func:`load_mm_checkpoint` (local) or
-    :func:`load_remote_checkpoint` (URLs and model zoos), refuse the other schemes, and register the
+    """Route every mmengine checkpoint read through :func:`load_from_safe_local` (local) or
+    :func:`load_from_safe_remote` (URLs and model zoos), refuse the other schemes, and register the
     atomic file backend (``backend_args={'backend': ATOMIC_BACKEND}``) for its writes."""
     from mmengine.fileio import LocalBackend, register_backend
     from mmengine.runner.checkpoint import CheckpointLoader
@@ -274,8 +274,9 @@ def install_safe_checkpoint_io() -> None:
         def put_text(self, obj: str, filepath: Any, encoding: str = "utf-8") -> None:
             self.put(obj.encode(encoding), filepath)
 
-    CheckpointLoader.register_scheme(prefixes="", loader=load_mm_checkpoint, force=True)
-    CheckpointLoader.register_scheme(prefixes=_REMOTE_PREFIXES, loader=load_remote_checkpoint, force=True)
+    # mmengine logs "Loads checkpoint by <the loader's name after 'load_from_'> backend": "safe_local", "safe_remote".
+    CheckpointLoader.register_scheme(prefixes="", loader=load_from_safe_local, force=True)
+    CheckpointLoader.register_scheme(prefixes=_REMOTE_PREFIXES, loader=load_from_safe_remote, force=True)
     # Every other scheme mmengine (or a plugin) registered, e.g. pavi:// and s3://, reads through
     # code cat cannot vouch for: refused by name. The table is private; a test checks the result.
     for prefix in list(CheckpointLoader._schemes):

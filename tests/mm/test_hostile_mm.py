@@ -57,10 +57,10 @@ def trained(toy_coco, toy_ade, tmp_path_factory) -> dict[str, tuple[Path, Path, 
 def _hostile_copy(source: Path, folder: Path, marker: Path) -> Path:
     """``source`` (a real mmengine checkpoint) with a config that runs ``touch marker``, in ``folder``
     with ``last_checkpoint`` naming it, as mmengine's own auto-resume would find it."""
-    from cat.mm.safe_load import load_mm_checkpoint
+    from cat.mm.safe_load import load_from_safe_local
 
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint = load_mm_checkpoint(str(source))
+    checkpoint = load_from_safe_local(str(source))
     checkpoint["meta"]["config"] = f"x = __import__('os').system('touch {marker}')\n"
     checkpoint["meta"]["cfg"] = checkpoint["meta"]["config"]
     path = folder / source.name
@@ -93,10 +93,10 @@ def test_checkpoint_config_never_runs(task, trained, tmp_path):
 
 
 def test_sanitizer_keeps_what_mmengine_needs_and_drops_the_rest(trained, tmp_path):
-    from cat.mm.safe_load import MM_META_KEYS, load_mm_checkpoint, sanitize_mm_checkpoint
+    from cat.mm.safe_load import MM_META_KEYS, load_from_safe_local, sanitize_mm_checkpoint
 
     out, checkpoint, _ = trained["det"]
-    legit = load_mm_checkpoint(str(checkpoint))
+    legit = load_from_safe_local(str(checkpoint))
     assert {"epoch", "iter", "seed"} <= set(legit["meta"]) <= MM_META_KEYS  # mmengine's own file keeps its loop state
     assert legit["message_hub"]["runtime_info"]["keep_ckpt_ids"]
     victim = tmp_path / "victim.pth"
