@@ -117,8 +117,8 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         mm = Config(mm.to_dict(), cfg_text=mm.text, filename=folder.file("mm_config.py"))
         with sinks_for_new_backends(folder.metrics):
             runner = Runner.from_cfg(mm)
-        if cfg.mode == "eval" and cfg.strict_load:
-            check_weights_match(runner.model, cfg.checkpoint)
+        if mm.load_from is not None and cfg.strict_load:  # an evaluation's weights, or those a run starts from
+            check_weights_match(runner.model, mm.load_from)
         if env.is_main:  # mmengine's log lines in log.txt too, as they happen
             handler = logging.FileHandler(folder.file("log.txt"))
             handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))

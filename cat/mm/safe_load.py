@@ -227,11 +227,14 @@ def check_last_checkpoint(folder: str) -> None:
 
 
 def check_weights_match(model: torch.nn.Module, filename: str) -> None:
-    """Before an evaluation: ``filename``'s weights (read as mmengine will read them) cover ``model``
-    exactly, else :class:`cat.models.CheckpointMismatchError` with the report of what does not match
-    (mmengine itself loads non-strictly, warns, and evaluates a partly random model)."""
+    """Before an evaluation, or a training run that starts from ``filename``: its weights (read as mmengine
+    will read them) cover ``model`` exactly, else :class:`cat.models.CheckpointMismatchError` with the report
+    of what does not match (mmengine itself loads non-strictly, warns, and evaluates a partly random model,
+    or trains one from its initialisation)."""
     from mmengine.model import BaseTTAModel, is_model_wrapper
     from mmengine.runner.checkpoint import CheckpointLoader
+
+    from .backbone import TimmBackbone
 
     checkpoint = CheckpointLoader.load_checkpoint(filename, map_location="cpu")
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
@@ -241,7 +244,15 @@ def check_weights_match(model: torch.nn.Module, filename: str) -> None:
     own = model.state_dict()
     report = LoadReport.between(own, state)
     if not report.clean:
-        raise CheckpointMismatchError(report, filename)
+        # A classification checkpoint holds the backbone's own names (most of its keys are found under it).
+        backbones = [f"{name}.model." for name, module in model.named_modules() if isinstance(module, TimmBackbone)]
+        found = sum(any(prefix + key in own for prefix in backbones) for key in report.unexpected)
+        hint = (
+            "it holds a classification model's weights: a backbone takes those from model.pretrained="
+            if report.unexpected and 2 * found >= len(report.unexpected)
+            else None
+        )
+        raise CheckpointMismatchError(report, filename, hint)
 
 
 def _refuse_scheme(prefix: str) -> Callable[..., Any]:

@@ -310,12 +310,10 @@ class LoadReport:
 class CheckpointMismatchError(UserError, ValueError):
     """The checkpoint's keys or shapes do not match the model (``strict=True``)."""
 
-    def __init__(self, report: LoadReport, source: str) -> None:
+    def __init__(self, report: LoadReport, source: str, hint: str | None = None) -> None:
         self.report = report
-        super().__init__(
-            f"checkpoint {source} does not match the model (strict=False, or strict_load=false for a trainer, loads "
-            f"the matching part):\n{report}"
-        )
+        advice = hint or "strict=False, or strict_load=false for a trainer, loads the matching part"
+        super().__init__(f"checkpoint {source} does not match the model ({advice}):\n{report}")
 
 
 def load_state_dict(

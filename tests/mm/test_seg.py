@@ -13,6 +13,7 @@ import torch
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
 from tests.conftest import REPO, compose_config
+from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -94,6 +95,13 @@ def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ad
     torch.save(cat.create_model("ca_pvt_tiny").state_dict(), backbone)
     out = tmp_path / "run"
     args = ["experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", *FAST]
+    # The backbone's file where the whole segmentor's weights go: refused before training (mmengine would load
+    # none of it, warn, and train from the initialisation), with where it belongs.
+    mistaken = run_entry_cases("train_seg.py", {"mistaken": [*args, f"checkpoint={backbone}", "schedule.iters=2"]})
+    assert mistaken["mistaken"].returncode == 2 and not list(out.glob("iter_*.pth"))
+    assert "it holds a classification model's weights: a backbone takes those from model.pretrained=" in (
+        mistaken["mistaken"].stderr
+    )
     args += [f"checkpoint={start}", f"model.pretrained={backbone}", "schedule.val_interval=2"]
     first = run_entry("train_seg.py", *args, "schedule.iters=2")
     log = first.stdout + first.stderr
