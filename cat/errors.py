@@ -17,8 +17,20 @@ __all__ = [
 ]
 
 
+def _restored(cls: type[UserError], args: tuple, state: dict) -> UserError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class UserError(Exception):
     """Something the user can fix; its message says what and where."""
+
+    def __reduce__(self) -> tuple:
+        # Pickle (a sweep cell's error, sent to the sweep's process) would call the class with the message, which the
+        # subclasses whose constructors build it from parts would wrap again ("invalid config: invalid config: ...").
+        return _restored, (type(self), self.args, self.__dict__)
 
 
 class ConfigError(UserError, ValueError):
