@@ -25,7 +25,7 @@ from cat.errors import OutputError, SweepCellError, UserError
 
 from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distributed
 from .io import atomic_write_json, atomic_write_text
-from .logger import setup_logging
+from .logger import FILE_ONLY, setup_logging
 from .metrics import MetricSinks, build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .rng import seed_everything
@@ -168,6 +168,14 @@ def _debug_requested(args: tuple[Any, ...]) -> bool:
     return bool(args and isinstance(args[0], DictConfig) and args[0].get("debug", False))
 
 
+def user_error_message(error: UserError) -> str:
+    """A user error's message, as its one line ``error: ...`` says it."""
+    message = str(error).strip()
+    if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep its own message
+        message = message.splitlines()[-1].split(": ", 1)[-1]
+    return message
+
+
 def report_user_errors(main: F) -> F:
     """Decorate an entry point: a :class:`UserError` ends it with ``error: ...`` and exit status 2.
 
@@ -181,9 +189,7 @@ def report_user_errors(main: F) -> F:
         except UserError as error:
             if _debug_requested(args):
                 raise
-            message = str(error).strip()
-            if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep its own message
-                message = message.splitlines()[-1].split(": ", 1)[-1]
+            message = user_error_message(error)
             print(f"error: {message}", file=sys.stderr, flush=True)
             if (sweep := _sweep_of_cell()) is not None:  # the sweep's other cells still run; it reports this one
                 raise SweepCellError(f"sweep cell {sweep.subdir or sweep.dir}: {message}") from None
@@ -285,9 +291,10 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
             )
             try:
                 metrics = body(env, folder)
-            except RuntimeError as error:
-                if env.distributed and _collective_failure(error):
-                    _record_lost_peer(folder, env, error, cfg.dist_timeout_s)
+            except Stopped:
+                raise
+            except Exception as error:
+                _record_failure(folder, env, error, cfg.dist_timeout_s)
                 raise
             if env.is_main:
                 atomic_write_json(folder.file("metrics.json"), metrics)
@@ -310,18 +317,24 @@ def _collective_failure(error: RuntimeError) -> bool:
     )
 
 
-def _record_lost_peer(folder: RunFolder, env: DistEnv, error: RuntimeError, timeout_s: int) -> None:
-    """The run's log says why it ended: a collective failed, so another rank is gone (its node lost,
-    or it crashed: its own log says which), and the last complete checkpoint is where to resume from."""
+def _record_failure(folder: RunFolder, env: DistEnv, error: Exception, timeout_s: int) -> None:
+    """The run's log says why it ended: ``log.txt`` is the run's record, and on Slurm the console's error
+    stream is another file. A collective that failed means another rank is gone (its node lost, or it
+    crashed: its own log says which), and the last complete checkpoint is where to resume from."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    folder.log.error(
-        "rank %d of %d: a collective failed, another rank stopped answering (a node lost, or that rank failed; "
-        "dist_timeout_s=%s): %s. Checkpoints written before it are complete: rerun the same command to resume.",
-        env.rank,
-        env.world_size,
-        timeout_s,
-        first_line[:300],
-    )
+    if env.distributed and isinstance(error, RuntimeError) and _collective_failure(error):
+        folder.log.error(
+            "rank %d of %d: a collective failed, another rank stopped answering (a node lost, or that rank failed; "
+            "dist_timeout_s=%s): %s. Checkpoints written before it are complete: rerun the same command to resume.",
+            env.rank,
+            env.world_size,
+            timeout_s,
+            first_line[:300],
+        )
+    elif isinstance(error, UserError):  # the console gets its line from report_user_errors
+        folder.log.error("error: %s", user_error_message(error), extra=FILE_ONLY)
+    else:  # the console gets the traceback
+        folder.log.error("the run ended with %s: %s", type(error).__name__, first_line[:300], extra=FILE_ONLY)
 
 
 def _finished_record(cfg: DictConfig, folder: RunFolder) -> dict[str, Any] | None:

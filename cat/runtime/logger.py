@@ -12,6 +12,7 @@ import sys
 from cat.errors import OutputError
 
 __all__ = [
+    "FILE_ONLY",
     "setup_logging",
     "wandb_api_key_configured",
     "resolve_wandb_mode",
@@ -20,15 +21,22 @@ __all__ = [
 ]
 
 
+# ``extra=`` of a record for ``log_file`` alone: what the console says its own way (an error line, a traceback).
+FILE_ONLY = {"file_only": True}
+
+
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
-    """The ``cat`` logger: INFO to stdout (and ``log_file``) on rank 0, warnings only elsewhere."""
+    """The ``cat`` logger: INFO to stdout (and ``log_file``) on rank 0, warnings only elsewhere; records
+    logged with ``extra=FILE_ONLY`` go to ``log_file`` alone."""
     logger = logging.getLogger("cat")
     logger.setLevel(logging.INFO if is_main else logging.WARNING)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
+    console = logging.StreamHandler(sys.stdout)
+    console.addFilter(lambda record: not getattr(record, "file_only", False))
+    handlers: list[logging.Handler] = [console]
     if is_main and log_file:
         handlers.append(logging.FileHandler(log_file))
     for handler in handlers:

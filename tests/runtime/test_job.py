@@ -44,17 +44,28 @@ def test_run_job_records_metrics_history_and_a_finished_run(tmp_path):
     assert run_job(cfg, body) == {"top1": 50.0} and len(calls) == 1
 
 
-def test_run_job_releases_the_folder_when_the_body_fails(tmp_path):
+@pytest.mark.parametrize(
+    "error, recorded",
+    [
+        (DataError("broken image /data/x.jpg"), "error: broken image /data/x.jpg"),
+        (KeyError("qkv.weight"), "the run ended with KeyError: 'qkv.weight'"),
+    ],
+    ids=["user error", "bug"],
+)
+def test_run_job_records_why_the_body_failed_and_releases_the_folder(tmp_path, capsys, error, recorded):
     cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
 
     def body(env, folder):
         folder.metrics.log({"train/loss": 1.0}, 1)
-        raise DataError("broken image")
+        raise error
 
-    with pytest.raises(DataError, match="broken image"):
+    with pytest.raises(type(error)):
         run_job(cfg, body)
     assert not (tmp_path / "metrics.json").exists()
     assert read_history(tmp_path / "metrics.jsonl")[0]["train/loss"] == 1.0  # what it logged stays
+    # The run's record says how it ended; the console has its own line or traceback, not this one too.
+    assert (tmp_path / "log.txt").read_text().splitlines()[-1].endswith(f"] {recorded}")
+    assert recorded not in capsys.readouterr().out
     open_run_folder(str(tmp_path), DistEnv()).close()  # the lock was released
 
 
