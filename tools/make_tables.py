@@ -15,7 +15,8 @@ A sweep folder (``train_*.py -m``; it holds Hydra's ``multirun.yaml``) gets its 
 one row per group of cells that differ only by ``seed``, with the mean ± std over the seeds that
 finished and their count, the paper's number where a table row matches, and every cell of the
 sweep accounted for (finished, stopped, running, failed, missing); where an unfinished cell has a
-metric history (``metrics.jsonl``), the status says how far it got:
+metric history (``metrics.jsonl``), the status says how far it got, and for a failed cell how its
+``log.txt`` ends (the run's error):
 
     python tools/make_tables.py outputs/cls/sweeps/table5_ablation --out t5.md --csv t5.csv
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -119,6 +122,26 @@ def history_progress(folder: Path) -> str | None:
         if values:
             return f"{text}, {label} {values[-1]:.2f}"
     return text
+
+
+def log_ending(folder: Path, limit: int = 160) -> str | None:
+    """The last line of a run's ``log.txt`` without its time stamp (a failed run's error), cut to ``limit``
+    characters and made safe for a Markdown cell; None if there is none."""
+    path = folder / "log.txt"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # the tail: a log may be long
+            tail = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise DataError(f"{path} cannot be read ({type(error).__name__}: {error.strerror})") from None
+    lines = [line for line in tail.split("\n") if line.strip()]  # only a newline ends a line of the log
+    if not lines:
+        return None
+    line = re.sub(r"^\[[\d: -]+\] ", "", lines[-1].strip())
+    line = "".join(c if c.isprintable() else " " for c in line).replace("|", "\\|")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
@@ -260,6 +283,11 @@ def summarize_sweep(cells: list[dict[str, Any]]) -> tuple[list[str], list[dict[s
             f"{c['status']} at {note}"
             for c in members
             if c["status"] in ("stopped", "running") and (note := history_progress(Path(c["dir"])))
+        ]
+        progress += [
+            f"failed, its log ends: {note}"
+            for c in members
+            if c["status"] == "failed" and (note := log_ending(Path(c["dir"])))
         ]
         if progress:
             row["status"] += f" ({'; '.join(progress)})"

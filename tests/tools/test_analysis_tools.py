@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_CLS
 
 
 def test_bccb_analysis(run_tool, tmp_path):
@@ -284,6 +284,36 @@ def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_p
     cell = _one_cell_sweep(tmp_path)
     (cell / ".lock").write_text("[]")
     assert "1 failed" in run_tool("make_tables", str(tmp_path))
+    # A log that ends in a long line of table cells, control characters and bytes that are not UTF-8: one row,
+    # its cell quoted as text and cut short.
+    (cell / "log.txt").write_bytes(b"[2026-12-02 10:00:00] started\n" + b"a|b\x1b[2J\r\xff" * 100_000 + b"\n\n")
+    (row,) = [line for line in run_tool("make_tables", str(tmp_path)).splitlines() if "1 failed" in line]
+    quoted = row.partition("(failed, its log ends: ")[2].removesuffix(") |")
+    assert len(quoted) == 160 and quoted.endswith("…") and "a\\|b [2J \ufffda\\|b" in quoted, row
+
+
+@pytest.mark.slow
+def test_make_tables_says_how_a_failed_cell_ended(run_tool, tmp_path):
+    """A real sweep whose cell diverges: the table gives the error its run's log.txt ends with."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train_cls.py",
+            "-m",
+            *TINY_CLS,
+            "lr=1e12",
+            "schedule.warmup_epochs=0",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (row,) = [line for line in run_tool("make_tables", str(tmp_path)).splitlines() if "lr=1000000000000.0" in line]
+    status = row.strip("|").split("|")[-1].strip()
+    assert status.startswith("1 failed (failed, its log ends: error: ") and "non-finite" in status, status
 
 
 def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
