@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from cat.data import ZipImageDataset
+from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
@@ -70,6 +71,13 @@ def resume(
     if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
         fixed.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
     refuse_fixed_changes(ckpt.last, changed, fixed)
+    trained, mid_epoch = saved["epoch"] + 1, bool(saved["step_in_epoch"])
+    if cfg.epochs < trained + mid_epoch:  # what trained cannot be taken back: the record would claim a shorter run
+        raise ConfigError(
+            f"epochs={cfg.epochs}: {ckpt.last} has "
+            + (f"begun epoch {trained + 1}" if mid_epoch else f"trained {trained} epochs")
+            + "; a shorter run needs another output_dir (or resume=false, which overwrites this one)"
+        )
     state.load_state_dict(saved)
     point = ResumePoint(resumed=True, changed=changed or None)
     rng, progress = saved.get("rng"), saved.get("epoch_progress")

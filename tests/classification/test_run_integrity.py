@@ -110,6 +110,14 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     assert change["epoch"] == 2 and change["changed"]["epochs"] == [1, 3]
     log = (tmp_path / "a" / "log.txt").read_text()
     assert "config changed since the checkpoint, applied from here on: epochs: 1 -> 3" in log
+    # Fewer epochs than it trained: refused, and the record still says what trained.
+    record = {name: (tmp_path / "a" / name).read_text() for name in ("config.yaml", "metrics.json")}
+    proc = train_proc(tmp_path / "a", "epochs=2", "batch_size=16")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"error: invalid config: epochs=2: {tmp_path / 'a' / 'last.pth'} has trained 3 epochs; a shorter run needs "
+        "another output_dir (or resume=false, which overwrites this one)"
+    )
+    assert {name: (tmp_path / "a" / name).read_text() for name in record} == record
 
 
 def test_a_resume_needs_no_starting_checkpoint(tmp_path):
