@@ -74,7 +74,16 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
         )
     classes = _class_folders(folder)
     if not classes:
-        raise DataError(f"no class folders in {folder}")
+        loose = sum(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder))
+        raise DataError(
+            f"no class folders in {folder}"
+            + (
+                f" (it holds {loose} images directly, as ImageNet's val archive unpacks: a split needs them sorted "
+                "into one folder per class, e.g. by the devkit's ground-truth labels)"
+                if loose
+                else ""
+            )
+        )
     train_folder = os.path.join(data.root, data.train_split)
     if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := _class_folders(train_folder)):
         # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.

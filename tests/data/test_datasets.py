@@ -23,7 +23,12 @@ def test_image_folder_and_its_errors(tmp_path):
     cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
     with pytest.raises(DataError, match="dataset split folder not found"):
         build_dataset(cfg.data, cfg.aug, "train")
-    (tmp_path / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "train").mkdir()
+    for i in range(2):  # ImageNet's val as its archive unpacks: the images with no class folders
+        Image.new("RGB", (40, 30)).save(tmp_path / "train" / f"ILSVRC2012_val_{i:08d}.JPEG")
+    with pytest.raises(DataError, match=r"no class folders in .*train \(it holds 2 images directly, as ImageNet"):
+        build_dataset(cfg.data, cfg.aug, "train")
+    (tmp_path / "train" / "cat").mkdir()
     with pytest.raises(DataError, match="holds no images"):
         build_dataset(cfg.data, cfg.aug, "train")
     Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "train" / "cat" / "a.jpg")
