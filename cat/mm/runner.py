@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 import yaml
@@ -74,6 +75,9 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
     current = OmegaConf.to_container(cfg, resolve=True)
     changed, refused = resume_changes(before, current, MM_RESUME_FIXED_KEYS, MM_RESUME_FREE_KEYS)
     refuse_fixed_changes(checkpoint, changed, refused)
+    for key in ("schedule.epochs", "schedule.iters"):
+        if key in changed and isinstance(changed[key][0], int) and changed[key][1] < changed[key][0]:
+            _refuse_a_schedule_shorter_than_trained(key, changed[key][1], checkpoint)
     if changed:
         folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))
     for key in ("schedule.epochs", "schedule.iters"):
@@ -84,6 +88,32 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
                 key,
                 *changed[key],
             )
+
+
+def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: str) -> None:
+    """A ConfigError if ``checkpoint`` has trained past, or begun past, a schedule of ``length`` epochs or iterations
+    (``key``): mmengine's loop would end at once and the record would claim the shorter run. How far it got is in
+    the name mmengine and cat's preemption give it (``epoch_N.pth`` at an epoch's end, ``iter_N.pth`` after
+    iteration N); a mid-epoch file of an epoch-based run, or one renamed, is read for it."""
+    by_epoch = key == "schedule.epochs"
+    name = re.fullmatch(r"(epoch|iter)_(\d+)\.pth", os.path.basename(checkpoint))
+    if name is not None and (name[1] == "epoch") == by_epoch:
+        done, begun = int(name[2]), False
+    else:
+        from mmengine.runner.checkpoint import CheckpointLoader
+
+        meta = CheckpointLoader.load_checkpoint(checkpoint, map_location="cpu").get("meta") or {}
+        if not isinstance(meta.get("epoch" if by_epoch else "iter"), int):
+            return  # not a checkpoint mmengine saved: its resume will say so
+        # mmengine's meta: the epochs finished (the one under way, in a mid-epoch save) or the iterations run.
+        done, begun = (meta["epoch"], name is not None) if by_epoch else (meta["iter"], False)
+    if length < done + begun:
+        unit = "epochs" if by_epoch else "iterations"
+        raise ConfigError(
+            f"{key}={length}: {checkpoint} has "
+            + (f"begun epoch {done + 1}" if begun else f"trained {done} {unit}")
+            + "; a shorter run needs another output_dir (or resume=false, which overwrites this one)"
+        )
 
 
 def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:

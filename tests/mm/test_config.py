@@ -171,6 +171,41 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     )
 
 
+@pytest.mark.parametrize(
+    ("task", "saved", "meta", "length", "refusal"),
+    [
+        ("seg", "iter_4.pth", {"epoch": 0, "iter": 4}, 3, "has trained 4 iterations"),
+        ("seg", "iter_4.pth", {"epoch": 0, "iter": 4}, 4, None),
+        ("seg", "renamed.pth", {"epoch": 0, "iter": 4}, 3, "has trained 4 iterations"),
+        ("det", "epoch_2.pth", {"epoch": 2, "iter": 24}, 1, "has trained 2 epochs"),
+        ("det", "iter_13.pth", {"epoch": 1, "iter": 13}, 1, "has begun epoch 2"),  # a mid-epoch (preemption) save
+        ("det", "iter_13.pth", {"epoch": 1, "iter": 13}, 2, None),
+    ],
+)
+def test_resume_refuses_a_schedule_shorter_than_trained(task, saved, meta, length, refusal, tmp_path):
+    """mmengine's loop would end at once, and the record would claim the shorter run."""
+    from cat.mm.runner import check_resume_config
+    from cat.mm.safe_load import install_safe_checkpoint_io
+    from cat.runtime import RunFolder
+
+    install_safe_checkpoint_io()
+    key = "schedule.epochs" if task == "det" else "schedule.iters"
+    folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
+    folder.write_config(compose_config(task, "data.root=/data/a", f"{key}=30000"))
+    torch.save({"meta": meta, "state_dict": {}}, tmp_path / saved)
+    (tmp_path / "last_checkpoint").write_text(str(tmp_path / saved))
+    shorter = compose_config(task, "data.root=/data/a", f"{key}={length}")
+    if refusal is None:
+        check_resume_config(shorter, folder)
+        return
+    with pytest.raises(ConfigError) as refused:
+        check_resume_config(shorter, folder)
+    assert refused.value.problems == [
+        f"{key}={length}: {tmp_path / saved} {refusal}; a shorter run needs another output_dir (or resume=false, "
+        "which overwrites this one)"
+    ]
+
+
 def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
     """The run folder's config.yaml is read before a resume: a YAML tag that would run code runs nothing, and
     that file, a truncated one, binary bytes or a list are each refused in one line naming it; nothing is

@@ -112,6 +112,15 @@ def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ad
     log = second.stdout + second.stderr
     assert f"Auto resumed from the latest checkpoint {out / 'iter_2.pth'}" in log
     assert re.findall(r"Iter\(train\) +\[ *(\d+)/4\]", log) == ["3", "4"]
+    # Fewer iterations than it trained: refused (mmengine's loop would end at once, and the record would claim the
+    # shorter run), the record as it was.
+    record = {name: (out / name).read_text() for name in ("config.yaml", "metrics.json")}
+    shorter = run_entry_cases("train_seg.py", {"shorter": [*args, "schedule.iters=3"]})["shorter"]
+    assert shorter.returncode == 2 and shorter.stderr.strip().splitlines()[-1] == (
+        f"error: invalid config: schedule.iters=3: {out / 'iter_4.pth'} has trained 4 iterations; a shorter run needs "
+        "another output_dir (or resume=false, which overwrites this one)"
+    )
+    assert {name: (out / name).read_text() for name in record} == record
 
 
 def test_sigterm_saves_the_iteration_and_the_rerun_skips_what_it_trained(toy_ade, tmp_path):
