@@ -18,11 +18,13 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import submitit
 from hydra import compose, initialize_config_dir
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
+from submitit.slurm.slurm import SlurmExecutor
 
 from cat.errors import ConfigError
 from cat.runtime import report_user_errors
@@ -38,9 +40,12 @@ def sbatch_script(launcher: dict, folder: str) -> str:
     """The sbatch script submitit writes for one job with these hydra-submitit-launcher settings."""
     launcher = {k: v for k, v in launcher.items() if k != "_target_" and v is not None}
     launcher.pop("submitit_folder", None)
-    executor = submitit.AutoExecutor(
-        folder=folder, cluster="slurm", slurm_max_num_timeout=launcher.pop("max_num_timeout", 0)
-    )
+    # submitit builds no Slurm executor where `srun` is not on PATH (a laptop, a CI runner); the preview submits
+    # nothing, so it runs anywhere.
+    with mock.patch.object(SlurmExecutor, "affinity", classmethod(lambda cls: 1)):
+        executor = submitit.AutoExecutor(
+            folder=folder, cluster="slurm", slurm_max_num_timeout=launcher.pop("max_num_timeout", 0)
+        )
     executor.update_parameters(**{k if k in GENERIC else f"slurm_{k}": v for k, v in launcher.items()})
     # submitit builds the script only at submission; this is the function it uses to write it.
     return executor._executor._make_submission_file_text(f"python -u -m submitit.core._submit {folder}", "preview")
