@@ -35,6 +35,8 @@ __all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "RESUME_FREE_KEYS"]
 RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "accum_steps", "seed", "optim.opt", "ema.enabled")
 # The same data may move; the same math, computed another way.
 RESUME_FREE_KEYS = ("data.root", "model.lean_attention", "model.grad_checkpointing")
+# What a resume applies from its step on and what changes the training there: for a finished run, to no step.
+RESUME_RECIPE_KEYS = ("lr", "optim.", "schedule.", "ema.", "amp.")
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -77,6 +79,12 @@ def resume(
             f"epochs={cfg.epochs}: {ckpt.last} has "
             + (f"begun epoch {trained + 1}" if mid_epoch else f"trained {trained} epochs")
             + "; a shorter run needs another output_dir (or resume=false, which overwrites this one)"
+        )
+    recipe = {k: v for k, v in changed.items() if k.startswith(RESUME_RECIPE_KEYS)}
+    if cfg.epochs == trained and not mid_epoch and recipe:  # e.g. a new lr tried in the default output_dir
+        raise ConfigError(
+            f"{ckpt.last} has finished its {trained} epochs, so {describe_changes(recipe)} would train nothing: a run "
+            "with them needs its own output_dir (or name=), or more epochs to continue this one"
         )
     state.load_state_dict(saved)
     point = ResumePoint(resumed=True, changed=changed or None)

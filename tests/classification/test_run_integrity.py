@@ -88,7 +88,8 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
         first.kill()
         first.wait()
     (tmp_path / ".last.pth.abc123.tmp").write_bytes(b"partial")  # what a writer killed mid-save leaves
-    proc = train_proc(tmp_path, "epochs=1", "batch_size=8", timeout=300)
+    # A fresh run there (resume=false: the killed run has trained more epochs than this one asks for).
+    proc = train_proc(tmp_path, "epochs=1", "batch_size=8", "resume=false", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"its process {first.pid} is gone" in proc.stdout and ".last.pth.abc123.tmp" in proc.stdout
     assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / ".lock").exists()
@@ -116,6 +117,12 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         f"error: invalid config: epochs=2: {tmp_path / 'a' / 'last.pth'} has trained 3 epochs; a shorter run needs "
         "another output_dir (or resume=false, which overwrites this one)"
+    )
+    # A finished run given another lr (a new try in the same output_dir): it would train nothing, so it is refused.
+    proc = train_proc(tmp_path / "a", "epochs=3", "batch_size=16", "lr=1e-4")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "has finished its 3 epochs, so lr: 0.002 -> 0.0001 would train nothing: a run with them needs its own "
+        "output_dir (or name=), or more epochs to continue this one"
     )
     assert {name: (tmp_path / "a" / name).read_text() for name in record} == record
 
