@@ -1,8 +1,11 @@
 """The signals that ask a job to stop cleanly, shared by every trainer.
 
-SIGTERM (Slurm's preemption and requeue, ``scancel``, the sbatch templates) and, under submitit,
-its time-limit signal (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default) only set a flag; the training
-loops poll :func:`stop_requested` once a step, save a checkpoint and return. Submitit's own
+SIGTERM (Slurm's preemption and requeue, ``scancel``, the sbatch templates), SIGINT (Ctrl-C, which a
+terminal sends to the trainer and its DataLoader workers alike; a second one stops the run at once) and,
+under submitit, its time-limit signal (``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default) only set a flag; the
+training loops poll :func:`stop_requested` once a step, save a checkpoint and return. A run stopped by
+Ctrl-C then exits with status 130, as an interrupted command does, so a command chained after it does
+not run. Submitit's own
 handler for its signal (checkpoint the job description and requeue it) is called afterwards by
 :meth:`StopSignals.hand_back`, once the run's checkpoint and record are written, so a requeued
 cell resumes where it stopped instead of from its last epoch.
@@ -42,9 +45,10 @@ def _submitit_signal() -> signal.Signals | None:
 
 
 def _stop_signals() -> list[signal.Signals]:
-    """SIGTERM, and submitit's signal under submitit."""
+    """SIGTERM, SIGINT, and submitit's signal under submitit."""
     submitit = _submitit_signal()
-    return [signal.SIGTERM] + ([submitit] if submitit not in (None, signal.SIGTERM) else [])
+    own = [signal.SIGTERM, signal.SIGINT]
+    return own + ([submitit] if submitit is not None and submitit not in own else [])
 
 
 def _end_on_the_trainers_signal(trainer: int, signals: set[signal.Signals]) -> None:
@@ -101,7 +105,7 @@ class StopSignals:
 
     def __init__(self, save: bool = True) -> None:
         self.save = save
-        self.signals = _stop_signals() if save else [signal.SIGTERM]
+        self.signals = _stop_signals() if save else [signal.SIGTERM, signal.SIGINT]
         self.submitit = _submitit_signal()
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
@@ -110,10 +114,16 @@ class StopSignals:
         self.received.append(signum)
         if not self.save:
             raise Stopped(signum)
+        if signum == signal.SIGINT:  # the next Ctrl-C does what it did before: stop at once
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+            # os.write, not print: a handler may run while the main thread is inside a print
+            os.write(2, b"\nCtrl-C: the run finishes its step, saves and stops (Ctrl-C again stops it at once)\n")
 
     def __enter__(self) -> StopSignals:
         global _active
         for sig in self.signals:
+            if sig == signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # started in the background (nohup, `cmd &` in a script): Ctrl-C is not for this run
             self._previous[sig] = signal.signal(sig, self._request)
         _active = self
         return self
@@ -127,8 +137,11 @@ class StopSignals:
     def hand_back(self) -> None:
         """Give submitit's signal, if it came, to the handler it displaced (submitit's own, which
         requeues the job and exits). SIGTERM is never handed on: the run has already stopped cleanly,
-        and whoever sent it (Slurm, the sbatch templates) requeues by itself."""
+        and whoever sent it (Slurm, the sbatch templates) requeues by itself. After a Ctrl-C the process
+        exits with status 130 (SystemExit)."""
         if self.submitit is not None and self.submitit in self.received:
             handler: Callable[[int, Any], Any] | int | None = self._previous.get(self.submitit)
             if callable(handler):
                 handler(self.submitit, None)
+        if signal.SIGINT in self.received:
+            raise SystemExit(128 + signal.SIGINT)

@@ -169,6 +169,8 @@ def _start_and_signal(output_dir: Path, sig: int, *overrides: str, whole_step: b
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # As a shell starts a foreground command: Ctrl-C's signal at its default (a test worker may ignore it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 300
     while not (output_dir / "epoch_0001.pth").exists():
@@ -252,6 +254,25 @@ def test_sigterm_to_the_whole_step_saves_and_resumes_identically(tmp_path, unint
     assert not (out / ".lock").exists()
     run_train(out, *RESUME_RUN, wandb, "workers=2")
     assert len({run.name.rpartition("-")[2] for run in (out / "wandb").glob("offline-run-*")}) == 1  # one run id
+    _, expected_weights = uninterrupted
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted):
+    """Ctrl-C in a terminal: SIGINT to the foreground job, the trainer and its DataLoader workers. The run
+    finishes its step, saves and exits with status 130 (an interrupted command's), without a traceback; the
+    resumed run ends with the uninterrupted run's weights. (It lost the epoch's steps before.)"""
+    out = tmp_path / "interrupted"
+    proc = _start_and_signal(out, signal.SIGINT, *RESUME_RUN, "workers=2", whole_step=True)
+    log = proc.stdout.read()
+    assert proc.returncode == 128 + signal.SIGINT, log
+    assert "Ctrl-C: the run finishes its step, saves and stops" in log and "stop requested" in log, log
+    assert "Traceback" not in log and not (out / ".lock").exists(), log
+    assert torch.load(out / "last.pth", map_location="cpu", weights_only=True)["step_in_epoch"] > 0
+    run_train(out, *RESUME_RUN, "workers=2")
     _, expected_weights = uninterrupted
     got = final_weights(out)
     for k, v in expected_weights.items():

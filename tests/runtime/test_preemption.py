@@ -34,7 +34,7 @@ def test_submitit_signal_is_a_flag_then_goes_back_to_submitit(monkeypatch):
 def test_sigterm_outside_submitit_is_caught_and_not_handed_to_the_default(monkeypatch):
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     with StopSignals() as signals:
-        assert signals.signals == [signal.SIGTERM]
+        assert signals.signals == [signal.SIGTERM, signal.SIGINT]
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop_requested()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -49,13 +49,38 @@ def test_a_run_with_nothing_to_save_stops_at_once_and_leaves_submitits_signal(mo
     submitit = signal.signal(signal.SIGUSR2, lambda signum, frame: None)
     try:
         with StopSignals(save=False) as signals:
-            assert signals.signals == [signal.SIGTERM] and signal.getsignal(signal.SIGUSR2) is not signals._request
+            assert signals.signals == [signal.SIGTERM, signal.SIGINT]
+            assert signal.getsignal(signal.SIGUSR2) is not signals._request
             with pytest.raises(Stopped, match="stopped by SIGTERM") as stopped:
                 os.kill(os.getpid(), signal.SIGTERM)
             assert stopped.value.signum == signal.SIGTERM
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGUSR2, submitit)
+
+
+def test_ctrl_c_is_a_flag_then_the_next_stops_at_once_and_the_run_exits_130(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop_requested()
+        with pytest.raises(KeyboardInterrupt):  # the second, while the run finishes its step
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(SystemExit) as exited:
+        signals.hand_back()
+    assert exited.value.code == 130
+    with StopSignals(save=False), pytest.raises(Stopped, match="stopped by SIGINT"):  # nothing to save: at once
+        os.kill(os.getpid(), signal.SIGINT)
+    # Started with Ctrl-C ignored (in the background, `cmd &` in a script): it stays ignored.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not stop_requested()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # A trainer with two DataLoader workers: it prints their pids, waits for the stop signal, then takes
