@@ -102,8 +102,9 @@ def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: s
     else:
         from mmengine.runner.checkpoint import CheckpointLoader
 
-        meta = CheckpointLoader.load_checkpoint(checkpoint, map_location="cpu").get("meta") or {}
-        if not isinstance(meta.get("epoch" if by_epoch else "iter"), int):
+        loaded = CheckpointLoader.load_checkpoint(checkpoint, map_location="cpu")
+        meta = loaded.get("meta") if isinstance(loaded, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("epoch" if by_epoch else "iter"), int):
             return  # not a checkpoint mmengine saved: its resume will say so
         # mmengine's meta: the epochs finished (the one under way, in a mid-epoch save) or the iterations run.
         done, begun = (meta["epoch"], name is not None) if by_epoch else (meta["iter"], False)

@@ -177,6 +177,7 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
         ("seg", "iter_4.pth", {"epoch": 0, "iter": 4}, 3, "has trained 4 iterations"),
         ("seg", "iter_4.pth", {"epoch": 0, "iter": 4}, 4, None),
         ("seg", "renamed.pth", {"epoch": 0, "iter": 4}, 3, "has trained 4 iterations"),
+        ("seg", "renamed.pth", None, 3, None),  # no meta: not mmengine's checkpoint, its resume says so
         ("det", "epoch_2.pth", {"epoch": 2, "iter": 24}, 1, "has trained 2 epochs"),
         ("det", "iter_13.pth", {"epoch": 1, "iter": 13}, 1, "has begun epoch 2"),  # a mid-epoch (preemption) save
         ("det", "iter_13.pth", {"epoch": 1, "iter": 13}, 2, None),
