@@ -19,7 +19,7 @@ from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.resume import resumes
 from cat.runtime.rundir import check_writable
-from cat.runtime.schema import JobConfig, key, register_schema, schema_problems, section
+from cat.runtime.schema import JobConfig, file_problem, key, register_schema, schema_problems, section
 
 from .checkpoints import LAST
 
@@ -287,8 +287,12 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
     problems = []
     if cfg.device == "cuda" and not torch.cuda.is_available():
         problems.append("device=cuda: CUDA is not available on this machine")
-    if cfg.checkpoint is not None and not os.path.isfile(str(cfg.checkpoint)) and not resumes(cfg, LAST):
-        problems.append(f"checkpoint={cfg.checkpoint}: no such file")
+    if (
+        cfg.checkpoint is not None
+        and not resumes(cfg, LAST)
+        and (problem := file_problem("checkpoint", cfg.checkpoint))
+    ):
+        problems.append(problem)
     # Throughput runs the model on random images: it reads no dataset, so it needs no data.root.
     if (
         cfg.mode != "throughput"

@@ -13,7 +13,15 @@ from cat.errors import ConfigError
 from cat.models import model_arguments
 from cat.runtime.resume import resumes
 from cat.runtime.rundir import check_writable
-from cat.runtime.schema import JobConfig, SaveConfig, key, register_schema, schema_problems, section
+from cat.runtime.schema import (
+    JobConfig,
+    SaveConfig,
+    file_problem,
+    key,
+    register_schema,
+    schema_problems,
+    section,
+)
 
 from .safe_load import LAST_CHECKPOINT
 
@@ -163,8 +171,8 @@ def check_mm_config(cfg: DictConfig, task: str) -> None:
         path = OmegaConf.select(cfg, name)
         # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
         remote = name == "checkpoint" and isinstance(path, str) and "://" in path
-        if isinstance(path, str) and not remote and not os.path.isfile(path):
-            problems.append(f"{name}={path}: no such file")
+        if isinstance(path, str) and not remote and (problem := file_problem(name, path)):
+            problems.append(problem)
     if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
         problems.append(
             f"data.root={cfg.data.root}: not a folder with the dataset "

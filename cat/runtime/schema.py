@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "schema_problems",
     "section_keys",
     "unknown_key_problem",
+    "file_problem",
     "schema_keys",
     "schema_help",
 ]
@@ -257,6 +259,17 @@ def _problems(node: dict[str, Any], schema: type, prefix: str) -> list[str]:
 def unknown_key_problem(path: str, known: Iterable[str]) -> str:
     """The line for a key (dotted ``path``) that its section of the schema does not declare."""
     return f"{path}: not a key of this config (known here: {', '.join(sorted(known))})"
+
+
+def file_problem(name: str, path: str) -> str | None:
+    """What is wrong with ``name=path`` where a file is needed: nothing there, or a folder (a run's folder given
+    for its checkpoint: the checkpoints in it are named)."""
+    if os.path.isfile(path):
+        return None
+    if not os.path.isdir(path):
+        return f"{name}={path}: no such file"
+    held = sorted(entry.name for entry in os.scandir(path) if entry.name.endswith((".pth", ".pt", ".safetensors")))
+    return f"{name}={path}: a folder, not a file" + (f" (it holds {', '.join(held[:6])}: give one)" if held else "")
 
 
 def section_keys(schema: type, path: str) -> list[str] | None:

@@ -150,3 +150,29 @@ def test_help_lists_documented_keys_with_their_values():
     line = next(x for x in text.splitlines() if x.strip().startswith("schedule.sched:"))
     assert "one of cosine" in line and "updated every step" in line and "['cosine']" in line
     assert "data.train_split: a string" in text and "[not set in this config]" in text  # digits has no splits
+
+
+def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
+    """checkpoint= a run's folder (for the best.pth in it) is not 'no such file': both trainers say what is there."""
+    from cat.classification.schema import check_config
+    from cat.errors import ConfigError
+    from cat.mm.schema import check_mm_config
+    from cat.runtime.schema import file_problem
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert file_problem("checkpoint", str(run)) == f"checkpoint={run}: a folder, not a file"
+    for name in ("last.pth", "best.pth", "log.txt"):
+        (run / name).write_bytes(b"")
+    assert file_problem("checkpoint", str(run / "best.pth")) is None
+    assert file_problem("checkpoint", str(tmp_path / "gone.pth")) == f"checkpoint={tmp_path / 'gone.pth'}: no such file"
+    named = f"checkpoint={run}: a folder, not a file (it holds best.pth, last.pth: give one)"
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose_config("cls", f"checkpoint={run}", f"output_dir={tmp_path / 'out'}"))
+    assert named in refused.value.problems
+    pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
+    with pytest.raises(ConfigError) as refused:
+        check_mm_config(compose_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}"), "seg")
+    assert f"model.pretrained={run}: a folder, not a file (it holds best.pth, last.pth: give one)" in (
+        refused.value.problems
+    )
