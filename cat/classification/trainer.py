@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from cat.data import ZipImageDataset
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.preemption import stop_requested
-from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
+from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
 from .builders import build_train_data, build_train_options, build_train_state
 from .checkpoints import CheckpointManager
@@ -78,7 +77,7 @@ def resume(
         raise ConfigError(
             f"epochs={cfg.epochs}: {ckpt.last} has "
             + (f"begun epoch {trained + 1}" if mid_epoch else f"trained {trained} epochs")
-            + "; a shorter run needs another output_dir (or resume=false, which overwrites this one)"
+            + f"; a shorter run needs another output_dir (or {START_OVER})"
         )
     recipe = {k: v for k, v in changed.items() if k.startswith(RESUME_RECIPE_KEYS)}
     if cfg.epochs == trained and not mid_epoch and recipe:  # e.g. a new lr tried in the default output_dir
@@ -125,9 +124,7 @@ class _Checkpoints:
     def kept(self) -> str:
         if self.has_good:
             return f"{self.manager.last} (the last good checkpoint) is kept"
-        return "this run saved no checkpoint" + (
-            " (the file there is an earlier run's)" if os.path.isfile(self.manager.last) else ""
-        )
+        return "this run saved no checkpoint"
 
     def _saved(self) -> None:
         self.has_good = True

@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, use_sweep_cell_dir
-from cat.runtime.resume import describe_changes, refuse_fixed_changes, resume_changes
+from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
 from .backbone import register_backbones
 from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
@@ -113,7 +113,7 @@ def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: s
         raise ConfigError(
             f"{key}={length}: {checkpoint} has "
             + (f"begun epoch {done + 1}" if begun else f"trained {done} {unit}")
-            + "; a shorter run needs another output_dir (or resume=false, which overwrites this one)"
+            + f"; a shorter run needs another output_dir (or {START_OVER})"
         )
 
 

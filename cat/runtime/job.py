@@ -231,8 +231,10 @@ class RunFolder:
                 self.lock.release()
 
 
-def open_run_folder(output_dir: str, env: DistEnv) -> RunFolder:
-    """Create and lock ``output_dir`` (rank 0), clean what killed writers left, set up ``log.txt``.
+def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False) -> RunFolder:
+    """Create and lock ``output_dir`` (rank 0), clean what killed writers left, set up ``log.txt``;
+    ``start_over`` (a training run with ``resume=false``) first moves an earlier run's files into
+    ``earlier_runs/<time>/``.
 
     All ranks get rank 0's absolute path (even if ``output_dir`` interpolates a timestamp) and the
     same error if the folder is held by another run.
@@ -242,8 +244,16 @@ def open_run_folder(output_dir: str, env: DistEnv) -> RunFolder:
     if env.is_main:
         try:
             lock = RunDirLock(path).acquire()
+            if start_over and (kept := lock.set_aside_earlier_run()) is not None:
+                lock.notes.append(
+                    f"resume=false: this run starts the folder over; the earlier run's files are in {kept}"
+                )
         except UserError as caught:
             error = caught
+        except OSError as caught:  # the earlier run's files could not be moved aside: they stay where they are
+            if lock is not None:
+                lock.release()
+            error = OutputError(f"resume=false could not move the earlier run's files in {path} aside ({caught})")
     error = broadcast_object(error)
     if error is not None:
         raise error
@@ -265,7 +275,9 @@ def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
     on a signal (``preempted`` in its metrics) then hands the signal back (submitit requeues the
     cell). The config must already be checked."""
     env = init_distributed(cfg.device, cfg.dist_timeout_s)
-    folder = open_run_folder(run_dir_for(cfg.output_dir, cfg.mode), env)
+    folder = open_run_folder(
+        run_dir_for(cfg.output_dir, cfg.mode), env, start_over=cfg.mode == "train" and not cfg.resume
+    )
     try:
         finished = _finished_record(cfg, folder)
     except UserError:

@@ -19,6 +19,23 @@ def resumes(cfg: Any, latest: str) -> bool:
     return cfg.mode == "train" and bool(cfg.resume) and os.path.lexists(os.path.join(cfg.output_dir, latest))
 
 
+# How a refusal offers to start the folder over (RunDirLock.set_aside_earlier_run).
+START_OVER = "resume=false, which starts the folder over and keeps its earlier run in earlier_runs/"
+
+
+def in_a_folder_started_over(cfg: Any, name: str, path: str) -> str | None:
+    """The problem with reading ``name=path`` in a training run with ``resume=false``, if the file lies in its
+    ``output_dir``: the run moves that folder's files into ``earlier_runs/`` before it reads them."""
+    if cfg.mode != "train" or cfg.resume:
+        return None
+    if os.path.realpath(path).startswith(os.path.realpath(cfg.output_dir) + os.sep):
+        return (
+            f"{name}={path}: inside output_dir, whose files resume=false moves into earlier_runs/ before the run "
+            "starts; copy it elsewhere first, or choose another output_dir"
+        )
+    return None
+
+
 def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config (plain dicts) as ``{"dotted.key": value}``."""
     if isinstance(node, dict):
@@ -48,7 +65,7 @@ def refuse_fixed_changes(checkpoint: str, changed: dict[str, list], refused: lis
                 + (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "")
                 for k in refused
             ]
-            + ["start a new run in another output_dir, or pass resume=false to overwrite"]
+            + [f"start a new run in another output_dir, or pass {START_OVER}"]
         )
 
 

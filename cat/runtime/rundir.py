@@ -20,9 +20,10 @@ from cat.errors import RunDirLockedError
 
 from .io import remove_stale_temporaries
 
-__all__ = ["RunDirLock", "check_writable", "LOCK_NAME"]
+__all__ = ["RunDirLock", "check_writable", "LOCK_NAME", "EARLIER_RUNS"]
 
 LOCK_NAME = ".lock"
+EARLIER_RUNS = "earlier_runs"  # where a run started over with resume=false keeps the folder's earlier run
 
 
 def check_writable(folder: str, key: str = "output_dir") -> str | None:
@@ -158,6 +159,26 @@ class RunDirLock:
             ]
             return self
         raise RunDirLockedError(f"could not take the lock {self.path}: other runs keep racing for it")
+
+    def set_aside_earlier_run(self) -> str | None:
+        """Move everything in the held folder but the lock into ``earlier_runs/<time>/`` (a run that starts the
+        folder over, ``resume=false``: the earlier run's record and checkpoints are kept, and none of them mixes
+        with the new run's: a snapshot, a metric history, a W&B run id). Returns where they went, None if the
+        folder held nothing."""
+        assert self.held, "set_aside_earlier_run needs the lock"
+        entries = sorted(name for name in os.listdir(self.folder) if name not in (LOCK_NAME, EARLIER_RUNS))
+        if not entries:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = os.path.join(self.folder, EARLIER_RUNS, stamp)
+        for n in range(1, 1000):  # two starts over within one second
+            if not os.path.exists(target):
+                break
+            target = os.path.join(self.folder, EARLIER_RUNS, f"{stamp}-{n}")
+        os.makedirs(target)
+        for name in entries:  # renames within one filesystem: nothing is copied
+            os.rename(os.path.join(self.folder, name), os.path.join(target, name))
+        return target
 
     def release(self) -> None:
         if self.held:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from cat.runtime.resume import START_OVER
 from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 from tests.conftest import REPO
 from tests.entry_cases import run_entry_cases
@@ -116,7 +117,7 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     proc = train_proc(tmp_path / "a", "epochs=2", "batch_size=16")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         f"error: invalid config: epochs=2: {tmp_path / 'a' / 'last.pth'} has trained 3 epochs; a shorter run needs "
-        "another output_dir (or resume=false, which overwrites this one)"
+        f"another output_dir (or {START_OVER})"
     )
     # A finished run given another lr (a new try in the same output_dir): it would train nothing, so it is refused.
     proc = train_proc(tmp_path / "a", "epochs=3", "batch_size=16", "lr=1e-4")

@@ -11,6 +11,7 @@ import torch
 
 from cat.errors import ConfigError, DataError
 from cat.runtime.dist import DistEnv
+from cat.runtime.resume import START_OVER
 from tests.conftest import compose_config, refusal_line
 from tests.entry_cases import run_entry_cases
 
@@ -202,8 +203,7 @@ def test_resume_refuses_a_schedule_shorter_than_trained(task, saved, meta, lengt
     with pytest.raises(ConfigError) as refused:
         check_resume_config(shorter, folder)
     assert refused.value.problems == [
-        f"{key}={length}: {tmp_path / saved} {refusal}; a shorter run needs another output_dir (or resume=false, "
-        "which overwrites this one)"
+        f"{key}={length}: {tmp_path / saved} {refusal}; a shorter run needs another output_dir (or {START_OVER})"
     ]
 
 

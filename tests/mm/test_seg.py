@@ -12,6 +12,7 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
+from cat.runtime.resume import START_OVER
 from tests.conftest import REPO, compose_config
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
@@ -118,7 +119,7 @@ def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ad
     shorter = run_entry_cases("train_seg.py", {"shorter": [*args, "schedule.iters=3"]})["shorter"]
     assert shorter.returncode == 2 and shorter.stderr.strip().splitlines()[-1] == (
         f"error: invalid config: schedule.iters=3: {out / 'iter_4.pth'} has trained 4 iterations; a shorter run needs "
-        "another output_dir (or resume=false, which overwrites this one)"
+        f"another output_dir (or {START_OVER})"
     )
     assert {name: (out / name).read_text() for name in record} == record
 

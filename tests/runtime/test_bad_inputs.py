@@ -300,7 +300,10 @@ def test_diverging_fresh_run_does_not_claim_a_good_checkpoint(tmp_path):
     proc = _run(out, ["lr=1e6", "resume=false", "schedule.warmup_epochs=0"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert "non-finite" in last and "this run saved no checkpoint (the file there is an earlier run's)" in last, last
+    assert "non-finite" in last and last.endswith("this run saved no checkpoint"), last
+    # The earlier run, set aside when this one started the folder over, is whole.
+    (earlier,) = (out / "earlier_runs").iterdir()
+    assert (earlier / "last.pth").is_file() and (earlier / "metrics.json").is_file() and not (out / "last.pth").exists()
 
 
 @pytest.fixture

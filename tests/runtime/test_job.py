@@ -69,6 +69,27 @@ def test_run_job_records_why_the_body_failed_and_releases_the_folder(tmp_path, c
     open_run_folder(str(tmp_path), DistEnv()).close()  # the lock was released
 
 
+def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
+    """resume=false: the earlier run's files move into earlier_runs/<time>/, each start over its own, so none of them
+    (a snapshot, a metric history, a W&B run id) mixes with the new run's; an empty folder moves nothing."""
+    for name, text in (("last.pth", "a"), ("metrics.jsonl", "{}"), ("wandb_run_id.txt", "abc")):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "eval").mkdir()
+    kept = []
+    for _ in range(2):
+        folder = open_run_folder(str(tmp_path), DistEnv(), start_over=True)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "earlier_runs", "log.txt"]
+        folder.close()
+        kept = sorted((tmp_path / "earlier_runs").iterdir())
+    first, second = kept  # the second start over kept the first's log.txt, in a folder of its own
+    assert sorted(p.name for p in first.iterdir()) == ["eval", "last.pth", "metrics.jsonl", "wandb_run_id.txt"]
+    assert (first / "wandb_run_id.txt").read_text() == "abc" and [p.name for p in second.iterdir()] == ["log.txt"]
+    assert f"the earlier run's files are in {second}" in (tmp_path / "log.txt").read_text()
+    (tmp_path / "log.txt").unlink()
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    assert len(list((tmp_path / "earlier_runs").iterdir())) == 2  # nothing there to set aside: no new folder
+
+
 # Two ranks of a real gloo group; rank 1 joins, then never reaches the collective (a lost node, as seen
 # from rank 0). Started as two processes, not through torchrun, which would kill rank 0 once rank 1 ends.
 LOST_PEER = """

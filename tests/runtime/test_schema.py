@@ -170,6 +170,13 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     with pytest.raises(ConfigError) as refused:
         check_config(compose_config("cls", f"checkpoint={run}", f"output_dir={tmp_path / 'out'}"))
     assert named in refused.value.problems
+    # resume=false moves the folder's files aside before the run reads them: its own best.pth cannot start it.
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose_config("cls", f"checkpoint={run / 'best.pth'}", f"output_dir={run}", "resume=false"))
+    assert refused.value.problems == [
+        f"checkpoint={run / 'best.pth'}: inside output_dir, whose files resume=false moves into earlier_runs/ before "
+        "the run starts; copy it elsewhere first, or choose another output_dir"
+    ]
     pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
     with pytest.raises(ConfigError) as refused:
         check_mm_config(compose_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}"), "seg")
