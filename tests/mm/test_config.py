@@ -207,6 +207,26 @@ def test_resume_refuses_a_schedule_shorter_than_trained(task, saved, meta, lengt
     ]
 
 
+def test_the_schedule_check_reads_a_hostile_checkpoint_safely(tmp_path):
+    """A renamed last checkpoint is read for how far it got (a shorter schedule asked for): through the safe loader,
+    so a hostile file runs nothing and is refused by name."""
+    from cat.errors import CheckpointError
+    from cat.mm.runner import check_resume_config
+    from cat.mm.safe_load import install_safe_checkpoint_io
+    from cat.runtime import RunFolder
+    from tests.hostile import write_hostile_files
+
+    install_safe_checkpoint_io()
+    marker = tmp_path / "MARKER"
+    hostile = write_hostile_files(tmp_path / "files", marker)["plain_pickle"]
+    folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
+    folder.write_config(compose_config("seg", "data.root=/data/a", "schedule.iters=30000"))
+    (tmp_path / "last_checkpoint").write_text(str(hostile))
+    with pytest.raises(CheckpointError, match=str(hostile)):
+        check_resume_config(compose_config("seg", "data.root=/data/a", "schedule.iters=3"), folder)
+    assert not marker.exists()
+
+
 def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
     """The run folder's config.yaml is read before a resume: a YAML tag that would run code runs nothing, and
     that file, a truncated one, binary bytes or a list are each refused in one line naming it; nothing is
