@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -93,7 +94,12 @@ def worker_context(workers: int) -> multiprocessing.context.BaseContext | None:
 class Stopped(Exception):
     """A stop signal reached a run that has nothing to save (evaluation, throughput)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int | str) -> None:
+        if isinstance(signum, str):  # OmegaConf re-raises an error met inside a config access as type(error)(text)
+            name = re.search(r"stopped by (SIG[A-Z0-9]+)", signum)
+            super().__init__(signum)
+            self.signum = int(signal.Signals[name[1]] if name else signal.SIGTERM)
+            return
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
 
