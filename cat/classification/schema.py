@@ -17,9 +17,9 @@ from cat.errors import ConfigError, UserError
 from cat.models import model_arguments
 from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
-from cat.runtime.resume import in_a_folder_started_over, resumes
+from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import check_writable
-from cat.runtime.schema import JobConfig, file_problem, key, register_schema, schema_problems, section
+from cat.runtime.schema import JobConfig, key, register_schema, schema_problems, section
 
 from .checkpoints import LAST
 
@@ -288,10 +288,7 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         problems.append("device=cuda: CUDA is not available on this machine")
     if cfg.checkpoint is not None and not resumes(cfg, LAST):
-        problem = file_problem("checkpoint", cfg.checkpoint) or in_a_folder_started_over(
-            cfg, "checkpoint", cfg.checkpoint
-        )
-        problems += [problem] if problem else []
+        problems += [problem] if (problem := starting_file_problem(cfg, "checkpoint", cfg.checkpoint)) else []
     # Throughput runs the model on random images: it reads no dataset, so it needs no data.root.
     if (
         cfg.mode != "throughput"

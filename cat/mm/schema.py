@@ -11,12 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import ConfigError
 from cat.models import model_arguments
-from cat.runtime.resume import in_a_folder_started_over, resumes
+from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import check_writable
 from cat.runtime.schema import (
     JobConfig,
     SaveConfig,
-    file_problem,
     key,
     register_schema,
     schema_problems,
@@ -172,8 +171,7 @@ def check_mm_config(cfg: DictConfig, task: str) -> None:
         # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
         remote = name == "checkpoint" and isinstance(path, str) and "://" in path
         if isinstance(path, str) and not remote:
-            problem = file_problem(name, path) or in_a_folder_started_over(cfg, name, path)
-            problems += [problem] if problem else []
+            problems += [problem] if (problem := starting_file_problem(cfg, name, path)) else []
     if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
         problems.append(
             f"data.root={cfg.data.root}: not a folder with the dataset "

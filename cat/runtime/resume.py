@@ -9,6 +9,8 @@ from typing import Any
 
 from cat.errors import ConfigError
 
+from .schema import file_problem
+
 __all__ = ["resumes", "flatten_config", "resume_changes", "refuse_fixed_changes", "describe_changes"]
 
 
@@ -23,12 +25,17 @@ def resumes(cfg: Any, latest: str) -> bool:
 START_OVER = "resume=false, which starts the folder over and keeps its earlier run in earlier_runs/"
 
 
-def in_a_folder_started_over(cfg: Any, name: str, path: str) -> str | None:
-    """The problem with reading ``name=path`` in a training run with ``resume=false``, if the file lies in its
-    ``output_dir``: the run moves that folder's files into ``earlier_runs/`` before it reads them."""
-    if cfg.mode != "train" or cfg.resume:
-        return None
-    if os.path.realpath(path).startswith(os.path.realpath(cfg.output_dir) + os.sep):
+def starting_file_problem(cfg: Any, name: str, path: str) -> str | None:
+    """What is wrong with reading the file ``name=path`` a run starts from: not a file (:func:`file_problem`), or,
+    in a training run with ``resume=false``, a file in its ``output_dir``, which the run moves into
+    ``earlier_runs/`` before it reads it."""
+    if problem := file_problem(name, path):
+        return problem
+    if (
+        cfg.mode == "train"
+        and not cfg.resume
+        and os.path.realpath(path).startswith(os.path.realpath(cfg.output_dir) + os.sep)
+    ):
         return (
             f"{name}={path}: inside output_dir, whose files resume=false moves into earlier_runs/ before the run "
             "starts; copy it elsewhere first, or choose another output_dir"
