@@ -19,13 +19,19 @@ from torch import Tensor, nn
 
 from cat.runtime.io import atomic_write_bytes
 
-__all__ = ["output_stride", "image_shapes", "export_program", "export_onnx"]
+__all__ = ["output_stride", "takes_any_size", "image_shapes", "export_program", "export_onnx"]
 
 
 def output_stride(model: nn.Module) -> int:
     """The reduction of the model's last feature map (32 where it declares none)."""
     feature_info = getattr(model, "feature_info", None)
     return feature_info[-1]["reduction"] if feature_info else 32
+
+
+def takes_any_size(model: nn.Module) -> bool:
+    """False for a model built for one input size: timm's patch embedding with ``strict_img_size``
+    (its ViTs and Swins unless ``dynamic_img_size=True``), converted to circulant attention or not."""
+    return not getattr(getattr(model, "patch_embed", None), "strict_img_size", False)
 
 
 def image_shapes(model: nn.Module, max_side: int = 4096, dynamic_size: bool = True) -> tuple[dict[int, Any]]:

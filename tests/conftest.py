@@ -30,6 +30,12 @@ TINY_CLS = [
     "workers=0",
     "logger.wandb.mode=disabled",
 ]
+# With TINY_CLS: a softmax DeiT converted to circulant attention (cat.convert), at a width of its own.
+TINY_CONVERTED = [
+    "model.name=deit_tiny_patch16_224",
+    "model.kwargs={embed_dim:24,depth:1,patch_size:8}",
+    "model.convert={}",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -29,6 +29,7 @@ import torch
 from timm.layers import Attention
 from torch import Tensor
 
+from cat.errors import ConfigError
 from cat.ops import bccb_project
 from cat.runtime import report_user_errors
 from cat.toolkit import load_images, model_from_args, model_tool_parser, positive_int, save_figure, to_model_input
@@ -38,7 +39,10 @@ def capture_attention(model: torch.nn.Module, x: Tensor) -> list[Tensor]:
     """Softmax attention maps (B, heads, N, N) of every timm ``Attention`` layer, in order."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no timm softmax Attention layers to analyse")
+        raise ConfigError(
+            f"{type(model).__name__} has no timm softmax Attention layers to analyse (a circulant model's kernels: "
+            "tools/visualize_kernels.py)"
+        )
     maps: list[Tensor] = []
     hooks = []
     for layer in layers:

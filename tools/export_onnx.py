@@ -3,7 +3,8 @@
 
 Two ways to carry the FFTs:
   dft     (default) torch's default exporter (onnxscript) maps them to ONNX DFT; the graph takes any
-          batch and any resolution (multiples of the output stride), checked at two resolutions.
+          batch and any resolution (multiples of the output stride), checked at two resolutions
+          (a model built for one size, as timm's ViTs are: that size).
   matmul  the model is switched to the matmul DFT backend (``cat.ops.set_fft_backend(model,
           'matmul')``): real matrix products, for runtimes without DFT; fixed to --img-size.
 
@@ -25,7 +26,7 @@ import cat
 import cat.export
 from cat.ops import set_fft_backend
 from cat.runtime import report_user_errors
-from cat.toolkit import check_model_size, positive_int
+from cat.toolkit import add_model_arguments, model_from_args
 
 
 def export_matmul(model: torch.nn.Module, img_size: int, path: str, batch: int = 1) -> None:
@@ -62,19 +63,23 @@ def check(model: torch.nn.Module, path: str, size: tuple[int, int], batch: int =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the .onnx file to write")
-    parser.add_argument("--model", default="ca_deit_tiny")
-    parser.add_argument("--checkpoint", default=None)
+    add_model_arguments(parser, "ca_deit_tiny", "the model to export")
     parser.add_argument("--backend", choices=("dft", "matmul"), default="dft")
-    parser.add_argument("--img-size", type=positive_int, default=224, help="the example's size (matmul: the only one)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="max relative difference accepted")
     args = parser.parse_args(argv)
 
-    check_model_size(args.model, args.img_size)
-    model = cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size).eval()
+    model = model_from_args(args)  # --img-size: the example's size (matmul: the only one)
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":
         set_fft_backend(model, "matmul")
         export_matmul(model, args.img_size, args.out)
+        sizes = [size]
+    elif not cat.export.takes_any_size(model):
+        print(
+            f"{args.model} takes {args.img_size}x{args.img_size} only "
+            "(--model-arg dynamic_img_size=true builds it for other sizes)"
+        )
+        cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out, dynamic_size=False)
         sizes = [size]
     else:
         cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out)

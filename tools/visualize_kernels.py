@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from cat.errors import ConfigError
+from cat.models.convert import PluginCirculantAttention
 from cat.ops import CirculantAttention
 from cat.runtime import report_user_errors
 from cat.toolkit import load_images, model_from_args, model_tool_parser, sample_images, save_figure, to_model_input
@@ -30,9 +32,11 @@ from cat.toolkit import load_images, model_from_args, model_tool_parser, sample_
 
 def capture_kernels(model: torch.nn.Module, x: Tensor) -> list[Tensor]:
     """Per circulant-attention layer, the centred kernels (heads, H, W) of the first image."""
-    layers = [m for m in model.modules() if isinstance(m, CirculantAttention)]
+    layers = [m for m in model.modules() if isinstance(m, (CirculantAttention, PluginCirculantAttention))]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no circulant-attention layers")
+        raise ConfigError(
+            f"{type(model).__name__} has no circulant-attention layers (a softmax model's maps: tools/bccb_analysis.py)"
+        )
     for layer in layers:
         layer.keep_weights = True
     try:

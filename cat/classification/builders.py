@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
@@ -19,13 +20,20 @@ import cat
 from cat.data import ShardStream, ZipImageDataset, build_dataset
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
-from cat.models import extract_state_dict, load_checkpoint_file, load_weights, model_arguments, model_kwargs
+from cat.models import (
+    CheckpointMismatchError,
+    extract_state_dict,
+    load_checkpoint_file,
+    load_weights,
+    model_arguments,
+    model_kwargs,
+)
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
 from cat.runtime.preemption import worker_context
 from cat.runtime.resume import resumes
 
-from .checkpoints import LAST
+from .checkpoints import LAST, recorded_config
 from .loops import TrainOptions
 from .schema import input_size
 from .state import TrainState
@@ -83,12 +91,14 @@ def build_model(
     strict: bool = True,
     fine_tune: bool = False,
     state_dict: dict[str, Tensor] | None = None,
+    trained_config: dict[str, Any] | None = None,
 ) -> nn.Module:
     """The model of ``cfg.model``: created, its ``checkpoint`` loaded (``state_dict``: weights the caller
-    already read from it), converted to circulant attention when ``model.convert`` is set. A checkpoint of
-    the unconverted model loads before the conversion (fine-tuning a softmax model as a circulant one), a
-    converted model's after it. To ``fine_tune``, a checkpoint's classifier for another class count is left
-    out (the model's starts fresh)."""
+    already read from it, ``trained_config``: the run config the file records), converted to circulant
+    attention when ``model.convert`` is set. A checkpoint of the unconverted model loads before the
+    conversion (fine-tuning a softmax model as a circulant one), a converted model's after it. To
+    ``fine_tune``, a checkpoint's classifier for another class count is left out (the model's starts fresh).
+    Weights that do not fit and were trained by a run of another model say which settings differ."""
     kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
     accepted = model_arguments(cfg.model.name)
     if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
@@ -98,7 +108,8 @@ def build_model(
     model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
     conversion = cfg.model.get("convert")
     if state_dict is None and checkpoint is not None:
-        state_dict = extract_state_dict(load_checkpoint_file(checkpoint), str(checkpoint))
+        entries = load_checkpoint_file(checkpoint)
+        state_dict, trained_config = extract_state_dict(entries, str(checkpoint)), recorded_config(entries)
     # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
     convert_first = (
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
@@ -106,7 +117,18 @@ def build_model(
     if convert_first:
         cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
     if state_dict is not None:
-        load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
+        try:
+            load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
+        except CheckpointMismatchError as error:
+            differences = model_differences(trained_config, cfg)
+            if not differences:
+                raise
+            raise CheckpointMismatchError(
+                error.report,
+                str(checkpoint),
+                f"its run trained {'; '.join(differences)}: build the model it was trained as (the run's "
+                "config.yaml holds its settings)",
+            ) from None
     if conversion is not None and not convert_first:
         cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
     if cfg.model.grad_checkpointing:
@@ -117,6 +139,23 @@ def build_model(
                 f"model.grad_checkpointing=true: {cfg.model.name} does not support it ({error})"
             ) from None
     return set_lean_attention(model, cfg.model.lean_attention)
+
+
+# The settings that make a run's weights another model's.
+_MODEL_DEFINING_KEYS = ("name", "kwargs", "convert")
+
+
+def model_differences(trained_config: dict[str, Any] | None, cfg: DictConfig) -> list[str]:
+    """``model.KEY=<trained> where this model has <current>`` for each model-defining setting in which a
+    checkpoint's recorded run config (``trained_config``, None when it has none) differs from ``cfg``."""
+    if trained_config is None:
+        return []
+    trained, current = trained_config["model"], OmegaConf.to_container(cfg.model, resolve=True)
+    return [
+        f"model.{key}={trained.get(key)!r} where this model has {current.get(key)!r}"
+        for key in _MODEL_DEFINING_KEYS
+        if trained.get(key) != current.get(key)
+    ]
 
 
 def num_classes_of(cfg: DictConfig, dataset: Dataset) -> int:

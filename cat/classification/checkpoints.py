@@ -20,7 +20,7 @@ from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from cat.runtime.io import atomic_save
 
-__all__ = ["CheckpointManager", "LAST"]
+__all__ = ["CheckpointManager", "LAST", "recorded_config"]
 
 LAST = "last.pth"  # what a run resumes from
 
@@ -97,6 +97,17 @@ def _nesting_depth(node: Any) -> int:
         depth += 1
         level = [v for n in level if isinstance(n, (dict, list)) for v in (n.values() if isinstance(n, dict) else n)]
     return depth
+
+
+def recorded_config(saved: Any) -> dict[str, Any] | None:
+    """The run config a checkpoint of this trainer keeps beside its weights (``best.pth``, ``last.pth``,
+    snapshots), which names the model they belong to; None for any other file (a release, a bare state
+    dict, another trainer's), or one whose config is not a run config of ours."""
+    config = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(config, dict) or _nesting_depth(config) > _MAX_CONFIG_DEPTH:
+        return None
+    model = config.get("model")
+    return config if isinstance(model, dict) and isinstance(model.get("name"), str) else None
 
 
 def _check_training_checkpoint(saved: Any, path: str) -> None:

@@ -16,6 +16,7 @@ from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_fi
 from cat.runtime import DistEnv, Precision, RunFolder, run_job, use_sweep_cell_dir
 
 from .builders import build_model, num_classes_of, val_loader
+from .checkpoints import recorded_config
 from .loops import evaluate, measure_throughput
 from .schema import check_config, input_size
 from .trainer import fit
@@ -48,10 +49,18 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     weights = {"": extract_state_dict(entries, checkpoint)}
     if holds_ema_weights(entries):
         weights["ema_"] = extract_state_dict(entries, checkpoint, use_ema=True)
+    trained_config = recorded_config(entries)
     del entries  # the optimizer's state, among others
     models = {
         prefix: precision.model(
-            build_model(cfg, num_classes_of(cfg, dataset), checkpoint, cfg.strict_load, state_dict=state_dict)
+            build_model(
+                cfg,
+                num_classes_of(cfg, dataset),
+                checkpoint,
+                cfg.strict_load,
+                state_dict=state_dict,
+                trained_config=trained_config,
+            )
         )
         for prefix, state_dict in weights.items()
     }

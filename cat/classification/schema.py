@@ -13,17 +13,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from cat.data.packed import CACHE_MODES
-from cat.errors import ConfigError, UserError
+from cat.errors import CheckpointError, ConfigError, UserError
 from cat.models import model_arguments
 from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import check_writable
-from cat.runtime.schema import JobConfig, key, register_schema, schema_problems, section
+from cat.runtime.schema import JobConfig, key, mapping_problems, register_schema, schema_problems, section
 
 from .checkpoints import LAST
 
-__all__ = ["ClsConfig", "check_config", "input_size"]
+__all__ = ["ClsConfig", "check_config", "input_size", "recorded_model_config"]
 
 # timm's per-step schedulers (plateau needs a metric at every step, which the trainer does not give)
 SCHEDULERS = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
@@ -188,7 +188,7 @@ def _model_kwargs_problems(cfg: DictConfig) -> list[str]:
     try:
         accepted = model_arguments(cfg.model.name)
     except ConfigError as error:
-        return [f"model.name: {error}"]
+        return [f"model.name: {problem}" for problem in error.problems]
     problems = []
     for name, value in (cfg.model.kwargs or {}).items():
         if accepted is not None and name not in accepted:
@@ -306,6 +306,35 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
     if cfg.logger.wandb.mode != "disabled" and (problem := run_id_problem(run_dir_for(cfg.output_dir, cfg.mode))):
         problems.append(problem)
     return problems
+
+
+# A recorded run config's model keys, with the value a run that predates one of them had (configs/cls/config.yaml's).
+_RECORDED_MODEL_KEYS = {"drop_path_rate": None, "kwargs": {}, "lean_attention": "auto", "convert": None}
+
+
+def recorded_model_config(trained: dict[str, Any], source: str, img_size: int | None = None) -> DictConfig:
+    """What builds the model of a run from the config its checkpoint ``source`` records
+    (:func:`~cat.classification.checkpoints.recorded_config`), as :func:`~cat.classification.builders.build_model`
+    takes it: ``model.*`` and ``data.img_size`` (``img_size`` in its place when given) and ``data.num_classes``.
+    A CheckpointError naming the file where a value is not one a run records (the file is the user's: anything
+    may be in it)."""
+    model = {k: trained["model"].get(k, default) for k, default in _RECORDED_MODEL_KEYS.items()}
+    model |= {"name": trained["model"]["name"], "grad_checkpointing": False}
+    data = trained.get("data") if isinstance(trained.get("data"), dict) else {}
+    data = {"img_size": img_size or data.get("img_size"), "num_classes": data.get("num_classes")}
+    problems = mapping_problems(model, ClsModelConfig, "model.") + [
+        problem  # of the data section's keys, these two (the others are the data's, not the model's)
+        for problem in mapping_problems(data, ClsDataConfig, "data.")
+        if problem.startswith(("data.img_size", "data.num_classes"))
+    ]
+    if "${" in repr(model):  # a recorded config is resolved: an interpolation is not a run's
+        problems.append("model: holds an interpolation (${...})")
+    if not problems:
+        cfg = OmegaConf.create({"mode": "eval", "model": model, "data": data})
+        problems = _model_kwargs_problems(cfg)
+    if problems:
+        raise CheckpointError(f"{source}: its recorded run config builds no model: {'; '.join(problems)}")
+    return cfg
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -148,7 +148,7 @@ def _backbone_kwargs_problems(cfg: DictConfig) -> list[str]:
     try:
         accepted = model_arguments(backbone.name)
     except ConfigError as error:
-        return [f"model.backbone.name: {error}"]
+        return [f"model.backbone.name: {problem}" for problem in error.problems]
     if accepted is None:
         return []
     return [

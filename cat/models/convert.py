@@ -41,7 +41,8 @@ class PluginCirculantAttention(nn.Module):
     Called with tokens (B, P + H*W, C), P prefix tokens first, and the grid ``hw`` as a second
     argument (PVT v2 passes it), or with ``hw=None`` to use the grid the model's patch embedding
     recorded for this forward (ViT blocks do not pass it; see :func:`convert`). Parameters:
-    ``qkv``, ``proj`` (the source's, reused), ``gate.0`` (new).
+    ``qkv``, ``proj`` (the source's, reused), ``gate.0`` (new). ``keep_weights`` and ``last_weights`` are
+    :class:`~cat.ops.CirculantAttention`'s: the grid's attention weights (B, heads, H, W) of each forward.
     """
 
     def __init__(
@@ -66,6 +67,8 @@ class PluginCirculantAttention(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.lean = check_lean(lean)  # as CirculantAttention's (cat.ops.set_lean_attention sets it)
         self.grid: tuple[int, int] | None = None
+        self.keep_weights = False
+        self.last_weights: Tensor | None = None
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}, lean={self.lean}"
@@ -85,7 +88,7 @@ class PluginCirculantAttention(nn.Module):
         # The native layer: the grid's q, k, v from one FFT of x and its spectrum's GEMM (of the bias only v's
         # part acts, added to the output), the prefix tokens gated and projected with the grid, the lean policy
         # as native.
-        out, _ = circulant_attention_layer(
+        out, weights = circulant_attention_layer(
             x,
             (hw[0], hw[1]),
             qkv_weight,
@@ -98,11 +101,13 @@ class PluginCirculantAttention(nn.Module):
             "post",
             "fft",
             self.lean,
-            False,
+            self.keep_weights,
             False,
             qkv_bias,
             prefix,
         )
+        if self.keep_weights:
+            self.last_weights = weights.detach()
         return out
 
 

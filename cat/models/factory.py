@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
@@ -75,6 +76,15 @@ def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> 
     return report
 
 
+def check_model_name(name: str) -> None:
+    """A ConfigError naming close matches where ``name`` is not a registered model (cat's or timm's)."""
+    if not timm.is_model(name):
+        names = timm.list_models()
+        # A name cut short (a config group's, deit_tiny) first, then names spelled alike.
+        close = [n for n in names if n.startswith(name)][:6] or difflib.get_close_matches(name, names, 6, 0.75)
+        raise ConfigError(f"unknown model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+
+
 def create_model(
     name: str,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -87,9 +97,7 @@ def create_model(
     Raises a ``ValueError`` naming close matches for an unknown model, and
     :class:`CheckpointMismatchError` listing mismatched keys unless ``strict=False``.
     """
-    if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:10]
-        raise ConfigError(f"unknown model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+    check_model_name(name)
     model = timm.create_model(name, **kwargs)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, strict=strict, use_ema=use_ema)
@@ -107,8 +115,7 @@ def model_arguments(name: str) -> frozenset[str] | None:
     """The keyword arguments ``create_model(name, ...)`` accepts: its factory's own and its model
     class's (through its bases while they forward ``**kwargs``); None when one takes anything.
     The class is found by building the model on the meta device (no memory, no compute)."""
-    if not timm.is_model(name):
-        raise ConfigError(f"unknown model {name!r}")
+    check_model_name(name)
     import torch
 
     with torch.device("meta"):

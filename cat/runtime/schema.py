@@ -32,6 +32,7 @@ __all__ = [
     "register_schema",
     "schema_of",
     "schema_problems",
+    "mapping_problems",
     "section_keys",
     "unknown_key_problem",
     "file_problem",
@@ -227,7 +228,8 @@ def _expected(tp: Any, check: _Check, nullable: bool) -> str:
     return text + check.bounds() + (" (or null)" if nullable else "")
 
 
-def _problems(node: dict[str, Any], schema: type, prefix: str) -> list[str]:
+def mapping_problems(node: dict[str, Any], schema: type, prefix: str = "") -> list[str]:
+    """Every way a plain mapping (a section of a config, its keys under ``prefix``) departs from ``schema``."""
     problems = []
     known = set()
     for name, annotation, check in _checks(schema):
@@ -240,7 +242,7 @@ def _problems(node: dict[str, Any], schema: type, prefix: str) -> list[str]:
         value = node[name]
         if dataclasses.is_dataclass(annotation):
             if isinstance(value, dict):
-                problems += _problems(value, annotation, path + ".")
+                problems += mapping_problems(value, annotation, path + ".")
             else:
                 problems.append(f"{path}={value!r}: expected a section of keys ({check.doc})")
             continue
@@ -296,7 +298,7 @@ def schema_problems(cfg: DictConfig, schema: type) -> list[str]:
         node = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as error:  # an interpolation that does not resolve, or a ??? value left
         return [f"{str(error).strip().splitlines()[0]}"]
-    return _problems(node, schema, "")
+    return mapping_problems(node, schema)
 
 
 def schema_keys(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:

@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
-from torch import nn
+from timm.models import get_pretrained_cfg_value
+from torch import Tensor, nn
 
 import cat
-from cat.models import parse_model_args
+from cat.models import (
+    CheckpointMismatchError,
+    extract_state_dict,
+    load_checkpoint_file,
+    load_weights,
+    model_kwargs,
+    parse_model_args,
+)
 
 __all__ = [
     "add_model_arguments",
@@ -59,7 +68,11 @@ def check_model_size(name: str, img_size: int, **kwargs: object) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str, img_size: int = 224) -> None:
-    parser.add_argument("--model", default=default, help=help)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"{help} (default: {default}, or the model a run of train_cls.py trained when --checkpoint is its file)",
+    )
     parser.add_argument(
         "--model-arg",
         action="append",
@@ -68,16 +81,66 @@ def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str
         help="extra model argument (YAML value), e.g. --model-arg patch_size=4; repeatable",
     )
     parser.add_argument("--checkpoint", default=None, help="weights to load (release format, state dict or cat's)")
-    parser.add_argument("--img-size", type=positive_int, default=img_size)
+    parser.add_argument(
+        "--img-size",
+        type=positive_int,
+        default=None,
+        help=f"input size (default: {img_size}, or the size a run of train_cls.py trained at)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights of a model without --checkpoint")
+    parser.set_defaults(default_model=default, default_img_size=img_size)
 
 
 def model_from_args(args: argparse.Namespace) -> nn.Module:
-    """The model the arguments name, in eval mode (random weights seeded by ``--seed`` without a checkpoint)."""
-    kwargs = parse_model_args(args.model_arg)
-    check_model_size(args.model, args.img_size, **kwargs)
+    """The model the arguments name, in eval mode, and ``args.model`` and ``args.img_size`` set to what it is.
+
+    A ``--checkpoint`` written by ``train_cls.py`` (it records its run's config) without ``--model`` gives the
+    model that run trained: its name, ``model.kwargs`` (``--model-arg`` over them), ``model.convert`` and class
+    count, at the run's input size unless ``--img-size``. Otherwise ``--model`` (random weights seeded by
+    ``--seed`` without a checkpoint)."""
+    from cat.classification.checkpoints import recorded_config
+
+    overrides = parse_model_args(args.model_arg)
+    entries = None if args.checkpoint is None else load_checkpoint_file(args.checkpoint)
+    trained = recorded_config(entries)
+    if trained is not None and args.model is None:
+        return _model_of_run(args, trained, extract_state_dict(entries, args.checkpoint), overrides).eval()
+    args.model = args.model or args.default_model
+    args.img_size = args.img_size or args.default_img_size
+    check_model_size(args.model, args.img_size, **overrides)
     torch.manual_seed(args.seed)
-    return cat.create_model(args.model, checkpoint=args.checkpoint, img_size=args.img_size, **kwargs).eval()
+    model = cat.create_model(args.model, img_size=args.img_size, **overrides)
+    if entries is not None:
+        try:
+            load_weights(model, extract_state_dict(entries, args.checkpoint), source=args.checkpoint)
+        except CheckpointMismatchError as error:
+            if trained is None:
+                raise
+            raise CheckpointMismatchError(
+                error.report,
+                args.checkpoint,
+                f"a run of train_cls.py trained it as {trained['model']['name']}: leave out --model to build that "
+                "model as the run did",
+            ) from None
+    return model.eval()
+
+
+def _model_of_run(
+    args: argparse.Namespace, trained: dict[str, Any], state_dict: dict[str, Tensor], overrides: dict[str, Any]
+) -> nn.Module:
+    """The model a classification run trained, built by its trainer's builder from the config its checkpoint
+    records, with ``state_dict`` loaded."""
+    from cat.classification.builders import build_model
+    from cat.classification.schema import input_size, recorded_model_config
+
+    cfg = recorded_model_config(trained, args.checkpoint, args.img_size)
+    cfg.model.kwargs = {**cfg.model.kwargs, **overrides}
+    args.model, args.img_size = cfg.model.name, input_size(cfg)[0]
+    check_model_size(args.model, args.img_size, **model_kwargs(cfg.model.drop_path_rate, cfg.model.kwargs))
+    # A folder dataset's run records no class count: its classifier has it.
+    head = state_dict.get(f"{get_pretrained_cfg_value(args.model, 'classifier') or 'head'}.weight")
+    num_classes = cfg.data.num_classes or (len(head) if head is not None else 1000)
+    return build_model(cfg, num_classes, args.checkpoint, state_dict=state_dict, trained_config=trained)
 
 
 def model_tool_parser(description: str, out_help: str, default: str, help: str) -> argparse.ArgumentParser:

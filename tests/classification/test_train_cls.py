@@ -21,6 +21,7 @@ import cat
 from cat.classification.job import run
 from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
+from cat.models import CheckpointMismatchError
 from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
@@ -518,6 +519,17 @@ def test_model_convert_fine_tunes_a_softmax_checkpoint(tmp_path):
         )
     )  # fmt: skip
     assert evaluated["top1"] == pytest.approx(trained["best_top1"])
+    # Evaluated as the softmax model it came from: the error names the setting its run had.
+    with pytest.raises(CheckpointMismatchError) as error:
+        run(
+            compose_config(
+                "cls", *TINY, *deit, "mode=eval", f"checkpoint={tmp_path / 'converted' / 'best.pth'}",
+                f"output_dir={tmp_path / 'eval_softmax'}",
+            )
+        )  # fmt: skip
+    assert "(its run trained model.convert={} where this model has None: build the model it was trained as" in str(
+        error.value
+    )
 
 
 @pytest.mark.slow

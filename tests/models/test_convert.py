@@ -200,3 +200,23 @@ def test_converted_lean_path_trains_under_bf16_autocast():
         grads[amp] = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert grads[True].dtype == torch.float32
     assert (grads[True] - grads[False]).norm() / grads[False].norm() < 5e-2  # 0.006 when written
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_kept_weights_are_the_grids_kernels_whatever_the_qk_bias(lean):
+    """``keep_weights`` (visualize_kernels reads it) keeps the grid's weights: those of the native layer with the
+    same qkv weight on the grid alone. The q and k biases, which shift every logit of a head alike, leave them."""
+    torch.manual_seed(0)
+    B, C, hw = 2, 8, (3, 4)
+    native = cat.ops.CirculantAttention(C, lean=lean)
+    qkv = nn.Linear(C, 3 * C)
+    nn.init.normal_(qkv.bias, std=0.5)
+    qkv.weight.data.copy_(native.qkv.weight)
+    plugin = PluginCirculantAttention(qkv, nn.Linear(C, C), num_heads=2, num_prefix_tokens=1, lean=lean)
+    x = torch.randn(B, 1 + hw[0] * hw[1], C)
+    assert plugin.last_weights is None
+    native.keep_weights = plugin.keep_weights = True
+    native(x[:, 1:], hw), plugin(x, hw)
+    assert plugin.last_weights.shape == (B, C, *hw)
+    torch.testing.assert_close(plugin.last_weights, native.last_weights)
+    torch.testing.assert_close(plugin.last_weights.sum(dim=(-2, -1)), torch.ones(B, C))

@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import REPO, TINY_CLS
+from cat.classification.job import run
+from tests.conftest import REPO, TINY_CLS, TINY_CONVERTED, compose_config
 
 
 def test_bccb_analysis(run_tool, tmp_path):
@@ -62,6 +63,29 @@ def test_visualize_kernels(run_tool, tmp_path):
         assert layer["grid"] == [4, 4]
         assert 0 < layer["mass_3x3"] <= layer["mass_7x7"] <= 1 + 1e-6  # weights are a distribution
     assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "kernels.pdf").is_file()
+
+
+def test_the_model_tools_take_a_training_runs_checkpoint(run_tool, tmp_path):
+    """A converted DeiT trained by train_cls.py: its kernels (Fig. 5 of a plug-in model), its ONNX export at the
+    one size a timm ViT is built for, and bccb_analysis's refusal of a model without softmax attention."""
+    run(compose_config("cls", *TINY_CLS, *TINY_CONVERTED, "epochs=1", f"output_dir={tmp_path / 'run'}"))
+    checkpoint = str(tmp_path / "run" / "best.pth")
+    run_tool("visualize_kernels", "--checkpoint", checkpoint, "--out", str(tmp_path / "kernels"))
+    result = json.loads((tmp_path / "kernels" / "kernels.json").read_text())
+    assert result["model"] == "deit_tiny_patch16_224" and [layer["grid"] for layer in result["layers"]] == [[4, 4]]
+    assert 0 < result["layers"][0]["mass_3x3"] <= 1 + 1e-6
+
+    text = run_tool("export_onnx", "--checkpoint", checkpoint, "--out", str(tmp_path / "model.onnx"))
+    assert text.startswith("deit_tiny_patch16_224 takes 32x32 only (--model-arg dynamic_img_size=true"), text
+    assert float(text.splitlines()[-1].split("32x32 ")[1]) < 1e-4  # its one size, the only one checked
+
+    err = run_tool("bccb_analysis", "--checkpoint", checkpoint, "--out", str(tmp_path / "bccb"), expect=2, stderr=True)
+    assert err.strip().endswith("has no timm softmax Attention layers to analyse (a circulant model's kernels: "
+                                "tools/visualize_kernels.py)") and "Traceback" not in err  # fmt: skip
+    err = run_tool("visualize_kernels", "--model", "deit_tiny_patch16_224", "--out", str(tmp_path / "k"), expect=2,
+                   stderr=True)  # fmt: skip
+    assert "VisionTransformer has no circulant-attention layers" in err and "Traceback" not in err
+    assert not (tmp_path / "bccb").exists() and not (tmp_path / "k").exists()
 
 
 @pytest.mark.parametrize("tool", ["bccb_analysis", "visualize_kernels", "export_onnx"])
