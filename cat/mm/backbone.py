@@ -31,6 +31,8 @@ class TimmBackbone(BaseModule):
         out_norm: add a LayerNorm on each returned map.
         pretrained: an ImageNet checkpoint (release format, bare state dict or cat's); the classifier
             is dropped and position tables resized; whatever does not load is logged.
+        strict_pretrained: every weight of the backbone must come from ``pretrained`` (at its shape),
+            else :class:`cat.models.CheckpointMismatchError` names the file and the keys.
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
         lean_attention: train circulant attention through its memory-lean function (``True``), through
             autograd (``False``: faster steps, more memory) or by block size (``'auto'``;
@@ -45,6 +47,7 @@ class TimmBackbone(BaseModule):
         out_indices: Sequence[int] = (0, 1, 2, 3),
         out_norm: bool = True,
         pretrained: str | None = None,
+        strict_pretrained: bool = False,
         model_kwargs: dict[str, Any] | None = None,
         lean_attention: bool | str = "auto",
         grad_checkpointing: bool = False,
@@ -58,15 +61,17 @@ class TimmBackbone(BaseModule):
             self.model.set_grad_checkpointing(True)
         self.out_indices = tuple(out_indices)
         # The classifier's final norm feeds nothing here; DDP rejects parameters without gradients.
+        whole = self.model.state_dict().keys()
         self.model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)
-        self.pretrained = pretrained
+        self.pruned = sorted(whole - self.model.state_dict().keys())  # a classification checkpoint's, unused here
+        self.pretrained, self.strict_pretrained = pretrained, strict_pretrained
         channels = [self.model.feature_info[i]["num_chs"] for i in self.out_indices]
         self.norms = nn.ModuleList(nn.LayerNorm(c) for c in channels) if out_norm else None
 
     def init_weights(self) -> None:
         super().init_weights()
         if self.pretrained:
-            load_backbone_checkpoint(self.model, self.pretrained)
+            load_backbone_checkpoint(self.model, self.pretrained, self.strict_pretrained, self.pruned)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         feats = self.model.forward_intermediates(x, indices=list(self.out_indices), intermediates_only=True)

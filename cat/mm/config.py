@@ -214,6 +214,7 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     mm.load_from = None if resuming else cfg.checkpoint
     if resuming:
         mm.model.backbone.pretrained = None
+    mm.model.backbone.strict_pretrained = cfg.strict_load
     opt = cfg.schedule.optim
     amp = cfg.amp.enabled and env.device.type == "cuda"
     if cfg.amp.enabled and not amp:

@@ -7,6 +7,7 @@ import functools
 import inspect
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import timm
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from cat.errors import ConfigError
 
 from .loading import (
+    CheckpointMismatchError,
     LoadReport,
     adapt_state_dict,
     extract_state_dict,
@@ -62,15 +64,30 @@ def load_weights(
     return report
 
 
-def load_backbone_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> LoadReport:
+def load_backbone_checkpoint(
+    model: nn.Module, path: str | os.PathLike[str], strict: bool = False, pruned: Iterable[str] = ()
+) -> LoadReport:
     """Load an ImageNet classification checkpoint into a model used as a backbone.
 
     The classifier is dropped, position embeddings are resized to the model's grids and Swin's
-    relative-position tables kept; the returned report lists everything that did not load.
+    relative-position tables kept; the returned report lists everything else that did not load,
+    except the ``pruned`` entries (those of the classification model the backbone left out: its
+    final norm, stages after the last it returns). With ``strict`` anything in that report raises
+    :class:`CheckpointMismatchError`: weights of another model, or of the family at another size.
     """
     state_dict, classifier = without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
     report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=False, source=str(path))
     report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
+    pruned = set(pruned)
+    report.unexpected = [k for k in report.unexpected if k not in pruned]
+    if strict and not report.clean:
+        name = getattr(model, "pretrained_cfg", {}).get("architecture", type(model).__name__)
+        raise CheckpointMismatchError(
+            report,
+            str(path),
+            f"a {name} backbone takes every one of its weights from it; strict_load=false starts what does not fit "
+            "from the initialisation",
+        )
     if not report.clean:
         _logger.warning("backbone weights from %s:\n%s", path, report)
     return report

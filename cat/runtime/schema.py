@@ -151,7 +151,9 @@ class JobConfig:
     output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
     checkpoint: str | None = key("eval: the weights to evaluate; training: the weights a run starts from")
     resume: bool = key("continue from output_dir's last checkpoint when there is one")
-    strict_load: bool = key("checkpoint= must match the model key for key; false: load what fits")
+    strict_load: bool = key(
+        "checkpoint= (and a backbone's model.pretrained=) must match the model key for key; false: load what fits"
+    )
     seed: int = key("random seed (each rank and epoch derives its own)", min=0)
     debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)")
     device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"))

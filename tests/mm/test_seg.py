@@ -97,12 +97,26 @@ def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ad
     out = tmp_path / "run"
     args = ["experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", *FAST]
     # The backbone's file where the whole segmentor's weights go: refused before training (mmengine would load
-    # none of it, warn, and train from the initialisation), with where it belongs.
-    mistaken = run_entry_cases("train_seg.py", {"mistaken": [*args, f"checkpoint={backbone}", "schedule.iters=2"]})
+    # none of it, warn, and train from the initialisation), with where it belongs. And another size's backbone
+    # (CA-PVT-S's for CA-PVT-T: its first blocks of each stage would load, the rest be ignored with a warning).
+    other = tmp_path / "ca_pvt_small.pth"
+    torch.save(cat.create_model("ca_pvt_small").state_dict(), other)
+    mistaken = run_entry_cases(
+        "train_seg.py",
+        {
+            "mistaken": [*args, f"checkpoint={backbone}", "schedule.iters=2"],
+            "other size": [*args, f"model.pretrained={other}", "schedule.iters=2"],
+        },
+    )
     assert mistaken["mistaken"].returncode == 2 and not list(out.glob("iter_*.pth"))
     assert "it holds a classification model's weights: a backbone takes those from model.pretrained=" in (
         mistaken["mistaken"].stderr
     )
+    assert mistaken["other size"].returncode == 2 and not list(out.glob("iter_*.pth"))
+    assert f"error: checkpoint {other} does not match the model (a ca_pvt_tiny backbone takes every one of its" in (
+        mistaken["other size"].stderr
+    )
+    assert "unexpected in checkpoint (" in mistaken["other size"].stderr
     args += [f"checkpoint={start}", f"model.pretrained={backbone}", "schedule.val_interval=2"]
     first = run_entry("train_seg.py", *args, "schedule.iters=2")
     log = first.stdout + first.stderr

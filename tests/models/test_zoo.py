@@ -9,7 +9,7 @@ from timm.models import model_entrypoint
 
 import cat
 from cat.layers import parse_attn_pattern
-from cat.models import load_backbone_checkpoint
+from cat.models import CheckpointMismatchError, load_backbone_checkpoint
 from cat.models.convert import PluginCirculantAttention
 from cat.ops import CirculantAttention, set_lean_attention
 
@@ -145,6 +145,27 @@ def test_backbone_checkpoint_drops_head_and_resizes(tmp_path):
     assert load_backbone_checkpoint(swin_backbone, tmp_path / "swin.pth").clean
     table = "layers.2.blocks.0.attn.relative_position_bias_table"
     torch.testing.assert_close(swin_backbone.state_dict()[table], swin.state_dict()[table])
+
+
+def test_a_strict_backbone_takes_every_weight_from_its_checkpoint(tmp_path):
+    """strict (det/seg's strict_load): another model's weights, or the same family at another size, are refused by
+    name (non-strict, training would start from the initialisation where they do not fit, and PVT-S's would give
+    PVT-T the first blocks of its stages); what the backbone pruned (the final norm) is no mismatch."""
+    backbone = cat.create_model("ca_pvt_tiny", num_classes=0)
+    whole = backbone.state_dict().keys()
+    backbone.prune_intermediate_layers([0, 1, 2, 3], prune_norm=True, prune_head=True)
+    pruned = whole - backbone.state_dict().keys()
+    torch.save(cat.create_model("ca_pvt_tiny").state_dict(), tmp_path / "own.pth")
+    assert load_backbone_checkpoint(backbone, tmp_path / "own.pth", strict=True, pruned=pruned).clean
+    for other in ("ca_deit_tiny", "ca_pvt_small", "pvt_tiny"):
+        torch.save(cat.create_model(other).state_dict(), tmp_path / f"{other}.pth")
+        with pytest.raises(CheckpointMismatchError) as error:
+            load_backbone_checkpoint(backbone, tmp_path / f"{other}.pth", strict=True, pruned=pruned)
+        assert str(error.value).startswith(
+            f"checkpoint {tmp_path / other}.pth does not match the model (a ca_pvt_tiny backbone takes every one of "
+            "its weights from it; strict_load=false starts what does not fit from the initialisation):\n"
+        ), other
+        assert not load_backbone_checkpoint(backbone, tmp_path / f"{other}.pth").clean  # non-strict: a report
 
 
 CHECKPOINTED = [(n, lean) for n in ("ca_pvt_tiny", "ca_swin_tiny", "cat_tiny") for lean in (True, False)]
