@@ -76,10 +76,11 @@ def load_backbone_checkpoint(
     :class:`CheckpointMismatchError`: weights of another model, or of the family at another size.
     """
     state_dict, classifier = without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
+    # Left out before the adapters, which look up the module of what they resize (Swin's: a pruned last stage).
+    pruned = set(pruned)
+    state_dict = {k: v for k, v in state_dict.items() if k not in pruned}
     report = load_state_dict(model, adapt_state_dict(model, state_dict), strict=False, source=str(path))
     report.missing = [k for k in report.missing if not k.startswith(f"{classifier}.")]
-    pruned = set(pruned)
-    report.unexpected = [k for k in report.unexpected if k not in pruned]
     if strict and not report.clean:
         name = getattr(model, "pretrained_cfg", {}).get("architecture", type(model).__name__)
         raise CheckpointMismatchError(

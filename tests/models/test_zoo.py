@@ -167,6 +167,15 @@ def test_a_strict_backbone_takes_every_weight_from_its_checkpoint(tmp_path):
         ), other
         assert not load_backbone_checkpoint(backbone, tmp_path / f"{other}.pth").clean  # non-strict: a report
 
+    # A Swin without its last stage: timm's Swin adapter looked up the pruned stage's modules (AttributeError).
+    swin = cat.create_model("ca_swin_tiny", num_classes=0)
+    whole = swin.state_dict().keys()
+    swin.prune_intermediate_layers([0, 1, 2], prune_norm=True, prune_head=True)
+    torch.save(cat.create_model("ca_swin_tiny").state_dict(), tmp_path / "swin.pth")
+    assert load_backbone_checkpoint(
+        swin, tmp_path / "swin.pth", strict=True, pruned=whole - swin.state_dict().keys()
+    ).clean
+
 
 CHECKPOINTED = [(n, lean) for n in ("ca_pvt_tiny", "ca_swin_tiny", "cat_tiny") for lean in (True, False)]
 
