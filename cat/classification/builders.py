@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ def build_model(
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
     )
     if convert_first:
-        cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
+        _convert(model, conversion)
     if state_dict is not None:
         try:
             load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
@@ -130,7 +131,7 @@ def build_model(
                 "config.yaml holds its settings)",
             ) from None
     if conversion is not None and not convert_first:
-        cat.convert(model, **OmegaConf.to_container(conversion, resolve=True))
+        _convert(model, conversion)
     if cfg.model.grad_checkpointing:
         try:
             model.set_grad_checkpointing(True)
@@ -139,6 +140,22 @@ def build_model(
                 f"model.grad_checkpointing=true: {cfg.model.name} does not support it ({error})"
             ) from None
     return set_lean_attention(model, cfg.model.lean_attention)
+
+
+def _convert(model: nn.Module, conversion: DictConfig) -> None:
+    """``cat.convert`` with ``model.convert``'s settings; what it refuses is a ConfigError naming the key."""
+    settings = OmegaConf.to_container(conversion, resolve=True)
+    accepted = list(inspect.signature(cat.convert).parameters)[1:]  # after the model
+    unknown = [
+        f"model.convert.{k}: not an argument of cat.convert ({', '.join(accepted)})"
+        for k in settings.keys() - set(accepted)
+    ]
+    if unknown:
+        raise ConfigError(unknown)
+    try:
+        cat.convert(model, **settings)
+    except ValueError as error:
+        raise ConfigError(f"model.convert={settings}: {error}") from None
 
 
 # The settings that make a run's weights another model's.

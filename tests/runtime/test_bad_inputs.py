@@ -146,6 +146,18 @@ CASES = {
         _overrides("model.lean_attention=maybe"),
         "model.lean_attention='maybe': expected one of auto, True, False",
     ),
+    "convert_unknown_key": (
+        _overrides("model.convert={stage:[0]}"),
+        "model.convert.stage: not an argument of cat.convert (blocks, stages, head_dim)",
+    ),
+    "convert_nothing_to_convert": (
+        _overrides("model.convert={}"),
+        "model.convert={}: nothing converted in CirculantVisionTransformer: no ViT/DeiT/EVA, Swin or PVT v2",
+    ),
+    "convert_head_dim": (
+        _overrides("model.name=deit_tiny_patch16_224", "++model.kwargs.num_heads=4", "model.convert={head_dim:5}"),
+        "model.convert={'head_dim': 5}: head_dim=5 must divide the attention width",
+    ),
     "aug_mixup_mode": (_overrides("aug.mixup_mode=rows"), "aug.mixup_mode='rows': expected one of batch, pair, elem"),
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
