@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import model_cost
@@ -27,15 +28,21 @@ def measure(name: str, img_size: tuple[int, int], **model_args: object) -> dict[
     return {"model": name, "img_size": list(img_size), "params": params, "flops": macs}
 
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def experiments(task: str) -> list[str]:
+    """The presets of ``train_det.py`` (``task='det'``) or ``train_seg.py`` (``'seg'``)."""
+    return sorted(path.stem for path in (CONFIGS / task / "experiment").glob("*.yaml"))
+
+
 def measure_dense(task: str, experiment: str, hw: tuple[int, int]) -> dict[str, object]:
     """A whole detector (``task='det'``) or segmentor (``'seg'``) from its train_det/train_seg preset."""
-    from pathlib import Path
-
     from hydra import compose, initialize_config_dir
 
     from cat.mm.flops import detector_macs, segmentor_macs
 
-    config_dir = Path(__file__).resolve().parents[1] / "configs" / task
+    config_dir = CONFIGS / task
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
     params, macs = (detector_macs if task == "det" else segmentor_macs)(cfg, hw)
@@ -112,11 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         "--det",
         nargs="+",
         metavar="EXPERIMENT",
+        choices=experiments("det"),
         help="train_det.py presets: whole detectors "
         "(backbone, FPN, RPN, RoI heads on 1000 proposals; default input 800x1280)",
     )
     parser.add_argument(
-        "--seg", nargs="+", metavar="EXPERIMENT", help="train_seg.py presets: whole segmentors (default input 512x2048)"
+        "--seg",
+        nargs="+",
+        metavar="EXPERIMENT",
+        choices=experiments("seg"),
+        help="train_seg.py presets: whole segmentors (default input 512x2048)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list of raw counts")
     args = parser.parse_args(argv)

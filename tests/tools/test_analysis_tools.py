@@ -124,6 +124,11 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
             "--images 5: at least 2816 (--world 8 ranks x (--batches 10 + 1 warm-up) x --batch 32",
         ),
         ("bccb_analysis", ["--num-images", "0"], "argument --num-images: '0' is not a positive integer"),
+        (
+            "flops",
+            ["--det", "mask_rcnn_ca_pvt"],
+            "argument --det: invalid choice: 'mask_rcnn_ca_pvt' (choose from 'mask",
+        ),
         ("recipe_memory", ["--batches", "8", "8"], "--batches 8 8: two different batches"),
         ("make_toy_coco", ["OUT", "--train", "0"], "argument --train: '0' is not a positive integer"),
         ("make_toy_ade", ["OUT", "--train", "-1"], "argument --train: '-1' is not a positive integer"),
