@@ -101,9 +101,16 @@ class RestrictedUnpickler(pickle._Unpickler):
         try:
             return _ALLOWED_GLOBALS[(module, name)]
         except KeyError:
+            if module.partition(".")[0] == "mmengine":  # cat's own detection and segmentation checkpoints hold some
+                advice = (
+                    "mmengine's classes are in the checkpoints of train_det.py and train_seg.py (a whole detector or "
+                    "segmentor), which those trainers read"
+                )
+            else:
+                advice = "re-save the file as a plain state dict if you trust it"
             raise UnsafeCheckpointError(
                 f"refused global '{module}.{name}': not on cat's checkpoint allow-list (tensors, plain "
-                "containers and yacs CfgNode); re-save the file as a plain state dict if you trust it"
+                f"containers and yacs CfgNode); {advice}"
             ) from None
 
     def load_build(self) -> None:

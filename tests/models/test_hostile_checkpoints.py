@@ -132,3 +132,18 @@ def test_build_refusals_leave_the_reader_intact(hostile, name, official_ca_deit)
         load_checkpoint_file(files[name])
     released = load_checkpoint_file(official_ca_deit / "small_p8_64.pth")
     assert released["model"] and not Path(f"{marker}.patch").exists()
+
+
+def test_a_detection_checkpoint_read_for_a_model_says_whose_it_is(tmp_path):
+    """mmengine's message history in a train_det.py/train_seg.py checkpoint is refused outside those trainers, with
+    where the file belongs instead of "re-save it if you trust it" (cat wrote it)."""
+    history_buffer = pytest.importorskip("mmengine.logging.history_buffer")
+    import torch
+
+    torch.save({"state_dict": {}, "message_hub": {"log": history_buffer.HistoryBuffer()}}, tmp_path / "iter_2.pth")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint_file(tmp_path / "iter_2.pth")
+    assert str(error.value).endswith(
+        "mmengine's classes are in the checkpoints of train_det.py and train_seg.py (a whole detector or segmentor), "
+        "which those trainers read"
+    )
