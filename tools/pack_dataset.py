@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 import zipfile
@@ -31,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cat.data import IMAGE_EXTENSIONS  # noqa: E402
-from cat.data.packed import MANIFEST  # noqa: E402
+from cat.data.packed import MANIFEST, read_manifest  # noqa: E402
 from cat.errors import DataError  # noqa: E402
 from cat.runtime import report_user_errors  # noqa: E402
 from cat.runtime.io import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
@@ -116,13 +115,17 @@ def pack_tar(source: Path, out: Path, split: str, classes: list[str], shard_byte
 
 def verify(out: Path) -> list[str]:
     """Every file the manifest names, checked byte for byte (its sha256): the problems, if any."""
-    manifest = json.loads((out / MANIFEST).read_text())
+    manifest = read_manifest(str(out))
+    if manifest is None:
+        raise DataError(f"no {out / MANIFEST}: {out} is not a packed root (tools/pack_dataset.py writes one there)")
     problems = []
     for name, entry in manifest["files"].items():
         path = out / name
-        if not path.is_file():
+        if Path(name).name != name or name in ("", ".", "..") or not isinstance(entry, dict):
+            problems.append(f"{out / MANIFEST}: {name!r} is not an entry for a file of {out}")
+        elif not path.is_file():
             problems.append(f"{path}: missing")
-        elif sha256_of(path) != entry["sha256"]:
+        elif sha256_of(path) != entry.get("sha256"):
             problems.append(f"{path}: sha256 differs from the manifest's (altered or truncated)")
     return problems
 
@@ -135,16 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", nargs="+", default=["train", "val"])
     parser.add_argument("--format", choices=("zip", "tar"), default="zip")
     parser.add_argument("--shard-mb", type=float, default=256.0, help="tar: image megabytes per shard")
-    parser.add_argument("--verify", action="store_true", help="check a packed root's files against its manifest")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check a packed root's files against its manifest (with an output folder: the one just packed)",
+    )
     args = parser.parse_args(argv)
-    if args.verify:
-        problems = verify(args.source)
-        for problem in problems:
-            print(problem)
-        print("ok" if not problems else f"{len(problems)} problem(s)")
-        return 1 if problems else 0
+    if args.verify and args.out is None:
+        return report_verified(args.source)
     if args.out is None:
-        parser.error("give the output folder")
+        parser.error("give the output folder (or --verify alone, to check a packed root)")
     missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
     if missing is not None:  # before anything is written
         raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
@@ -163,7 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{split}: {images} images in {len(packed)} file(s), {megabytes:.1f} MB")
     manifest = {"format": args.format, "classes": classes, "files": files}
     atomic_write_json(str(args.out / MANIFEST), manifest)
-    return 0
+    return report_verified(args.out) if args.verify else 0
+
+
+def report_verified(out: Path) -> int:
+    """Print what :func:`verify` finds in ``out``; the exit status."""
+    problems = verify(out)
+    for problem in problems:
+        print(problem)
+    print("ok" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

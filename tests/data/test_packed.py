@@ -142,6 +142,27 @@ def test_verify_finds_an_altered_file(packed, tmp_path, run_tool):
     assert "val_map.txt: sha256 differs from the manifest's" in report
 
 
+def test_verify_packs_then_checks_and_names_what_is_no_packed_root(packed, tmp_path, run_tool):
+    """--verify with an output folder checks what was just packed; alone, on a folder that is no packed root (the
+    image folder itself) or under a hostile manifest, it says so instead of a traceback or reading elsewhere."""
+    source = packed[0]
+    report = run_tool("pack_dataset", str(source), str(tmp_path / "tar"), "--format", "tar", "--verify")
+    assert report.strip().endswith("ok") and (tmp_path / "tar" / "manifest.json").is_file()
+    error = run_tool("pack_dataset", "--verify", str(source), expect=2, stderr=True)
+    assert error.strip() == (
+        f"error: no {source / 'manifest.json'}: {source} is not a packed root (tools/pack_dataset.py writes one there)"
+    )
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    (hostile / "manifest.json").write_text('{"files": {"../zip/val.zip": {"sha256": "0"}, "val.zip": 3}}')
+    report = run_tool("pack_dataset", "--verify", str(hostile), expect=1)
+    assert report.splitlines() == [
+        f"{hostile / 'manifest.json'}: '../zip/val.zip' is not an entry for a file of {hostile}",
+        f"{hostile / 'manifest.json'}: 'val.zip' is not an entry for a file of {hostile}",
+        "2 problem(s)",
+    ]
+
+
 def test_a_worker_process_opens_its_own_zip(packed):
     """A dataset pickled into a worker (spawn) or forked drops its handle and reopens the zip."""
     import pickle
