@@ -153,9 +153,12 @@ class TimmApiMixin:
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
-        """Drop what a feature extractor never uses (timm's API): the head and, optionally, the final
-        norm. DistributedDataParallel rejects parameters without gradients, so backbones prune them."""
-        take, _ = feature_take_indices(len(self.feature_info), indices)
+        """Drop what a feature extractor never uses (timm's API): the stages after the last of ``indices``,
+        the head and, optionally, the final norm. DistributedDataParallel rejects parameters without
+        gradients, so backbones prune them."""
+        take, max_index = feature_take_indices(len(self.feature_info), indices)
+        if hasattr(self, "stages"):  # hierarchical models (CA-DeiT's blocks: its own override)
+            self.stages = self.stages[: max_index + 1]
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:

@@ -95,6 +95,9 @@ def test_features_only_and_intermediates(name):
         kept = full.prune_intermediate_layers([0], prune_norm=True)
         assert kept == [0]
         torch.testing.assert_close(full.forward_intermediates(x, indices=[0], intermediates_only=True)[0], inter[0])
+    # What is left is what index 0 needs (DDP refuses parameters without gradients); CA-PVT and CAT kept later stages.
+    full.forward_intermediates(x, indices=[0], intermediates_only=True)[0].sum().backward()
+    assert [name for name, p in full.named_parameters() if p.grad is None] == []
 
 
 def leaf_kwargs() -> dict:
