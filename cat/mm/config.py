@@ -54,7 +54,7 @@ def task_base(cfg: DictConfig, layout: str) -> tuple[Config, tuple[str, ...] | N
     data root as an absolute path."""
     root = require_data_root(cfg.data.root, layout)
     classes = None if cfg.data.classes is None else tuple(cfg.data.classes)
-    return base_with_backbone(cfg.model), classes, root
+    return base_with_backbone(cfg.model, cfg.strict_load), classes, root
 
 
 def load_base_config(spec: str) -> Config:
@@ -77,8 +77,9 @@ def _backbone_kwargs(model: DictConfig) -> dict[str, Any]:
     return model_kwargs(model.backbone.drop_path_rate, to_plain(model.backbone.kwargs))
 
 
-def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
-    """The ``TimmBackbone`` config for ``model.backbone`` and its output channels."""
+def backbone_cfg(model: DictConfig, strict_pretrained: bool = False) -> tuple[dict[str, Any], list[int]]:
+    """The ``TimmBackbone`` config for ``model.backbone`` (``model.pretrained`` loaded key for key with
+    ``strict_pretrained``) and its output channels."""
     kwargs = _backbone_kwargs(model)
     out_indices = list(model.backbone.out_indices)
     features = backbone_features(model.backbone.name, **kwargs)
@@ -91,6 +92,7 @@ def backbone_cfg(model: DictConfig) -> tuple[dict[str, Any], list[int]]:
         "lean_attention": model.backbone.lean_attention,
         "grad_checkpointing": model.backbone.grad_checkpointing,
         "pretrained": model.pretrained,
+        "strict_pretrained": strict_pretrained,
         "model_kwargs": kwargs,
     }
     return cfg, channels
@@ -130,7 +132,7 @@ def backbone_problems(model: DictConfig) -> list[str]:
     ]
 
 
-def base_with_backbone(model: DictConfig) -> Config:
+def base_with_backbone(model: DictConfig, strict_pretrained: bool = False) -> Config:
     """The packaged base config of ``model.base`` with cat's backbone wired in.
 
     The backbone's channels go to the FPN neck (detectors, SemanticFPN) or straight to the decode
@@ -138,7 +140,7 @@ def base_with_backbone(model: DictConfig) -> Config:
     config, e.g. ``{"neck.out_channels": 64}``) are applied last.
     """
     mm = load_base_config(model.base)
-    backbone, channels = backbone_cfg(model)
+    backbone, channels = backbone_cfg(model, strict_pretrained)
     mm.model.backbone = ConfigDict(backbone)
     mm.model.pop("pretrained", None)  # a download URL in the packaged bases
     if mm.model.get("neck") is not None:
@@ -214,7 +216,6 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     mm.load_from = None if resuming else cfg.checkpoint
     if resuming:
         mm.model.backbone.pretrained = None
-    mm.model.backbone.strict_pretrained = cfg.strict_load
     opt = cfg.schedule.optim
     amp = cfg.amp.enabled and env.device.type == "cuda"
     if cfg.amp.enabled and not amp:
