@@ -24,6 +24,8 @@ import torch
 
 import cat
 import cat.export
+from cat.errors import ConfigError
+from cat.models.convert import PluginCirculantAttention
 from cat.ops import set_fft_backend
 from cat.runtime import report_user_errors
 from cat.toolkit import add_model_arguments, model_from_args
@@ -71,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     model = model_from_args(args)  # --img-size: the example's size (matmul: the only one)
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":
+        if any(getattr(m, "num_prefix_tokens", 0) for m in model.modules() if isinstance(m, PluginCirculantAttention)):
+            raise ConfigError(
+                f"--backend matmul: {args.model}'s class token attends through cat.ops.prefix_attention, which the "
+                "TorchScript exporter cannot trace; --backend dft exports it"
+            )
         set_fft_backend(model, "matmul")
         export_matmul(model, args.img_size, args.out)
         sizes = [size]

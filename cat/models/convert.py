@@ -26,7 +26,7 @@ from timm.models.swin_transformer import SwinTransformerBlock
 from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
-from cat.ops.circulant import LeanPolicy, check_lean, circulant_attention_layer
+from cat.ops.circulant import FFTBackend, LeanPolicy, check_lean, circulant_attention_layer
 from cat.ops.prefix import prefix_attention
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
@@ -42,7 +42,8 @@ class PluginCirculantAttention(nn.Module):
     argument (PVT v2 passes it), or with ``hw=None`` to use the grid the model's patch embedding
     recorded for this forward (ViT blocks do not pass it; see :func:`convert`). Parameters:
     ``qkv``, ``proj`` (the source's, reused), ``gate.0`` (new). ``keep_weights`` and ``last_weights`` are
-    :class:`~cat.ops.CirculantAttention`'s: the grid's attention weights (B, heads, H, W) of each forward.
+    :class:`~cat.ops.CirculantAttention`'s (the grid's attention weights (B, heads, H, W) of each forward), and
+    so are ``lean`` and ``fft_backend``.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class PluginCirculantAttention(nn.Module):
         self.grid: tuple[int, int] | None = None
         self.keep_weights = False
         self.last_weights: Tensor | None = None
+        self.fft_backend: FFTBackend = "fft"  # as CirculantAttention's (cat.ops.set_fft_backend sets it)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}, lean={self.lean}"
@@ -99,7 +101,7 @@ class PluginCirculantAttention(nn.Module):
             self.head_dim,
             None,
             "post",
-            "fft",
+            self.fft_backend,
             self.lean,
             self.keep_weights,
             False,

@@ -375,10 +375,11 @@ def circulant_attention_flops(num_tokens: int, channels: int, head_dim: int = 1)
 
 
 def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
-    """Switch every :class:`CirculantAttention` in ``model`` to ``backend``; returns ``model``."""
+    """Switch every :class:`CirculantAttention` in ``model`` (and ``cat.convert``'s attention) to ``backend``;
+    returns ``model``."""
     check_fft_backend(backend)
     for module in model.modules():
-        if isinstance(module, CirculantAttention):
+        if isinstance(module, CirculantAttention) or hasattr(module, "fft_backend"):
             module.fft_backend = backend
     return model
 

@@ -220,3 +220,17 @@ def test_kept_weights_are_the_grids_kernels_whatever_the_qk_bias(lean):
     assert plugin.last_weights.shape == (B, C, *hw)
     torch.testing.assert_close(plugin.last_weights, native.last_weights)
     torch.testing.assert_close(plugin.last_weights.sum(dim=(-2, -1)), torch.ones(B, C))
+
+
+def test_converted_attention_follows_the_fft_backend():
+    """set_fft_backend switches cat.convert's attention too (it stayed on torch.fft, so a converted PVT v2 could not
+    be exported without DFT ops): the matmul DFTs give the same outputs, class token or not."""
+    torch.manual_seed(0)
+    for name, kwargs in (("pvt_v2_b0", {}), ("deit_tiny_patch16_224", {"img_size": 64, "depth": 2})):
+        model = cat.convert(timm.create_model(name, **kwargs)).eval()
+        x = torch.randn(2, 3, 64, 64)
+        with torch.no_grad():
+            expected = model(x)
+            cat.ops.set_fft_backend(model, "matmul")
+            assert {m.fft_backend for m in model.modules() if isinstance(m, PluginCirculantAttention)} == {"matmul"}
+            torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
