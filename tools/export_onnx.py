@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     model = model_from_args(args)  # --img-size: the example's size (matmul: the only one)
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":
-        if any(getattr(m, "num_prefix_tokens", 0) for m in model.modules() if isinstance(m, PluginCirculantAttention)):
+        if any(m.num_prefix_tokens for m in model.modules() if isinstance(m, PluginCirculantAttention)):
             raise ConfigError(
                 f"--backend matmul: {args.model}'s class token attends through cat.ops.prefix_attention, which the "
                 "TorchScript exporter cannot trace; --backend dft exports it"
