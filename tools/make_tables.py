@@ -40,6 +40,7 @@ from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock, report_user_errors
 from cat.runtime.metrics import METRICS_HISTORY, read_history
+from cat.runtime.rundir import EARLIER_RUNS
 from cat.toolkit.sweeps import expand_sweep
 
 # The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
@@ -145,12 +146,15 @@ def log_ending(folder: Path, limit: int = 160) -> str | None:
 
 
 def collect_runs(folders: list[str]) -> list[dict[str, Any]]:
-    """Every run under ``folders``: its metrics, model name and input size."""
+    """Every run under ``folders``: its metrics, model name and input size. Runs a folder was started over
+    from (``resume=false`` keeps them in ``earlier_runs/``) are not the folder's result and are left out, unless
+    a folder given is inside ``earlier_runs/`` itself."""
     return [
         _run_record(metrics_path.parent)
         for folder in folders
         for metrics_path in sorted(Path(folder).rglob("metrics.json"))
         if (metrics_path.parent / "config.yaml").is_file()
+        and EARLIER_RUNS not in metrics_path.relative_to(folder).parts
     ]
 
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from cat.data import build_dataset
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
-from cat.runtime import DistEnv, Precision, RunFolder, run_job, use_sweep_cell_dir
+from cat.runtime import DistEnv, Precision, RunFolder, run_job, settle_run_folder
 
 from .builders import build_model, num_classes_of, val_loader
 from .checkpoints import recorded_config
@@ -30,12 +30,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Training writes into ``output_dir``; eval and throughput into ``output_dir/eval`` and
     ``output_dir/throughput``, so they never overwrite a training run's record.
     """
-    use_sweep_cell_dir(cfg)
+    notes = settle_run_folder(cfg)
     check_config(cfg)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     body = {"train": fit, "eval": _eval, "throughput": _throughput}[cfg.mode]
-    return run_job(cfg, functools.partial(body, cfg))
+    return run_job(cfg, functools.partial(body, cfg), notes)
 
 
 def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cat.errors import ConfigError
-from cat.runtime import DistEnv, RunFolder, run_job, use_sweep_cell_dir
+from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
 from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
 from .backbone import register_backbones
@@ -123,7 +123,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
     Training writes into ``output_dir``, eval into ``output_dir/eval``. On SIGTERM a training run
     saves ``iter_N.pth`` after the running iteration and returns with ``preempted: true``.
     """
-    use_sweep_cell_dir(cfg)
+    notes = settle_run_folder(cfg)
     register_all_modules, build_config, metric_keys = _task(task)
     check_mm_config(cfg, task)
 
@@ -176,4 +176,4 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         folder.log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
         return metrics
 
-    return run_job(cfg, body)
+    return run_job(cfg, body, notes)

@@ -5,7 +5,7 @@ errors end a run. Imports ``cat.models`` and below only."""
 from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
 from .io import atomic_save, atomic_write_json, atomic_write_text, remove_stale_temporaries
-from .job import RunFolder, hydra_entry, open_run_folder, report_user_errors, run_dir_for, run_job, use_sweep_cell_dir
+from .job import RunFolder, hydra_entry, open_run_folder, report_user_errors, run_dir_for, run_job, settle_run_folder
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .rundir import RunDirLock, check_writable
 from .schema import JobConfig, key, register_schema, schema_problems, section
@@ -30,7 +30,7 @@ __all__ = [
     "report_user_errors",
     "run_dir_for",
     "run_job",
-    "use_sweep_cell_dir",
+    "settle_run_folder",
     "capture_rng_state",
     "restore_rng_state",
     "seed_everything",

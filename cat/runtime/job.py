@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from .io import atomic_write_json, atomic_write_text
 from .logger import FILE_ONLY, setup_logging
 from .metrics import MetricSinks, build_metric_sinks
 from .preemption import Stopped, StopSignals
+from .resume import resume_relaunched_start_over
 from .rng import seed_everything
 from .rundir import RunDirLock
 from .schema import schema_of, section_keys, unknown_key_problem
@@ -40,7 +41,7 @@ __all__ = [
     "run_dir_for",
     "run_job",
     "JobBody",
-    "use_sweep_cell_dir",
+    "settle_run_folder",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,7 +60,16 @@ def _sweep_of_cell() -> DictConfig | None:
     return None
 
 
-def use_sweep_cell_dir(cfg: DictConfig) -> None:
+def settle_run_folder(cfg: DictConfig) -> list[str]:
+    """Where and how a run writes, settled before its config is checked: a sweep cell's own folder
+    (:func:`_use_sweep_cell_dir`), and ``resume`` for a relaunch of a run started over
+    (:func:`cat.runtime.resume.resume_relaunched_start_over`). Returns the lines for the run's log."""
+    _use_sweep_cell_dir(cfg)
+    relaunch = resume_relaunched_start_over(cfg)
+    return [relaunch] if relaunch else []
+
+
+def _use_sweep_cell_dir(cfg: DictConfig) -> None:
     """In a Hydra multirun, point ``cfg.output_dir`` at the cell's own folder,
     ``<hydra.sweep.dir>/<the cell's overrides>``: cells never share a folder, and relaunching the
     sweep finds each cell's checkpoints where it left them. Its W&B run is named after the cell too, in
@@ -231,10 +241,10 @@ class RunFolder:
                 self.lock.release()
 
 
-def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False) -> RunFolder:
-    """Create and lock ``output_dir`` (rank 0), clean what killed writers left, set up ``log.txt``;
-    ``start_over`` (a training run with ``resume=false``) first moves an earlier run's files into
-    ``earlier_runs/<time>/``.
+def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False, notes: Sequence[str] = ()) -> RunFolder:
+    """Create and lock ``output_dir`` (rank 0), clean what killed writers left, set up ``log.txt`` and log
+    ``notes`` in it; ``start_over`` (a training run with ``resume=false``) first moves an earlier run's files
+    into ``earlier_runs/<time>/``.
 
     All ranks get rank 0's absolute path (even if ``output_dir`` interpolates a timestamp) and the
     same error if the folder is held by another run.
@@ -259,7 +269,7 @@ def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False) -> 
         raise error
     barrier()
     log = setup_logging(env.is_main, os.path.join(path, "log.txt"))
-    for note in lock.notes if lock is not None else ():
+    for note in [*notes, *lock.notes] if lock is not None else ():  # rank 0's log
         log.warning(note)
     return RunFolder(path, log, env.is_main, lock)
 
@@ -267,16 +277,17 @@ def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False) -> 
 JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
 
 
-def run_job(cfg: DictConfig, body: JobBody) -> dict[str, Any]:
+def run_job(cfg: DictConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[str, Any]:
     """The lifecycle of every cat job: start distributed (``cfg.device``), open and lock the run
-    folder of ``cfg.mode`` under ``cfg.output_dir``, seed each rank from ``cfg.seed``, run
+    folder of ``cfg.mode`` under ``cfg.output_dir`` (its log starts with ``notes``, what was settled
+    before the folder was open), seed each rank from ``cfg.seed``, run
     ``body(env, folder)`` with the stop signals caught (:mod:`cat.runtime.preemption`), write what
     it returns to ``metrics.json`` (rank 0), and tear down, whatever happened. A run that stopped
     on a signal (``preempted`` in its metrics) then hands the signal back (submitit requeues the
     cell). The config must already be checked."""
     env = init_distributed(cfg.device, cfg.dist_timeout_s)
     folder = open_run_folder(
-        run_dir_for(cfg.output_dir, cfg.mode), env, start_over=cfg.mode == "train" and not cfg.resume
+        run_dir_for(cfg.output_dir, cfg.mode), env, start_over=cfg.mode == "train" and not cfg.resume, notes=notes
     )
     try:
         finished = _finished_record(cfg, folder)

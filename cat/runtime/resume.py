@@ -9,9 +9,17 @@ from typing import Any
 
 from cat.errors import ConfigError
 
+from .rundir import launch_record, read_started_over, relaunch_of
 from .schema import file_problem
 
-__all__ = ["resumes", "flatten_config", "resume_changes", "refuse_fixed_changes", "describe_changes"]
+__all__ = [
+    "resumes",
+    "resume_relaunched_start_over",
+    "flatten_config",
+    "resume_changes",
+    "refuse_fixed_changes",
+    "describe_changes",
+]
 
 
 def resumes(cfg: Any, latest: str) -> bool:
@@ -19,6 +27,24 @@ def resumes(cfg: Any, latest: str) -> bool:
     one, e.g. ``last.pth``). It then holds the model: ``checkpoint=`` (and a backbone's pretrained weights),
     where the run started, are neither read again nor needed, and may have moved since."""
     return cfg.mode == "train" and bool(cfg.resume) and os.path.lexists(os.path.join(cfg.output_dir, latest))
+
+
+def resume_relaunched_start_over(cfg: Any) -> str | None:
+    """A training run with ``resume=false`` that is a later start of the launch that started its folder over (the
+    Slurm job requeued, torchrun restarting its workers) goes on with that run: the command is the same, and
+    starting over at every requeue would never finish a run longer than the job's time limit. Sets
+    ``cfg.resume`` and returns the line to log; None (and ``cfg`` as it was) for any other run."""
+    if cfg.mode != "train" or cfg.resume or (record := read_started_over(cfg.output_dir)) is None:
+        return None
+    now = launch_record()
+    if not relaunch_of(record, now):
+        return None
+    cfg.resume = True
+    if now["slurm_restarts"] > record["slurm_restarts"]:
+        start = f"Slurm job {now['slurm_job_id']}, now in its restart {now['slurm_restarts']} (requeued)"
+    else:
+        start = f"torchrun run {now['torchelastic_run_id']}, now in its worker restart {now['torchelastic_restarts']}"
+    return f"resume=false: this folder's run was started over by {start}; it goes on with that run (resume=true)"
 
 
 # How a refusal offers to start the folder over (RunDirLock.set_aside_earlier_run).

@@ -4,6 +4,10 @@ Only one live run may write a folder. The holder is recorded in ``.lock`` (host,
 time, Slurm job id); a second run fails at once naming the holder. A lock left by a run that died
 (SIGKILL, node crash) is taken over when its process is gone from this host, or when it belongs to
 an earlier incarnation of the same Slurm job (a requeued job).
+
+A run that starts the folder over (``resume=false``) records which launch did (``.started_over``): the
+Slurm job and its restart count, torchrun's run and its restart count. A later start of that launch (the
+job requeued, torchrun restarting its workers) goes on with the run instead of starting it over again.
 """
 
 from __future__ import annotations
@@ -16,14 +20,85 @@ import tempfile
 import time
 from typing import Any
 
-from cat.errors import RunDirLockedError
+from cat.errors import OutputError, RunDirLockedError
 
-from .io import remove_stale_temporaries
+from .io import atomic_write_json, remove_stale_temporaries
 
-__all__ = ["RunDirLock", "check_writable", "LOCK_NAME", "EARLIER_RUNS"]
+__all__ = [
+    "RunDirLock",
+    "check_writable",
+    "LOCK_NAME",
+    "EARLIER_RUNS",
+    "STARTED_OVER",
+    "launch_record",
+    "read_started_over",
+    "relaunch_of",
+]
 
 LOCK_NAME = ".lock"
 EARLIER_RUNS = "earlier_runs"  # where a run started over with resume=false keeps the folder's earlier run
+STARTED_OVER = ".started_over"  # the launch that started the folder's run over (resume=false)
+_LAUNCH_KEYS = {"slurm_job_id": str, "slurm_restarts": int, "torchelastic_run_id": str, "torchelastic_restarts": int}
+
+
+def _restarts(variable: str) -> int:
+    value = os.environ.get(variable, "")
+    return int(value) if value.isdigit() else 0
+
+
+def launch_record() -> dict[str, Any]:
+    """This process's launch: its Slurm job and how often Slurm has restarted it (requeues), torchrun's run
+    and how often torchrun has restarted its workers (None and 0 outside them)."""
+    return {
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restarts": _restarts("SLURM_RESTART_COUNT"),
+        "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "torchelastic_restarts": _restarts("TORCHELASTIC_RESTART_COUNT"),
+    }
+
+
+def relaunch_of(record: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether the launch ``now`` is a later start of the launch ``record``: the same Slurm job, requeued since,
+    or the same torchrun run (in the same start of the same job, if any) whose workers it has restarted since.
+    A second launch by hand is neither, even within one Slurm allocation."""
+    same_job = now["slurm_job_id"] == record["slurm_job_id"]
+    if same_job and now["slurm_job_id"] is not None and now["slurm_restarts"] > record["slurm_restarts"]:
+        return True
+    return (
+        same_job
+        and now["slurm_restarts"] == record["slurm_restarts"]
+        and now["torchelastic_run_id"] is not None
+        and now["torchelastic_run_id"] == record["torchelastic_run_id"]
+        and now["torchelastic_restarts"] > record["torchelastic_restarts"]
+    )
+
+
+def read_started_over(folder: str) -> dict[str, Any] | None:
+    """The launch that started ``folder``'s run over, from its ``.started_over`` record; None where it has none.
+    A file there that is not cat's record is refused by name."""
+    path = os.path.join(folder, STARTED_OVER)
+    if not os.path.lexists(path):
+        return None
+    record = None
+    if os.path.isfile(path) and not os.path.islink(path):
+        try:
+            with open(path, "rb") as f:
+                record = json.loads(f.read(4096).decode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            record = None
+    if not (
+        isinstance(record, dict)
+        and record.keys() >= _LAUNCH_KEYS.keys()
+        and all(
+            (record[k] is None and kind is str) or (type(record[k]) is kind and record[k] != "")
+            for k, kind in _LAUNCH_KEYS.items()
+        )
+    ):
+        raise OutputError(
+            f"{path} is not cat's record of the launch that started this run over (resume=false); remove it, "
+            "or pass resume=true to go on with the run in the folder"
+        )
+    return {k: record[k] for k in _LAUNCH_KEYS}
 
 
 def check_writable(folder: str, key: str = "output_dir") -> str | None:
@@ -161,23 +236,27 @@ class RunDirLock:
         raise RunDirLockedError(f"could not take the lock {self.path}: other runs keep racing for it")
 
     def set_aside_earlier_run(self) -> str | None:
-        """Move everything in the held folder but the lock into ``earlier_runs/<time>/`` (a run that starts the
-        folder over, ``resume=false``: the earlier run's record and checkpoints are kept, and none of them mixes
-        with the new run's: a snapshot, a metric history, a W&B run id). Returns where they went, None if the
-        folder held nothing."""
+        """Start the held folder over (``resume=false``): move everything in it but the lock into
+        ``earlier_runs/<time>/``, so the earlier run's record and checkpoints are kept and none of them mixes with
+        the new run's (a snapshot, a metric history, a W&B run id), and record this launch as the one that started
+        it over. Returns where the earlier run went, None if the folder held none."""
         assert self.held, "set_aside_earlier_run needs the lock"
-        entries = sorted(name for name in os.listdir(self.folder) if name not in (LOCK_NAME, EARLIER_RUNS))
-        if not entries:
-            return None
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = os.path.join(self.folder, EARLIER_RUNS, stamp)
-        for n in range(1, 1000):  # two starts over within one second
-            if not os.path.exists(target):
-                break
-            target = os.path.join(self.folder, EARLIER_RUNS, f"{stamp}-{n}")
-        os.makedirs(target)
-        for name in entries:  # renames within one filesystem: nothing is copied
-            os.rename(os.path.join(self.folder, name), os.path.join(target, name))
+        # The launch record is the start over's own bookkeeping: replaced below, not kept.
+        entries = sorted(
+            name for name in os.listdir(self.folder) if name not in (LOCK_NAME, EARLIER_RUNS, STARTED_OVER)
+        )
+        target = None
+        if entries:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            target = os.path.join(self.folder, EARLIER_RUNS, stamp)
+            for n in range(1, 1000):  # two starts over within one second
+                if not os.path.exists(target):
+                    break
+                target = os.path.join(self.folder, EARLIER_RUNS, f"{stamp}-{n}")
+            os.makedirs(target)
+            for name in entries:  # renames within one filesystem: nothing is copied
+                os.rename(os.path.join(self.folder, name), os.path.join(target, name))
+        atomic_write_json(os.path.join(self.folder, STARTED_OVER), launch_record())
         return target
 
     def release(self) -> None:

@@ -113,6 +113,15 @@ def _overrides(*overrides: str) -> Callable[[Path], list[str]]:
     return lambda out: list(overrides)
 
 
+def _with(setup: Callable[[Path], list[str]], *overrides: str) -> Callable[[Path], list[str]]:
+    return lambda out: [*setup(out), *overrides]
+
+
+def _started_over_folder(out: Path) -> list[str]:
+    (out / ".started_over").mkdir(parents=True)
+    return []
+
+
 CASES = {
     # the folder's lock
     "lock_list": (_write(".lock", "[]"), "holds '[]', not cat's lock record"),
@@ -132,6 +141,13 @@ CASES = {
     "finished_metrics_list": (_finished(b"[]", b"x: 1\n"), "damaged run record (ValueError: a JSON list"),
     "finished_config_not_utf8": (_finished(b"{}", b"\xff\xfe\x00bad"), "damaged run record (UnicodeDecodeError"),
     "wandb_run_id": (_write("wandb_run_id.txt", "../../x; rm -rf ~"), "not a W&B run id"),
+    # what a run started over (resume=false) reads: which launch started it over
+    "started_over_list": (_with(_write(".started_over", "[]"), "resume=false"), ".started_over is not cat's record"),
+    "started_over_types": (
+        _with(_write(".started_over", '{"slurm_job_id": 7, "slurm_restarts": "1"}'), "resume=false"),
+        "is not cat's record of the launch that started this run over (resume=false); remove it, or pass resume=true",
+    ),
+    "started_over_folder": (_with(_started_over_folder, "resume=false"), ".started_over is not cat's record"),
     # config values
     "sched_bogus": (_overrides("schedule.sched=bogus"), "schedule.sched='bogus': expected one of cosine"),
     "optim_kwarg": (_overrides("++optim.kwargs.foo=1"), "optim.kwargs.foo: not an argument of adamw (accepted:"),

@@ -78,7 +78,7 @@ def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
     kept = []
     for _ in range(2):
         folder = open_run_folder(str(tmp_path), DistEnv(), start_over=True)
-        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "earlier_runs", "log.txt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".started_over", "earlier_runs", "log.txt"]
         folder.close()
         kept = sorted((tmp_path / "earlier_runs").iterdir())
     first, second = kept  # the second start over kept the first's log.txt, in a folder of its own
@@ -88,6 +88,75 @@ def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
     (tmp_path / "log.txt").unlink()
     open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
     assert len(list((tmp_path / "earlier_runs").iterdir())) == 2  # nothing there to set aside: no new folder
+
+
+def _launch(monkeypatch, job: str | None = None, restarts: int = 0, run: str | None = None, elastic: int = 0) -> None:
+    for name, value in (
+        ("SLURM_JOB_ID", job),
+        ("SLURM_RESTART_COUNT", str(restarts) if job else None),
+        ("TORCHELASTIC_RUN_ID", run),
+        ("TORCHELASTIC_RESTART_COUNT", str(elastic) if run else None),
+    ):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize(
+    ("started_by", "relaunch", "goes_on"),
+    [
+        ({"job": "41"}, {"job": "41", "restarts": 1}, "Slurm job 41, now in its restart 1 (requeued)"),
+        ({"job": "41", "restarts": 1}, {"job": "41", "restarts": 3}, "Slurm job 41, now in its restart 3"),
+        ({"run": "r7"}, {"run": "r7", "elastic": 2}, "torchrun run r7, now in its worker restart 2"),
+        ({"job": "41", "run": "41"}, {"job": "41", "run": "41", "elastic": 1}, "torchrun run 41"),
+        ({"job": "41"}, {"job": "41"}, None),  # launched again by hand in the same allocation: starts over
+        ({"job": "41"}, {"job": "42", "restarts": 1}, None),  # another job
+        ({"job": "41", "restarts": 2}, {"job": "41", "restarts": 1}, None),
+        ({}, {}, None),  # no Slurm, no torchrun: every launch is by hand
+        ({"run": "r7"}, {"run": "r8", "elastic": 1}, None),  # another torchrun
+        ({"job": "41", "run": "41"}, {"job": "41", "restarts": 1, "run": "41", "elastic": 0}, "Slurm job 41"),
+        ({"job": "41", "run": "41", "elastic": 1}, {"job": "41", "restarts": 0, "run": "41", "elastic": 1}, None),
+    ],
+)
+def test_a_relaunch_of_a_run_started_over_goes_on_with_it(tmp_path, monkeypatch, started_by, relaunch, goes_on):
+    """resume=false starts the folder over once per launch: the same command requeued by Slurm (or its workers
+    restarted by torchrun) goes on with the run that launch started, rather than starting it over at every
+    requeue; a new launch, even by hand inside the same Slurm allocation, starts over as asked."""
+    from cat.runtime import settle_run_folder
+
+    (tmp_path / "last.pth").write_text("the earlier run")
+    _launch(monkeypatch, **started_by)
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    (tmp_path / "last.pth").write_text("this launch's run")
+    _launch(monkeypatch, **relaunch)
+    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", "resume=false")
+    notes = settle_run_folder(cfg)
+    assert cfg.resume is (goes_on is not None)
+    if goes_on is None:
+        assert notes == []
+        return
+    [note] = notes
+    assert note.startswith(f"resume=false: this folder's run was started over by {goes_on}"), note
+    assert note.endswith("; it goes on with that run (resume=true)"), note
+    folder = open_run_folder(str(tmp_path), DistEnv(), start_over=not cfg.resume, notes=notes)
+    folder.close()
+    assert (tmp_path / "last.pth").read_text() == "this launch's run"
+    assert len(list((tmp_path / "earlier_runs").iterdir())) == 1  # only the first launch's start over
+    assert note in (tmp_path / "log.txt").read_text()
+
+
+def test_settling_the_folder_leaves_other_runs_as_they_are(tmp_path, monkeypatch):
+    """Only a training run with resume=false reads the launch record: an eval of the folder, or a resume=true
+    run, does not, even where it is damaged."""
+    from cat.runtime import settle_run_folder
+
+    (tmp_path / ".started_over").write_text("not json")
+    _launch(monkeypatch, job="41", restarts=1)
+    for overrides in (["mode=eval", "resume=false"], ["resume=true"]):
+        cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", *overrides)
+        resume = cfg.resume
+        assert settle_run_folder(cfg) == [] and cfg.resume == resume
 
 
 # Two ranks of a real gloo group; rank 1 joins, then never reaches the collective (a lost node, as seen

@@ -175,8 +175,12 @@ def digits_on_two_ranks(tmp_path_factory) -> Path:
 
 
 def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_path):
+    """Submitted with resume=false over an earlier run: the job starts the folder over once, and its requeued
+    start goes on with what it trained rather than starting over again."""
     out, log = tmp_path / "run", tmp_path / "job.out"
-    job = sbatch("single_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}")
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")  # an earlier run's record
+    job = sbatch("single_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}", "resume=false")
     wait_for_line(out / "log.txt", r"epoch 1/2 step (2\d|[3-9]\d)/179")
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
     assert wait_for(job) == "COMPLETED", log.read_text()[-3000:]
@@ -184,6 +188,9 @@ def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_pat
     assert "requeueing job" in text and int(job_field(job, "Restarts")) == 1
     resumed = re.search(r"resumed from .*last\.pth: epoch 1, step (\d+) of 179", text)
     assert resumed and 20 <= int(resumed.group(1)) < 179, text[-3000:]
+    assert f"started over by Slurm job {job}, now in its restart 1 (requeued); it goes on with that run" in text
+    [earlier] = (out / "earlier_runs").iterdir()
+    assert [p.name for p in earlier.iterdir()] == ["metrics.jsonl"]
     assert_same_weights(out, local_run(tmp_path / "reference", DIGITS))
 
 

@@ -219,6 +219,14 @@ def test_make_tables_fills_rows_from_real_runs(run_tool, tmp_path):
     assert _row(text, "CA-DeiT-T")[3:6] == [f"{top1:.2f}", "75.0", f"`{run_dir}`"]
     assert _row(text, "DeiT-T")[3:] == ["—", "72.2", "not run"]
     assert out_md.read_text().startswith("### Table 2")
+    # The run a folder was started over from (resume=false) is not that folder's result, even with the better
+    # top-1; asked for by its own folder, it is a run.
+    earlier = run_dir / "earlier_runs" / "20261201-000000"
+    earlier.mkdir(parents=True)
+    (earlier / "config.yaml").write_bytes((run_dir / "config.yaml").read_bytes())
+    (earlier / "metrics.json").write_text(json.dumps({"top1": 99.5, "best_top1": 99.5}))
+    assert _row(run_tool("make_tables", str(tmp_path / "runs"), "--table", "2"), "CA-DeiT-T")[3] == f"{top1:.2f}"
+    assert _row(run_tool("make_tables", str(earlier), "--table", "2"), "CA-DeiT-T")[3] == "99.50"
 
     eval_dir = tmp_path / "evals" / "ca_deit_t"
     _train_cls(
