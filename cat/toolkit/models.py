@@ -11,6 +11,7 @@ from timm.models import get_pretrained_cfg_value
 from torch import Tensor, nn
 
 import cat
+from cat.errors import ConfigError
 from cat.models import (
     CheckpointMismatchError,
     extract_state_dict,
@@ -82,6 +83,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default: str, help: str
     )
     parser.add_argument("--checkpoint", default=None, help="weights to load (release format, state dict or cat's)")
     parser.add_argument(
+        "--ema",
+        action="store_true",
+        help="load the checkpoint's weight EMA (a run's ema.enabled=true; timm's state_dict_ema) instead of its "
+        "model weights",
+    )
+    parser.add_argument(
         "--img-size",
         type=positive_int,
         default=None,
@@ -97,22 +104,25 @@ def model_from_args(args: argparse.Namespace) -> nn.Module:
     A ``--checkpoint`` written by ``train_cls.py`` (it records its run's config) without ``--model`` gives the
     model that run trained: its name, ``model.kwargs`` (``--model-arg`` over them), ``model.convert`` and class
     count, at the run's input size unless ``--img-size``. Otherwise ``--model`` (random weights seeded by
-    ``--seed`` without a checkpoint)."""
+    ``--seed`` without a checkpoint). ``--ema`` loads the checkpoint's weight EMA instead of its model weights."""
     from cat.classification.checkpoints import recorded_config
 
     overrides = parse_model_args(args.model_arg)
+    if args.ema and args.checkpoint is None:
+        raise ConfigError("--ema loads a checkpoint's weight EMA: give the file with --checkpoint")
     entries = None if args.checkpoint is None else load_checkpoint_file(args.checkpoint)
+    state_dict = None if entries is None else extract_state_dict(entries, args.checkpoint, use_ema=args.ema)
     trained = recorded_config(entries)
     if trained is not None and args.model is None:
-        return _model_of_run(args, trained, extract_state_dict(entries, args.checkpoint), overrides).eval()
+        return _model_of_run(args, trained, state_dict, overrides).eval()
     args.model = args.model or args.default_model
     args.img_size = args.img_size or args.default_img_size
     check_model_size(args.model, args.img_size, **overrides)
     torch.manual_seed(args.seed)
     model = cat.create_model(args.model, img_size=args.img_size, **overrides)
-    if entries is not None:
+    if state_dict is not None:
         try:
-            load_weights(model, extract_state_dict(entries, args.checkpoint), source=args.checkpoint)
+            load_weights(model, state_dict, source=args.checkpoint)
         except CheckpointMismatchError as error:
             if trained is None:
                 raise

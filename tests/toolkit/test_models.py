@@ -10,7 +10,7 @@ import torch
 from cat.classification.builders import build_model
 from cat.classification.checkpoints import recorded_config
 from cat.classification.job import run
-from cat.errors import CheckpointError
+from cat.errors import CheckpointError, ConfigError
 from cat.models import CheckpointMismatchError, load_checkpoint_file
 from cat.toolkit import model_from_args, model_tool_parser
 from tests.conftest import TINY_CLS, TINY_CONVERTED, compose_config
@@ -18,9 +18,9 @@ from tests.conftest import TINY_CLS, TINY_CONVERTED, compose_config
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The checkpoints of two real training runs: TINY_CLS's CA-DeiT, and a converted DeiT."""
+    """The checkpoints of two real training runs: TINY_CLS's CA-DeiT with a weight EMA, and a converted DeiT."""
     root = tmp_path_factory.mktemp("runs")
-    run(compose_config("cls", *TINY_CLS, "epochs=1", f"output_dir={root / 'ca'}"))
+    run(compose_config("cls", *TINY_CLS, "epochs=3", "ema.enabled=true", f"output_dir={root / 'ca'}"))
     run(compose_config("cls", *TINY_CLS, *TINY_CONVERTED, "epochs=1", f"output_dir={root / 'converted'}"))
     return root
 
@@ -44,6 +44,27 @@ def test_a_runs_checkpoint_gives_the_model_it_trained(runs, name, overrides):
     # Another size: the run's weights at it (a fixed-size ViT's position embeddings resampled).
     args = tool_args("--checkpoint", checkpoint, "--img-size", "64")
     assert model_from_args(args)(torch.randn(1, 3, 64, 64)).shape == (1, 4) and args.img_size == 64
+
+
+def test_ema_loads_the_runs_weight_ema(runs):
+    checkpoint = str(runs / "ca" / "best.pth")
+    saved = load_checkpoint_file(checkpoint)
+    for args in (("--checkpoint", checkpoint), ("--model", "ca_deit_tiny", "--checkpoint", checkpoint)):
+        if "--model" in args:  # the model named, as for a release file: the run's kwargs by hand
+            kwargs = saved["config"]["model"]["kwargs"]
+            args = (*args, "--img-size", "32", *(a for k, v in kwargs.items() for a in ("--model-arg", f"{k}={v}")))
+            args = (*args, "--model-arg", "num_classes=4")
+        own, ema = (
+            model_from_args(tool_args(*args)).state_dict(),
+            model_from_args(tool_args(*args, "--ema")).state_dict(),
+        )
+        for name, value in saved["model_ema"].items():
+            assert torch.equal(ema[name], value), name
+        assert any(not torch.equal(own[name], ema[name]) for name in own)  # one epoch moved the model from its EMA
+    with pytest.raises(CheckpointError, match="holds no weight EMA"):
+        model_from_args(tool_args("--checkpoint", str(runs / "converted" / "best.pth"), "--ema"))
+    with pytest.raises(ConfigError, match="--ema loads a checkpoint's weight EMA: give the file with --checkpoint"):
+        model_from_args(tool_args("--ema"))
 
 
 def test_a_named_model_that_is_not_the_runs_says_which_the_run_trained(runs):
