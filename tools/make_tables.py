@@ -218,7 +218,7 @@ def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
 def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every cell the sweep launched (from ``multirun.yaml``) or has a folder for, with its status:
     finished, stopped (saved on a signal; relaunch the sweep to resume it), running, failed (a
-    folder, no result, no live run) or missing (no folder: not started, or failed before it)."""
+    folder, no result, no live run: its log.txt ends with why) or missing (no folder: not started)."""
     try:
         multirun = _read(sweep_dir / "multirun.yaml")["hydra"]
         expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))

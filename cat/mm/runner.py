@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
+from cat.runtime.logger import log_formatter
 from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
 from .backbone import register_backbones
@@ -152,7 +153,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
             check_weights_match(runner.model, mm.load_from)
         if env.is_main:  # mmengine's log lines in log.txt too, as they happen
             handler = logging.FileHandler(folder.file("log.txt"))
-            handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+            handler.setFormatter(log_formatter())
             runner.logger.addHandler(handler)
         try:
             if cfg.mode == "train":

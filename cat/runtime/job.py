@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,7 +26,7 @@ from cat.errors import OutputError, SweepCellError, UserError
 
 from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distributed
 from .io import atomic_write_json, atomic_write_text
-from .logger import FILE_ONLY, setup_logging
+from .logger import FILE_ONLY, LOG_TIME_FORMAT, setup_logging
 from .metrics import MetricSinks, build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .resume import resume_relaunched_start_over
@@ -202,6 +203,7 @@ def report_user_errors(main: F) -> F:
             message = user_error_message(error)
             print(f"error: {message}", file=sys.stderr, flush=True)
             if (sweep := _sweep_of_cell()) is not None:  # the sweep's other cells still run; it reports this one
+                _record_refused_cell(sweep, message)
                 raise SweepCellError(f"sweep cell {sweep.subdir or sweep.dir}: {message}") from None
             raise SystemExit(2) from None
 
@@ -230,8 +232,7 @@ class RunFolder:
         """``overrides.yaml``: the command-line overrides the run was composed with (launched
         through Hydra), from its start, so a sweep's cells can be told apart while they run."""
         if self.is_main and HydraConfig.initialized():
-            overrides = OmegaConf.create(list(HydraConfig.get().overrides.task))
-            atomic_write_text(self.file("overrides.yaml"), OmegaConf.to_yaml(overrides))
+            _write_overrides(self.path)
 
     def close(self) -> None:
         try:
@@ -239,6 +240,25 @@ class RunFolder:
         finally:
             if self.lock is not None:
                 self.lock.release()
+
+
+def _write_overrides(folder: str) -> None:
+    overrides = OmegaConf.create(list(HydraConfig.get().overrides.task))
+    atomic_write_text(os.path.join(folder, "overrides.yaml"), OmegaConf.to_yaml(overrides))
+
+
+def _record_refused_cell(sweep: DictConfig, message: str) -> None:
+    """A sweep cell refused before its run opened its folder (a bad value, a missing file) leaves its one line
+    there, in the ``log.txt`` and ``overrides.yaml`` a run writes, so the sweep's table names how it ended rather
+    than counting it as never started. A folder that already holds a log (an earlier run of the cell, or one that
+    holds it now) keeps it as it is. Every task of the cell writes the same files, atomically."""
+    folder = os.path.join(sweep.dir, sweep.subdir)
+    if os.path.lexists(os.path.join(folder, "log.txt")):
+        return
+    with contextlib.suppress(OSError):  # an output folder that cannot be written is what the line may say
+        os.makedirs(folder, exist_ok=True)
+        _write_overrides(folder)
+        atomic_write_text(os.path.join(folder, "log.txt"), f"[{time.strftime(LOG_TIME_FORMAT)}] error: {message}\n")
 
 
 def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False, notes: Sequence[str] = ()) -> RunFolder:

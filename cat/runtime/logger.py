@@ -13,6 +13,8 @@ from cat.errors import OutputError
 
 __all__ = [
     "FILE_ONLY",
+    "LOG_TIME_FORMAT",
+    "log_formatter",
     "setup_logging",
     "wandb_api_key_configured",
     "resolve_wandb_mode",
@@ -23,6 +25,12 @@ __all__ = [
 
 # ``extra=`` of a record for ``log_file`` alone: what the console says its own way (an error line, a traceback).
 FILE_ONLY = {"file_only": True}
+LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # each line of a run's log.txt starts [<this time>]
+
+
+def log_formatter() -> logging.Formatter:
+    """How a line of a run's log reads: ``[<time>] <message>``."""
+    return logging.Formatter("[%(asctime)s] %(message)s", LOG_TIME_FORMAT)
 
 
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
@@ -40,7 +48,7 @@ def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
     if is_main and log_file:
         handlers.append(logging.FileHandler(log_file))
     for handler in handlers:
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handler.setFormatter(log_formatter())
         logger.addHandler(handler)
     return logger
 

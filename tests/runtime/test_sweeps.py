@@ -106,16 +106,22 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["submitit_local", "basic"])
-def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(tmp_path, launcher):
+def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, tmp_path, launcher):
     """The bad cell first: the sweep's other cell still trains (in-process, one cell's exit ended them all), and
     the sweep ends with the bad cell's one line and status 2, not submitit's traceback around it (a cell that
-    exited wrote no result, which submitit waited for, and on a Slurm without accounting forever)."""
+    exited wrote no result, which submitit waited for, and on a Slurm without accounting forever). Refused
+    before its run opened a folder, the cell still leaves its line there: the sweep's table counts it as
+    failed, saying why, not as never started."""
     proc = sweep(tmp_path, "lr=-1,1e-3", "epochs=1", wait=False, launcher=launcher)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
     bad = f"{KWARGS},epochs=1,lr=-1"
-    assert output.rstrip().splitlines()[-1] == f"error: sweep cell {bad}: invalid config: lr=-1: expected a number > 0"
+    line = "invalid config: lr=-1: expected a number > 0"
+    assert output.rstrip().splitlines()[-1] == f"error: sweep cell {bad}: {line}"
     assert json.loads((tmp_path / f"{KWARGS},epochs=1,lr=0.001" / "metrics.json").read_text())["epoch"] == 1
+    assert sorted(p.name for p in (tmp_path / bad).iterdir()) == ["log.txt", "overrides.yaml"]
+    (row,) = [line for line in run_tool("make_tables", str(tmp_path)).splitlines() if "lr=-1" in line]
+    assert row.rstrip(" |").endswith(f"1 failed (failed, its log ends: error: {line})"), row
 
 
 @pytest.mark.slow
