@@ -118,7 +118,9 @@ def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, t
     bad = f"{KWARGS},epochs=1,lr=-1"
     line = "invalid config: lr=-1: expected a number > 0"
     assert output.rstrip().splitlines()[-1] == f"error: sweep cell {bad}: {line}"
-    assert json.loads((tmp_path / f"{KWARGS},epochs=1,lr=0.001" / "metrics.json").read_text())["epoch"] == 1
+    good = tmp_path / f"{KWARGS},epochs=1,lr=0.001"
+    assert json.loads((good / "metrics.json").read_text())["epoch"] == 1
+    assert not (good / ".lock").exists(), (good / "log.txt").read_text()[-2000:]  # it ended as a run ends
     assert sorted(p.name for p in (tmp_path / bad).iterdir()) == ["log.txt", "overrides.yaml"]
     (row,) = [line for line in run_tool("make_tables", str(tmp_path)).splitlines() if "lr=-1" in line]
     assert row.rstrip(" |").endswith(f"1 failed (failed, its log ends: error: {line})"), row
