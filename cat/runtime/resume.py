@@ -83,9 +83,12 @@ def resume_changes(
     saved: dict[str, Any], current: dict[str, Any], fixed: tuple[str, ...], free: tuple[str, ...]
 ) -> tuple[dict[str, list], list[str]]:
     """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of them a
-    resume cannot take: keys starting with one of ``fixed``, except the keys named in ``free``."""
+    resume cannot take: keys starting with one of ``fixed``, except the keys named in ``free``. ``resume`` itself
+    says how the run was launched, not what it trains (a requeued ``resume=false`` run goes on with ``true``)."""
     old, new = flatten_config(saved), flatten_config(current)
-    changed = {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+    changed = {
+        k: [old.get(k), new.get(k)] for k in sorted((old.keys() | new.keys()) - {"resume"}) if old.get(k) != new.get(k)
+    }
     return changed, [k for k in changed if k.startswith(fixed) and k not in free]
 
 

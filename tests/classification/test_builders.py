@@ -31,6 +31,7 @@ def test_shard_sampler_covers_every_index_once():
 def test_resume_changes_fixed_and_free():
     saved = {"lr": 1.0, "model": {"name": "a", "lean_attention": True}, "data": {"root": "/x", "img_size": 32}}
     current = {"lr": 2.0, "model": {"name": "a", "lean_attention": False}, "data": {"root": "/y", "img_size": 64}}
+    saved["resume"], current["resume"] = False, True  # how the run was launched (a requeue of resume=false)
     changed, fixed = resume_changes(saved, current, RESUME_FIXED_KEYS, RESUME_FREE_KEYS)
     assert changed == {
         "data.img_size": [32, 64],

@@ -189,6 +189,7 @@ def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_pat
     resumed = re.search(r"resumed from .*last\.pth: epoch 1, step (\d+) of 179", text)
     assert resumed and 20 <= int(resumed.group(1)) < 179, text[-3000:]
     assert f"started over by Slurm job {job}, now in its restart 1 (requeued); it goes on with that run" in text
+    assert "resume: False -> True" not in text  # the same run, not a changed config
     [earlier] = (out / "earlier_runs").iterdir()
     assert [p.name for p in earlier.iterdir()] == ["metrics.jsonl"]
     assert_same_weights(out, local_run(tmp_path / "reference", DIGITS))
