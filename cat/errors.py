@@ -64,4 +64,8 @@ class RunDirLockedError(UserError):
 class SweepCellError(UserError):
     """A cell of a multirun ended with a user error. Raised in the cell rather than exiting, so Hydra records it
     (and submitit writes the cell's result: the sweep does not wait for one), and the sweep reports it once its
-    other cells have run; its one argument, the message, pickles from a cell's process to the sweep's."""
+    other cells have run, with those of them that failed too; it pickles from a cell's process to the sweep's."""
+
+    def __init__(self, message: str, sweep_dir: str | None = None, cell: str | None = None) -> None:
+        super().__init__(message)
+        self.sweep_dir, self.cell = sweep_dir, cell  # the sweep's folder, and the cell's folder name in it

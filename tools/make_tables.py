@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +37,7 @@ from hydra.errors import HydraException
 from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock, report_user_errors
+from cat.runtime.logger import last_log_line
 from cat.runtime.metrics import METRICS_HISTORY, read_history
 from cat.runtime.rundir import EARLIER_RUNS
 from cat.toolkit.sweeps import expand_sweep
@@ -130,18 +129,14 @@ def log_ending(folder: Path, limit: int = 160) -> str | None:
     characters and made safe for a Markdown cell; None if there is none."""
     path = folder / "log.txt"
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))  # the tail: a log may be long
-            tail = f.read().decode("utf-8", errors="replace")
+        line = last_log_line(str(path))
     except FileNotFoundError:
         return None
     except OSError as error:
         raise DataError(f"{path} cannot be read ({type(error).__name__}: {error.strerror})") from None
-    lines = [line for line in tail.split("\n") if line.strip()]  # only a newline ends a line of the log
-    if not lines:
+    if line is None:
         return None
-    line = re.sub(r"^\[[\d: -]+\] ", "", lines[-1].strip())
-    line = "".join(c if c.isprintable() else " " for c in line).replace("|", "\\|")
+    line = line.replace("|", "\\|")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

@@ -26,7 +26,7 @@ from cat.errors import OutputError, SweepCellError, UserError
 
 from .dist import DistEnv, barrier, broadcast_object, describe_hosts, init_distributed
 from .io import atomic_write_json, atomic_write_text
-from .logger import FILE_ONLY, LOG_TIME_FORMAT, setup_logging
+from .logger import FILE_ONLY, LOG_TIME_FORMAT, last_log_line, setup_logging
 from .metrics import MetricSinks, build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .resume import resume_relaunched_start_over
@@ -135,15 +135,18 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
         def entry() -> None:
             users = os.environ.get("HYDRA_FULL_ERROR", "")
             os.environ.update({_USERS_FULL_ERROR: users, "HYDRA_FULL_ERROR": "1"})
+            started = time.time()
             try:
                 hydra_main()
             except (ConfigCompositionException, OverrideParseException, SweepCellError) as error:
                 if users == "1":
                     raise
-                problem = (
-                    str(error) if isinstance(error, SweepCellError) else _command_line_problem(error, schema_of(schema))
-                )
-                print(f"error: {problem}", file=sys.stderr, flush=True)
+                if isinstance(error, SweepCellError):  # Hydra raises the first failed cell's error: the others first
+                    problems = [*_other_failed_cells(error, started), str(error)]
+                else:
+                    problems = [_command_line_problem(error, schema_of(schema))]
+                for problem in problems:
+                    print(f"error: {problem}", file=sys.stderr, flush=True)
                 raise SystemExit(2) from None
             finally:
                 _restore_full_error()
@@ -151,6 +154,25 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
         return entry
 
     return decorate
+
+
+def _other_failed_cells(error: SweepCellError, since: float) -> list[str]:
+    """The other cells of ``error``'s sweep that ended with a user error in this launch (their log, written
+    since ``since``, ends with it), each as its line; Hydra reports only the first failed cell."""
+    if error.sweep_dir is None or not os.path.isdir(error.sweep_dir):
+        return []
+    failed = []
+    for cell in sorted(os.listdir(error.sweep_dir)):
+        log = os.path.join(error.sweep_dir, cell, "log.txt")
+        if (
+            cell == error.cell or not os.path.isfile(log) or os.path.getmtime(log) < since - 5
+        ):  # a shared filesystem's clock may lag
+            continue
+        with contextlib.suppress(OSError):
+            line = last_log_line(log) or ""
+            if line.startswith("error: "):
+                failed.append(f"sweep cell {cell}: {line.removeprefix('error: ')}")
+    return failed
 
 
 def _command_line_problem(error: ConfigCompositionException | OverrideParseException, schema: type) -> str:
@@ -204,7 +226,9 @@ def report_user_errors(main: F) -> F:
             print(f"error: {message}", file=sys.stderr, flush=True)
             if (sweep := _sweep_of_cell()) is not None:  # the sweep's other cells still run; it reports this one
                 _record_refused_cell(sweep, message)
-                raise SweepCellError(f"sweep cell {sweep.subdir or sweep.dir}: {message}") from None
+                raise SweepCellError(
+                    f"sweep cell {sweep.subdir or sweep.dir}: {message}", sweep.dir, sweep.subdir
+                ) from None
             raise SystemExit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -15,6 +15,7 @@ __all__ = [
     "FILE_ONLY",
     "LOG_TIME_FORMAT",
     "log_formatter",
+    "last_log_line",
     "setup_logging",
     "wandb_api_key_configured",
     "resolve_wandb_mode",
@@ -31,6 +32,19 @@ LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # each line of a run's log.txt starts [<t
 def log_formatter() -> logging.Formatter:
     """How a line of a run's log reads: ``[<time>] <message>``."""
     return logging.Formatter("[%(asctime)s] %(message)s", LOG_TIME_FORMAT)
+
+
+def last_log_line(path: str) -> str | None:
+    """The last line of a run's log (``path``) without its time stamp, its unprintable characters as spaces (a
+    failed run's error, to show); None if it has none. Reads the file's tail only: a log may be long."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        tail = f.read().decode("utf-8", errors="replace")
+    lines = [line for line in tail.split("\n") if line.strip()]  # only a newline ends a line of the log
+    if not lines:
+        return None
+    line = re.sub(r"^\[[\d: -]+\] ", "", lines[-1].strip())
+    return "".join(c if c.isprintable() else " " for c in line)
 
 
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:

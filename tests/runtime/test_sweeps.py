@@ -111,13 +111,16 @@ def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, t
     the sweep ends with the bad cell's one line and status 2, not submitit's traceback around it (a cell that
     exited wrote no result, which submitit waited for, and on a Slurm without accounting forever). Refused
     before its run opened a folder, the cell still leaves its line there: the sweep's table counts it as
-    failed, saying why, not as never started."""
-    proc = sweep(tmp_path, "lr=-1,1e-3", "epochs=1", wait=False, launcher=launcher)
+    failed, saying why, not as never started. The sweep's last lines name every failed cell, Hydra's first last."""
+    proc = sweep(tmp_path, "lr=-1,1e-3,-2", "epochs=1", wait=False, launcher=launcher)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
     bad = f"{KWARGS},epochs=1,lr=-1"
     line = "invalid config: lr=-1: expected a number > 0"
-    assert output.rstrip().splitlines()[-1] == f"error: sweep cell {bad}: {line}"
+    assert output.rstrip().splitlines()[-2:] == [
+        f"error: sweep cell {KWARGS},epochs=1,lr=-2: invalid config: lr=-2: expected a number > 0",
+        f"error: sweep cell {bad}: {line}",
+    ]
     good = tmp_path / f"{KWARGS},epochs=1,lr=0.001"
     assert json.loads((good / "metrics.json").read_text())["epoch"] == 1
     assert not (good / ".lock").exists(), (good / "log.txt").read_text()[-2000:]  # it ended as a run ends
