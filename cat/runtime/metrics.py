@@ -85,6 +85,7 @@ class WandbSink:
             "dir": output_dir,
             "resume": "allow",
         }
+        self.auto = wandb_cfg.mode == "auto"  # the mode resolved here, not asked for by the user
         self.run: Any = None
         self.stopped = False  # W&B failed during this run: nothing more goes to it
 
@@ -108,6 +109,14 @@ class WandbSink:
         goes on offline, with one warning, rather than ending at its first logged step."""
         import wandb
 
+        if self.auto and self.settings["mode"] == "online" and self._logged_offline(run_id):
+            self.settings["mode"] = "offline"
+            logging.getLogger("cat").warning(
+                "W&B: this run has logged offline before (an earlier start of it could not reach W&B's server), so "
+                "it goes on offline into %s without waiting for the server again, for one `wandb sync` later "
+                "(logger.wandb.mode=online tries the server)",
+                os.path.join(self.settings["dir"], "wandb"),
+            )
         try:
             return wandb.init(id=run_id, **self.settings)
         except Exception as error:
@@ -125,6 +134,13 @@ class WandbSink:
                 os.path.join(self.settings["dir"], "wandb"),
             )
             return wandb.init(id=run_id, **self.settings)
+
+    def _logged_offline(self, run_id: str) -> bool:
+        """Whether W&B keeps an offline run of ``run_id`` in the run folder (``wandb/offline-run-<time>-<id>``)."""
+        folder = os.path.join(self.settings["dir"], "wandb")
+        return os.path.isdir(folder) and any(
+            name.startswith("offline-run-") and name.endswith(f"-{run_id}") for name in os.listdir(folder)
+        )
 
     def finish(self) -> None:
         if self.run is not None:

@@ -169,3 +169,17 @@ def test_an_unreachable_wandb_server_leaves_the_run_offline(tmp_path):
     (offline,) = (tmp_path / "wandb").glob("offline-run-*")  # the run, for `wandb sync`, under the folder's run id
     assert offline.name.endswith((tmp_path / "wandb_run_id.txt").read_text().strip())
     assert list(offline.glob("run-*.wandb"))
+
+    # The run started again (a requeue on the same nodes) goes on offline at once, not after another init timeout.
+    proc = subprocess.run(
+        [sys.executable, "-c", UNREACHABLE_SERVER, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "finished" in proc.stdout and "Traceback" not in output, output
+    assert "could not start the run online" not in output and "this run has logged offline before" in output, output
+    assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]  # replayed steps: the later
