@@ -54,6 +54,7 @@ class _Check:
     exclusive_min: bool = False
     exclusive_max: bool = False
     required: bool = True  # False: a key only some options of its group have (e.g. data.train_split)
+    length: tuple[int, int] | None = None  # a string's least and most characters
 
     def bounds(self) -> str:
         text = ""
@@ -61,6 +62,8 @@ class _Check:
             text += f" {'>' if self.exclusive_min else '>='} {self.min:g}"
         if self.max is not None:
             text += f"{' and' if self.min is not None else ''} {'<' if self.exclusive_max else '<='} {self.max:g}"
+        if self.length is not None:
+            text += f" of {self.length[0]} to {self.length[1]} characters"
         return text
 
     def value_problem(self, value: Any) -> str | None:
@@ -72,6 +75,8 @@ class _Check:
             high = self.max is not None and (value >= self.max if self.exclusive_max else value > self.max)
             if low or high:
                 return self.bounds().strip()
+        if isinstance(value, str) and self.length is not None and not self.length[0] <= len(value) <= self.length[1]:
+            return self.bounds().strip()
         return None
 
 
@@ -84,11 +89,12 @@ def key(
     exclusive_min: bool = False,
     exclusive_max: bool = False,
     required: bool = True,
+    length: tuple[int, int] | None = None,
 ) -> Any:
-    """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices`` or
-    ``min``/``max`` bound it (for a list, each element)."""
+    """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices``,
+    ``min``/``max`` or a string's ``length`` (least, most characters) bound it (for a list, each element)."""
     check = _Check(
-        doc, tuple(choices) if choices is not None else None, min, max, exclusive_min, exclusive_max, required
+        doc, tuple(choices) if choices is not None else None, min, max, exclusive_min, exclusive_max, required, length
     )
     return field(default=MISSING, metadata={"check": check})
 
@@ -130,9 +136,9 @@ class WandbConfig:
         "unreachable); disabled: no W&B (metrics.jsonl is always written)",
         choices=("auto", "online", "offline", "disabled"),
     )
-    project: str = key("W&B project")
+    project: str = key("W&B project", length=(1, 128))  # W&B's limits: a longer one fails its init, or its sync
     entity: str | None = key("W&B entity (team or user); null: the key's default")
-    tags: list[str] = key("W&B run tags")
+    tags: list[str] = key("W&B run tags", length=(1, 64))
     name: str = key("W&B run name (in a multirun the cell's folder name is added: <name>/<the cell's overrides>)")
     group: str | None = key("W&B run group; null: a multirun's cells are grouped by sweep_name, other runs not")
 

@@ -179,6 +179,13 @@ CASES = {
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
     "dist_timeout_zero": (_overrides("dist_timeout_s=0"), "dist_timeout_s=0: expected an integer >= 1"),
     "wandb_group_list": (_overrides("logger.wandb.group=[a]"), "logger.wandb.group=['a']: expected a string (or null)"),
+    "wandb_tag_long": (
+        _overrides(f"logger.wandb.tags=[ok,{'t' * 65}]"),
+        # W&B refuses it at init, or at the `wandb sync` of an offline run
+        f"logger.wandb.tags=['ok', '{'t' * 65}']: expected a list of strings of 1 to 64 characters",
+    ),
+    "wandb_tag_empty": (_overrides("logger.wandb.tags=['']"), "expected a list of strings of 1 to 64 characters"),
+    "wandb_project_long": (_overrides(f"logger.wandb.project={'p' * 129}"), "expected a string of 1 to 128 characters"),
     "grad_checkpointing_unsupported": (
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
