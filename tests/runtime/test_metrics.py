@@ -153,33 +153,27 @@ def test_an_unreachable_wandb_server_leaves_the_run_offline(tmp_path):
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_API_KEY="0" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{port}", WANDB_INIT_TIMEOUT="3")
-    proc = subprocess.run(
-        [sys.executable, "-c", UNREACHABLE_SERVER, str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "finished" in proc.stdout and "Traceback" not in output, output
+
+    def start_the_run() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", UNREACHABLE_SERVER, str(tmp_path)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "finished" in proc.stdout and "Traceback" not in output, output
+        assert "W&B stopped" not in output, output
+        assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]  # replays: the later
+        return output
+
+    output = start_the_run()
     assert output.count("W&B could not start the run online (") == 1 and f"127.0.0.1:{port}" in output, output
-    assert "W&B stopped" not in output, output
-    assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]
     (offline,) = (tmp_path / "wandb").glob("offline-run-*")  # the run, for `wandb sync`, under the folder's run id
     assert offline.name.endswith((tmp_path / "wandb_run_id.txt").read_text().strip())
     assert list(offline.glob("run-*.wandb"))
-
     # The run started again (a requeue on the same nodes) goes on offline at once, not after another init timeout.
-    proc = subprocess.run(
-        [sys.executable, "-c", UNREACHABLE_SERVER, str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "finished" in proc.stdout and "Traceback" not in output, output
+    output = start_the_run()
     assert "could not start the run online" not in output and "this run has logged offline before" in output, output
-    assert [e["a"] for e in read_history(tmp_path / METRICS_HISTORY)] == [1.0, 2.0, 3.0]  # replayed steps: the later
