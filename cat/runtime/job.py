@@ -164,14 +164,12 @@ def _other_failed_cells(error: SweepCellError, since: float) -> list[str]:
     failed = []
     for cell in sorted(os.listdir(error.sweep_dir)):
         log = os.path.join(error.sweep_dir, cell, "log.txt")
-        if (
-            cell == error.cell or not os.path.isfile(log) or os.path.getmtime(log) < since - 5
-        ):  # a shared filesystem's clock may lag
-            continue
-        with contextlib.suppress(OSError):
-            line = last_log_line(log) or ""
-            if line.startswith("error: "):
-                failed.append(f"sweep cell {cell}: {line.removeprefix('error: ')}")
+        with contextlib.suppress(OSError):  # not a cell's folder, or no log (yet)
+            # since - 5: a shared filesystem's clock may lag this host's
+            if cell != error.cell and os.path.isfile(log) and os.path.getmtime(log) >= since - 5:
+                line = last_log_line(log) or ""
+                if line.startswith("error: "):
+                    failed.append(f"sweep cell {cell}: {line.removeprefix('error: ')}")
     return failed
 
 

@@ -112,9 +112,9 @@ class WandbSink:
         if self.auto and self.settings["mode"] == "online" and self._logged_offline(run_id):
             self.settings["mode"] = "offline"
             logging.getLogger("cat").warning(
-                "W&B: this run has logged offline before (an earlier start of it could not reach W&B's server), so "
-                "it goes on offline into %s without waiting for the server again, for one `wandb sync` later "
-                "(logger.wandb.mode=online tries the server)",
+                "W&B: this run has logged offline before (an earlier start of it could not reach W&B's server, or "
+                "ran offline), so it goes on offline into %s without waiting for the server, for one `wandb sync` "
+                "later (logger.wandb.mode=online tries the server)",
                 os.path.join(self.settings["dir"], "wandb"),
             )
         try:
