@@ -55,6 +55,7 @@ class _Check:
     exclusive_max: bool = False
     required: bool = True  # False: a key only some options of its group have (e.g. data.train_split)
     length: tuple[int, int] | None = None  # a string's least and most characters
+    forbid: str = ""  # characters a string may not hold
 
     def bounds(self) -> str:
         text = ""
@@ -64,6 +65,8 @@ class _Check:
             text += f"{' and' if self.min is not None else ''} {'<' if self.exclusive_max else '<='} {self.max:g}"
         if self.length is not None:
             text += f" of {self.length[0]} to {self.length[1]} characters"
+        if self.forbid:
+            text += f"{',' if self.length is not None else ''} none of {self.forbid}"
         return text
 
     def value_problem(self, value: Any) -> str | None:
@@ -75,7 +78,10 @@ class _Check:
             high = self.max is not None and (value >= self.max if self.exclusive_max else value > self.max)
             if low or high:
                 return self.bounds().strip()
-        if isinstance(value, str) and self.length is not None and not self.length[0] <= len(value) <= self.length[1]:
+        if isinstance(value, str) and (
+            (self.length is not None and not self.length[0] <= len(value) <= self.length[1])
+            or any(c in self.forbid for c in value)
+        ):
             return self.bounds().strip()
         return None
 
@@ -90,11 +96,21 @@ def key(
     exclusive_max: bool = False,
     required: bool = True,
     length: tuple[int, int] | None = None,
+    forbid: str = "",
 ) -> Any:
     """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices``,
-    ``min``/``max`` or a string's ``length`` (least, most characters) bound it (for a list, each element)."""
+    ``min``/``max``, or a string's ``length`` (least, most characters) and the characters it may not hold
+    (``forbid``) bound it (for a list, each element)."""
     check = _Check(
-        doc, tuple(choices) if choices is not None else None, min, max, exclusive_min, exclusive_max, required, length
+        doc,
+        tuple(choices) if choices is not None else None,
+        min,
+        max,
+        exclusive_min,
+        exclusive_max,
+        required,
+        length,
+        forbid,
     )
     return field(default=MISSING, metadata={"check": check})
 
@@ -136,7 +152,8 @@ class WandbConfig:
         "unreachable); disabled: no W&B (metrics.jsonl is always written)",
         choices=("auto", "online", "offline", "disabled"),
     )
-    project: str = key("W&B project", length=(1, 128))  # W&B's limits: a longer one fails its init, or its sync
+    # W&B's limits: another value fails W&B's init, or the sync of an offline run
+    project: str = key("W&B project", length=(1, 128), forbid="/\\#?%:")
     entity: str | None = key("W&B entity (team or user); null: the key's default")
     tags: list[str] = key("W&B run tags", length=(1, 64))
     name: str = key("W&B run name (in a multirun the cell's folder name is added: <name>/<the cell's overrides>)")

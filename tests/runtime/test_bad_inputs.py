@@ -185,7 +185,14 @@ CASES = {
         f"logger.wandb.tags=['ok', '{'t' * 65}']: expected a list of strings of 1 to 64 characters",
     ),
     "wandb_tag_empty": (_overrides("logger.wandb.tags=['']"), "expected a list of strings of 1 to 64 characters"),
-    "wandb_project_long": (_overrides(f"logger.wandb.project={'p' * 129}"), "expected a string of 1 to 128 characters"),
+    "wandb_project_long": (
+        _overrides(f"logger.wandb.project={'p' * 129}"),
+        "expected a string of 1 to 128 characters, none of /\\#?%:",
+    ),
+    "wandb_project_slash": (
+        _overrides("logger.wandb.project=team/cat"),
+        "logger.wandb.project='team/cat': expected a string of 1 to 128 characters, none of /\\#?%:",
+    ),
     "grad_checkpointing_unsupported": (
         _overrides("model.name=convit_tiny", "model.grad_checkpointing=true"),
         "error: invalid config: model.grad_checkpointing=true: convit_tiny does not support it",
