@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,6 +87,31 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path, fpn
     (evaluated,) = read_history(out / "eval" / "metrics.jsonl")  # an eval run's history: its one result
     assert evaluated["test/mIoU"] == pytest.approx(metrics["mIoU"])
     assert json.loads((out / "metrics.json").read_text()) == metrics  # the training record is untouched
+
+
+def test_a_requeued_start_over_goes_on_with_its_run(toy_ade, tmp_path, fpn_run):
+    """resume=false in a requeued Slurm job: the folder was started over by this job's first start, so its restart
+    resumes mmengine's checkpoint rather than starting the folder over again."""
+    out = tmp_path / "run"
+    shutil.copytree(fpn_run, out)
+    (out / "last_checkpoint").write_text(str(out / "iter_3.pth"))
+    launch = {"slurm_job_id": "77", "slurm_restarts": 0, "torchelastic_run_id": None, "torchelastic_restarts": 0}
+    (out / ".started_over").write_text(json.dumps(launch))
+    args = ["experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", "schedule.iters=6", *FAST[1:]]
+    env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train_seg.py"), *args, "logger.wandb.mode=disabled", "resume=false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = (out / "log.txt").read_text()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "started over by Slurm job 77, now in its restart 1 (requeued); it goes on with that run" in log
+    assert f"Auto resumed from the latest checkpoint {out / 'iter_3.pth'}" in log and "resume: False" not in log
+    assert (out / "iter_6.pth").is_file() and not (out / "earlier_runs").exists()
 
 
 def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ade, tmp_path, fpn_run):
