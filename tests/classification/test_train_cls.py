@@ -224,6 +224,43 @@ def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted)
 
 
 @pytest.mark.slow
+def test_torchrun_restarting_a_killed_worker_goes_on_with_a_run_started_over(tmp_path, uninterrupted):
+    """resume=false under torchrun --max-restarts: the worker killed after its second epoch is restarted by torchrun
+    with the same command, and goes on from the run its first start began (it started the folder over again)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")  # an earlier run's record
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=1",
+        "--max-restarts=1",
+        *train_cmd(out, *RESUME_RUN, "resume=false")[1:],
+    ]
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env_single_thread(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.time() + 300
+    while not (out / "epoch_0001.pth").exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    (worker,) = [pid for pid in descendant_pids(proc.pid) if "train_cls.py" in Path(f"/proc/{pid}/cmdline").read_text()]
+    os.kill(worker, signal.SIGKILL)
+    output = proc.communicate(timeout=600)[0].decode()
+    assert proc.returncode == 0, output[-3000:]
+    log = (out / "log.txt").read_text()
+    assert re.search(r"started over by torchrun run \S+, now in its worker restart 1; it goes on with that run", log)
+    assert re.search(r"resumed from .*last\.pth: epoch \d+", log), log[-3000:]
+    assert len(list((out / "earlier_runs").iterdir())) == 1  # the earlier run, set aside once
+    _, expected_weights = uninterrupted
+    got = final_weights(out)
+    for k, v in expected_weights.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.mark.slow
 def test_sigterm_saves_mid_epoch_and_resumes_identically(tmp_path, uninterrupted):
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN)
