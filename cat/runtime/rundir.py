@@ -73,19 +73,23 @@ def relaunch_of(record: dict[str, Any], now: dict[str, Any]) -> bool:
     )
 
 
+def _json_head(path: str) -> tuple[str, Any]:
+    """The first 4 KiB of a small JSON record cat keeps in a run folder, and its value (ValueError if it is none)."""
+    with open(path, "rb") as f:
+        text = f.read(4096).decode("utf-8", errors="replace")
+    return text, json.loads(text)
+
+
 def read_started_over(folder: str) -> dict[str, Any] | None:
     """The launch that started ``folder``'s run over, from its ``.started_over`` record; None where it has none.
     A file there that is not cat's record is refused by name."""
     path = os.path.join(folder, STARTED_OVER)
     if not os.path.lexists(path):
         return None
-    record = None
-    if os.path.isfile(path) and not os.path.islink(path):
-        try:
-            with open(path, "rb") as f:
-                record = json.loads(f.read(4096).decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
-            record = None
+    try:
+        record = None if os.path.islink(path) else _json_head(path)[1]
+    except (OSError, ValueError):  # a folder, unreadable, no JSON
+        record = None
     if not (
         isinstance(record, dict)
         and record.keys() >= _LAUNCH_KEYS.keys()
@@ -190,9 +194,7 @@ class RunDirLock:
                 f"{self.path} is a {kind}, not cat's lock file; remove it if no run is using {self.folder}"
             )
         try:
-            with open(self.path, "rb") as f:
-                text = f.read(4096).decode("utf-8", errors="replace")
-            holder = json.loads(text)
+            text, holder = _json_head(self.path)
         except (OSError, ValueError):
             return None
         pid = holder.get("pid") if isinstance(holder, dict) else None
