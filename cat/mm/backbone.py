@@ -19,7 +19,7 @@ import cat
 from cat.models import load_backbone_checkpoint
 from cat.ops import set_lean_attention
 
-__all__ = ["TimmBackbone", "register_backbones", "backbone_features"]
+__all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_strict_pretrained"]
 
 
 class TimmBackbone(BaseModule):
@@ -81,6 +81,16 @@ class TimmBackbone(BaseModule):
                 for norm, f in zip(self.norms, feats, strict=True)
             ]
         return tuple(feats)
+
+
+def check_strict_pretrained(model: nn.Module) -> None:
+    """Load now the ``pretrained`` weights of each backbone of ``model`` that must take every weight from them
+    (``strict_pretrained``): mmengine loads them in ``init_weights``, after it has built the datasets (a minute
+    on COCO), so a file of another model, or a hostile one, is refused before that. ``init_weights`` loads
+    them again over its initialisation; every weight comes from the file, so the result is the same."""
+    for module in model.modules():
+        if isinstance(module, TimmBackbone) and module.pretrained and module.strict_pretrained:
+            load_backbone_checkpoint(module.model, module.pretrained, True, module.pruned)
 
 
 def backbone_features(model_name: str, **model_kwargs: Any) -> list[dict[str, Any]]:

@@ -215,6 +215,25 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     assert json.loads((out / "metrics.json").read_text())["bbox_mAP"] is not None
 
 
+# pycocotools prints it as each of the run's datasets reads its annotations (a minute for COCO's train set).
+DATA_LOADING = "loading annotations into memory"
+
+
+def test_backbone_weights_of_another_model_are_refused_before_the_data_loads(toy_coco, tmp_path):
+    """model.pretrained of another size (CA-PVT-S's for CA-PVT-T) under strict_load: one line naming the file
+    and the keys, before the datasets are built (mmengine reads the backbone's weights only after them)."""
+    import cat
+
+    other = tmp_path / "ca_pvt_small.pth"
+    torch.save(cat.create_model("ca_pvt_small").state_dict(), other)
+    args = [f"data.root={toy_coco}", f"output_dir={tmp_path / 'run'}", f"model.pretrained={other}", *FAST]
+    proc = run_entry_cases("train_det.py", {"other size": args})["other size"]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"error: checkpoint {other} does not match the model (a ca_pvt_tiny backbone" in proc.stderr
+    assert "unexpected in checkpoint (131): block1.2.cpe.weight" in proc.stderr
+    assert DATA_LOADING not in proc.stdout + proc.stderr and not list((tmp_path / "run").glob("*.pth"))
+
+
 HOSTILE_REFUSALS = {"getattr_chain": "getattr", "zip_torch": "system", "build_on_class": "BUILD on the class"}
 
 
@@ -243,4 +262,6 @@ def test_hostile_checkpoints_are_refused_everywhere(toy_coco, tmp_path):
             case,
             last,
         )
+        if case == "pretrained":  # refused before the datasets are built
+            assert DATA_LOADING not in runs[f"{name}/{case}"].stdout, name
     assert not marker.exists() and not (tmp_path / "MARKER.patch").exists()
