@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Export a model to ONNX and check onnxruntime against torch.
 
-Two ways to carry the FFTs:
-  dft     (default) torch's default exporter (onnxscript) maps them to ONNX DFT; the graph takes any
-          batch and any resolution (multiples of the output stride), checked at two resolutions
-          (a model built for one size, as timm's ViTs are: that size).
+Both ways go through torch's default exporter (torch.export and onnxscript); they differ in how the
+FFTs are carried:
+  dft     (default) as ONNX DFT; the graph takes any batch and any resolution (multiples of the output
+          stride), checked at two resolutions (a model built for one size, as timm's ViTs are: that size).
   matmul  the model is switched to the matmul DFT backend (``cat.ops.set_fft_backend(model,
-          'matmul')``): real matrix products, for runtimes without DFT; fixed to --img-size.
+          'matmul')``): real matrix products, for runtimes without DFT; any batch, fixed to --img-size.
 
     python tools/export_onnx.py --out ca_deit_tiny.onnx
     python tools/export_onnx.py --model ca_deit_small --checkpoint ca_deit_s.pth --out ca_deit_s.onnx
@@ -17,36 +17,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 import numpy as np
 import torch
 
 import cat
 import cat.export
-from cat.errors import ConfigError
-from cat.models.convert import PluginCirculantAttention
 from cat.ops import set_fft_backend
 from cat.runtime import report_user_errors
 from cat.toolkit import add_model_arguments, model_from_args
-
-
-def export_matmul(model: torch.nn.Module, img_size: int, path: str, batch: int = 1) -> None:
-    x = torch.randn(batch, 3, img_size, img_size)
-    # The TorchScript-based exporter: the graph is traced at img_size, its grid-size arithmetic
-    # becomes constants, which the matmul DFT matrices need anyway.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(
-            model,
-            (x,),
-            path,
-            dynamo=False,
-            input_names=["images"],
-            output_names=["logits"],
-            opset_version=17,
-            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
-        )
 
 
 def check(model: torch.nn.Module, path: str, size: tuple[int, int], batch: int = 2) -> float:
@@ -73,13 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     model = model_from_args(args)  # --img-size: the example's size (matmul: the only one)
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":
-        if any(m.num_prefix_tokens for m in model.modules() if isinstance(m, PluginCirculantAttention)):
-            raise ConfigError(
-                f"--backend matmul: {args.model}'s class token attends through cat.ops.prefix_attention, which the "
-                "TorchScript exporter cannot trace; --backend dft exports it"
-            )
-        set_fft_backend(model, "matmul")
-        export_matmul(model, args.img_size, args.out)
+        set_fft_backend(model, "matmul")  # its DFT matrices are built for one grid: the export's size only
+        cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out, dynamic_size=False)
         sizes = [size]
     elif not cat.export.takes_any_size(model):
         print(

@@ -13,6 +13,7 @@ with (re, im) pairs innermost. ``rfft2_matmul`` is unnormalised like ``torch.fft
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -64,12 +65,21 @@ def _synthesis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) ->
     )
 
 
+def _matrix(build: Callable[..., Tensor], hw: tuple[int, int], like: Tensor) -> Tensor:
+    """``build``'s matrix for the grid ``hw`` in ``like``'s dtype and device: the cached one, except while torch.export
+    or torch.compile traces, where it is made in the graph (a cached one would be that trace's fake tensor, and
+    every later eager call would get it)."""
+    if torch.compiler.is_compiling():
+        return build.__wrapped__(hw, like.dtype, like.device)
+    return build(hw, like.dtype, like.device)
+
+
 def rfft2_matmul(x: Tensor) -> Tensor:
     """``view_as_real(rfft2(x))`` over the last two dims of real x, flattened to (..., H*(W//2+1)*2)."""
     H, W = x.shape[-2:]
-    return x.flatten(-2) @ _analysis((H, W), x.dtype, x.device)
+    return x.flatten(-2) @ _matrix(_analysis, (H, W), x)
 
 
 def irfft2_matmul(spectrum: Tensor, hw: tuple[int, int]) -> Tensor:
     """``irfft2(s=hw)`` of a (..., H*(W//2+1)*2) flattened (re, im) spectrum; returns (..., H, W)."""
-    return (spectrum @ _synthesis(tuple(hw), spectrum.dtype, spectrum.device)).unflatten(-1, tuple(hw))
+    return (spectrum @ _matrix(_synthesis, tuple(hw), spectrum)).unflatten(-1, tuple(hw))

@@ -280,3 +280,29 @@ def test_matmul_backend_after_inference_mode_still_trains():
         attn(x, (5, 6))  # builds and caches the DFT matrices for this grid
     attn(x.requires_grad_(), (5, 6)).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_matmul_backend_after_export_still_computes():
+    """torch.export traces the matmul backend with fake tensors: the DFT matrices it makes belong to that
+    trace, and eager calls afterwards must still get real ones (a cached fake matrix makes every output fake)."""
+    from cat.ops import dft
+
+    attn = CirculantAttention(8, fft_backend="matmul").eval()
+    x = torch.randn(2, 7 * 9, 8)
+
+    class Grid(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.attn(tokens, (7, 9))
+
+    dft._analysis.cache_clear(), dft._synthesis.cache_clear()  # the export is the grid's first call
+    program = torch.export.export(Grid(), (x,)).module()
+    after = attn(x, (7, 9))
+    assert type(after) is torch.Tensor
+    attn.fft_backend = "fft"
+    expected = attn(x, (7, 9))
+    torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(program(x), expected, rtol=1e-5, atol=1e-5)
