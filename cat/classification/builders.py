@@ -46,6 +46,7 @@ __all__ = [
     "build_train_data",
     "val_loader",
     "num_classes_of",
+    "build_train_model",
     "build_train_state",
     "build_train_options",
     "ResumableSampler",
@@ -257,14 +258,20 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
     )
 
 
-def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData) -> TrainState:
-    """A fresh train state: the model (from ``checkpoint=`` if given, unless the run resumes), EMA,
-    AdamW-style optimizer with the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
-    precision = Precision.from_config(cfg, env.device)
+def build_train_model(cfg: DictConfig, env: DistEnv, num_classes: int) -> nn.Module:
+    """The model a training run starts with, on its device: from ``checkpoint=`` if given, unless the run resumes."""
     checkpoint = None if resumes(cfg, LAST) else cfg.checkpoint
-    model = precision.model(
-        build_model(cfg, data.num_classes, checkpoint=checkpoint, strict=cfg.strict_load, fine_tune=True)
+    return Precision.from_config(cfg, env.device).model(
+        build_model(cfg, num_classes, checkpoint=checkpoint, strict=cfg.strict_load, fine_tune=True)
     )
+
+
+def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData, model: nn.Module | None = None) -> TrainState:
+    """A fresh train state: the ``model`` (:func:`build_train_model` if not given), EMA, AdamW-style optimizer
+    with the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
+    precision = Precision.from_config(cfg, env.device)
+    if model is None:
+        model = build_train_model(cfg, env, data.num_classes)
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
     lr = cfg.lr * data.global_batch / cfg.optim.lr_base_batch if cfg.optim.lr_base_batch else cfg.lr
     optimizer = create_optimizer_v2(

@@ -22,7 +22,7 @@ from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, r
 from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
-from .builders import build_train_data, build_train_options, build_train_state
+from .builders import build_train_data, build_train_model, build_train_options, build_train_state
 from .checkpoints import CheckpointManager
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
 from .state import TrainState
@@ -203,8 +203,12 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, env: DistEnv, folder: RunFolder) -> None:
         self.cfg, self.env, self.folder = cfg, env, folder
+        # The model before the data where the config gives the class count: weights that do not fit (checkpoint=)
+        # are refused before ImageNet's folders are scanned, which takes minutes on a network file system.
+        known = cfg.data.num_classes is not None
+        model = build_train_model(cfg, env, cfg.data.num_classes) if known else None
         self.data = build_train_data(cfg, env)
-        self.state = build_train_state(cfg, env, self.data)
+        self.state = build_train_state(cfg, env, self.data, model)
         # SIGTERM (and submitit's signal) asks the loop to finish its step, save and return.
         self.opts = build_train_options(cfg, env, self.data, folder.metrics.log, stop_requested)
         self.precision = self.opts.precision

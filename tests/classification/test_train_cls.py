@@ -584,3 +584,21 @@ def test_zip_part_cache_holds_half_the_images_on_each_of_two_ranks(image_data, t
     assert total == pytest.approx(sum(f.stat().st_size for f in (folder / "train").rglob("*.jpg")) / 1e6, abs=0.05)
     assert rank0 + rank1 == pytest.approx(total, abs=0.1)
     assert rank0 == pytest.approx(total / 2, rel=0.1) and rank1 == pytest.approx(total / 2, rel=0.1)
+
+
+def test_weights_that_do_not_fit_are_refused_before_the_data_is_read(tmp_path):
+    """checkpoint= of another model, the class count in the config: refused before the datasets are built (the
+    scan of ImageNet's folders takes minutes on a network file system), here before a folder the build refuses."""
+    root = tmp_path / "data"
+    for split, classes in (("train", "ab"), ("val", "a")):
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+            Image.new("RGB", (32, 32)).save(root / split / name / "0.png")
+    other = tmp_path / "wider.pth"
+    wider = cat.create_model("ca_deit_tiny", img_size=32, num_classes=2, embed_dim=32, depth=1, patch_size=8)
+    torch.save({"model": wider.state_dict()}, other)
+    args = [*(a for a in TINY if not a.startswith("data=")), "data=folder", f"data.root={root}", "data.num_classes=2"]
+    with pytest.raises(CheckpointMismatchError, match=r"shape mismatch patch_embed.proj.weight: model \(16, 3, 8, 8\)"):
+        run(compose_config("cls", *args, f"checkpoint={other}", f"output_dir={tmp_path / 'run'}"))
+    with pytest.raises(DataError, match="hold different class folders"):  # the data's own refusal, comes next
+        run(compose_config("cls", *args, f"output_dir={tmp_path / 'run2'}"))
