@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     size = (args.img_size, args.img_size)
     if args.backend == "matmul":
         set_fft_backend(model, "matmul")  # its DFT matrices are built for one grid: the export's size only
-        cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out, dynamic_size=False)
+        # The lowest opset torch's exporter writes, for the older runtimes this backend is for (DFT needs 20).
+        cat.export.export_onnx(model, torch.randn(2, 3, *size), args.out, opset=18, dynamic_size=False)
         sizes = [size]
     elif not cat.export.takes_any_size(model):
         print(

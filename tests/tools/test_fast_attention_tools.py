@@ -14,6 +14,7 @@ def test_export_ca_deit_tiny_matmul(run_tool, tmp_path):
     onnx.checker.check_model(model)
     ops = {node.op_type for node in model.graph.node}
     assert "MatMul" in ops and not any("FFT" in op or "DFT" in op for op in ops)
+    assert {o.version for o in model.opset_import if o.domain == ""} == {18}
     assert float(text.split("64x64 ")[1].split()[0]) < 1e-4
 
 
