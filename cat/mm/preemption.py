@@ -13,6 +13,7 @@ skips them through :class:`ResumableInfiniteSampler`, the same way.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -133,7 +134,16 @@ class ResumableIterBasedTrainLoop(IterBasedTrainLoop):
             sampler.skip = self._iter * self.dataloader.batch_sampler.batch_size
             # The loader's first pass (begun as the loop was built) started at 0: a new one starts after the skip.
             self.dataloader_iterator = _TrainedBatches(iter(self.dataloader), self._iter)
-        return super().run()
+            # mmengine's run then warns that it advances the dataloader past them, which it no longer does.
+            self.runner.logger.addFilter(_not_advancing)
+        try:
+            return super().run()
+        finally:
+            self.runner.logger.removeFilter(_not_advancing)
+
+
+def _not_advancing(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Advance dataloader ")
 
 
 @HOOKS.register_module(force=True)
