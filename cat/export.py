@@ -11,7 +11,9 @@ grids of 2 or more make the program valid for every grid of 2 or more.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ from torch import Tensor, nn
 
 from cat.runtime.io import atomic_write_bytes
 
-__all__ = ["output_stride", "takes_any_size", "image_shapes", "export_program", "export_onnx"]
+__all__ = ["output_stride", "takes_any_size", "image_shapes", "evaluating", "export_program", "export_onnx"]
 
 
 def output_stride(model: nn.Module) -> int:
@@ -45,10 +47,24 @@ def image_shapes(model: nn.Module, max_side: int = 4096, dynamic_size: bool = Tr
     return ({0: batch, 2: stride * height, 3: stride * width},)
 
 
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode, then every module back in the mode it had (a model exported mid-training, or
+    with some modules kept in eval mode, trains on as it did)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def export_program(model: nn.Module, example: Tensor, dynamic_size: bool = True) -> torch.export.ExportedProgram:
-    """``torch.export.export`` of ``model`` (in eval mode) with :func:`image_shapes`; ``example``'s
-    sides must be multiples of the output stride, at least twice it."""
-    return torch.export.export(model.eval(), (example,), dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size))
+    """``torch.export.export`` of ``model`` in eval mode (:func:`evaluating`) with :func:`image_shapes`;
+    ``example``'s sides must be multiples of the output stride, at least twice it."""
+    with evaluating(model):
+        return torch.export.export(model, (example,), dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size))
 
 
 def export_onnx(
@@ -66,15 +82,16 @@ def export_onnx(
     resolution than the example's. The intermediate shape annotations are therefore dropped: the
     runtime infers them from the graph when it loads it.
     """
-    onnx_program = torch.onnx.export(
-        model.eval(),
-        (example,),
-        dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size),
-        dynamo=True,
-        opset_version=opset,
-        verbose=False,
-        optimize=True,
-    )
+    with evaluating(model):
+        onnx_program = torch.onnx.export(
+            model,
+            (example,),
+            dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size),
+            dynamo=True,
+            opset_version=opset,
+            verbose=False,
+            optimize=True,
+        )
     proto = onnx_program.model_proto
     del proto.graph.value_info[:]
     if path is not None:

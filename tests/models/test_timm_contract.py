@@ -150,6 +150,15 @@ EXPORTED = [
 ]
 
 
+def test_export_puts_every_module_back_in_its_mode():
+    """A model exported mid-training trains on as before: the export runs in eval mode, then every module is back
+    in its own mode (here the model training, with its final norm kept in eval mode)."""
+    model = create("ca_deit_tiny", num_classes=5, **shallow("ca_deit_tiny")).train()
+    model.norm.eval()
+    cat.export.export_program(model, small_input(model))
+    assert not model.norm.training and all(m.training for m in model.modules() if m is not model.norm)
+
+
 @pytest.mark.parametrize("name", EXPORTED)
 def test_export_and_onnx_at_any_batch_and_resolution(name):
     """One torch.export program and one ONNX model (FFTs as DFT) for every batch and resolution,
