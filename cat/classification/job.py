@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from torch.utils.data import Dataset
 
 from cat.data import build_dataset
 from cat.errors import ConfigError
@@ -42,7 +43,9 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
-    dataset = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
+    # The weights before the data where the config gives the class count, as training does: a file that does not
+    # fit or is refused is named before the val folders are scanned.
+    dataset = None if cfg.data.num_classes is not None else _val_set(cfg, env)
     precision = Precision.from_config(cfg, env.device)
     entries = load_checkpoint_file(checkpoint)
     # The model's weights, and the weight EMA where the run kept one: both are the run's result.
@@ -65,7 +68,7 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         for prefix, state_dict in weights.items()
     }
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
-    loader = val_loader(cfg, dataset, env)
+    loader = val_loader(cfg, dataset or _val_set(cfg, env), env)
     metrics: dict[str, Any] = {}
     for prefix, model in models.items():
         result = evaluate(model, loader, env, precision)
@@ -81,6 +84,10 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         metrics.update({f"{prefix}{k}": v for k, v in result.items() if not prefix or k != "num_images"})
     folder.metrics.log({f"eval/{k}": v for k, v in metrics.items() if k != "num_images"}, step=0)
     return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
+
+
+def _val_set(cfg: DictConfig, env: DistEnv) -> Dataset:
+    return build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
 
 
 def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:

@@ -602,3 +602,21 @@ def test_weights_that_do_not_fit_are_refused_before_the_data_is_read(tmp_path):
         run(compose_config("cls", *args, f"checkpoint={other}", f"output_dir={tmp_path / 'run'}"))
     with pytest.raises(DataError, match="hold different class folders"):  # the data's own refusal, comes next
         run(compose_config("cls", *args, f"output_dir={tmp_path / 'run2'}"))
+
+
+def test_evaluation_refuses_weights_that_do_not_fit_before_the_data_is_read(tmp_path):
+    """mode=eval with the class count in the config: the checkpoint is read and refused before the val set is
+    built, here before a val folder that does not exist."""
+    root = tmp_path / "data"
+    (root / "train" / "a").mkdir(parents=True)
+    args = [*(a for a in TINY if not a.startswith("data=")), "data=folder", f"data.root={root}", "data.num_classes=2"]
+    args += ["mode=eval", f"output_dir={tmp_path / 'run'}"]
+    small = dict(img_size=32, num_classes=2, depth=1, patch_size=8)
+    for name, model in (("wider", dict(embed_dim=32)), ("fits", dict(embed_dim=16))):
+        torch.save({"model": cat.create_model("ca_deit_tiny", **small, **model).state_dict()}, tmp_path / name)
+    with pytest.raises(CheckpointMismatchError, match=r"shape mismatch patch_embed.proj.weight: model \(16, 3, 8, 8\)"):
+        run(compose_config("cls", *args, f"checkpoint={tmp_path / 'wider'}"))
+    with pytest.raises(
+        DataError, match="split folder not found"
+    ):  # a checkpoint that fits: the data's own refusal comes next
+        run(compose_config("cls", *args, f"checkpoint={tmp_path / 'fits'}"))
