@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from cat.errors import ConfigError, UserError
+from cat.export import evaluating
 from cat.ops import CirculantAttention, circulant_attention_flops
 
 __all__ = ["count_macs", "model_cost"]
@@ -30,7 +31,8 @@ _EXTRA_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _
 
 
 def count_macs(model: nn.Module, inputs: Tensor, forward: Callable[[Tensor], Any] | None = None) -> int:
-    """Multiply-accumulates of one forward of ``model`` on ``inputs`` (any device, meta included).
+    """Multiply-accumulates of one forward of ``model`` on ``inputs`` (any device, meta included), in eval mode
+    (:func:`cat.export.evaluating`): a model counted mid-training keeps its BatchNorm statistics and its modes.
 
     ``forward`` replaces ``model(inputs)`` for models driven another way (detectors, segmentors).
     """
@@ -43,7 +45,11 @@ def count_macs(model: nn.Module, inputs: Tensor, forward: Callable[[Tensor], Any
 
     hooks = [m.register_forward_hook(add_circulant) for m in model.modules() if isinstance(m, CirculantAttention)]
     try:
-        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
+        with (
+            torch.no_grad(),
+            evaluating(model),
+            FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter,
+        ):
             (forward or model)(inputs)
     finally:
         for h in hooks:

@@ -8,7 +8,10 @@ import math
 import runpy
 
 import pytest
+import torch
+from torch import nn
 
+from cat.flops import count_macs
 from cat.paper import available_tables, paper_table
 from tests.conftest import REPO
 
@@ -105,3 +108,14 @@ def test_paper_tables_hold_every_printed_number():
 def test_a_size_the_model_cannot_take_is_one_line(run_tool, size, expected):
     err = run_tool("flops", "ca_deit_tiny", "--img-size", *size, expect=2, stderr=True)
     assert expected in err and "Traceback" not in err
+
+
+def test_counting_leaves_a_training_model_as_it_was():
+    """Counted in eval mode: BatchNorm's running statistics are not updated by the count, and every module is
+    back in its own mode afterwards."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5)).train()
+    model[2].eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert count_macs(model, torch.randn(2, 3, 8, 8) + 5) == 2 * 4 * 3 * 9 * 6 * 6
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [m.training for m in model] == [True, True, False]
