@@ -111,7 +111,8 @@ def build_model(
     conversion = cfg.model.get("convert")
     if state_dict is None and checkpoint is not None:
         entries = load_checkpoint_file(checkpoint)
-        state_dict, trained_config = extract_state_dict(entries, str(checkpoint)), recorded_config(entries)
+        state_dict = extract_state_dict(entries, str(checkpoint), use_ema=cfg.checkpoint_ema)
+        trained_config = recorded_config(entries)
     # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
     convert_first = (
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()

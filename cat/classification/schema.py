@@ -143,6 +143,10 @@ class ClsConfig(JobConfig):
     compile: bool = key("torch.compile the model")
     channels_last: bool = key("channels-last memory format")
     ema: EmaConfig = section(EmaConfig, "weight EMA")
+    checkpoint_ema: bool = key(
+        "take checkpoint='s weight EMA (model_ema) instead of its model weights: to start training or measure "
+        "throughput (mode=eval evaluates both without it)"
+    )
     pin_memory: bool = key("pinned host memory for CUDA input copies")
     deterministic: bool = key("torch.use_deterministic_algorithms (slower; CPU resumes are bit-exact without it)")
     throughput: ThroughputConfig = section(ThroughputConfig, "mode=throughput")
@@ -289,6 +293,10 @@ def _paths_problems(cfg: DictConfig) -> list[str]:
         problems.append("device=cuda: CUDA is not available on this machine")
     if cfg.checkpoint is not None and not resumes(cfg, LAST):
         problems += [problem] if (problem := starting_file_problem(cfg, "checkpoint", cfg.checkpoint)) else []
+    if cfg.checkpoint_ema and cfg.checkpoint is None:
+        problems.append("checkpoint_ema=true takes a checkpoint's weight EMA: give checkpoint=PATH")
+    if cfg.checkpoint_ema and cfg.mode == "eval":
+        problems.append("checkpoint_ema=true: mode=eval evaluates the checkpoint's weights and their EMA both; drop it")
     # Throughput runs the model on random images: it reads no dataset, so it needs no data.root.
     if (
         cfg.mode != "throughput"

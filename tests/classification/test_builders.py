@@ -88,3 +88,25 @@ def test_fine_tuning_starts_a_classifier_for_another_class_count_fresh(tmp_path,
     with pytest.raises(CheckpointMismatchError):
         load_for_fine_tuning(fresh, source.state_dict())
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())  # a refusal loads nothing
+
+
+def test_checkpoint_ema_starts_from_the_weight_ema(tmp_path):
+    """checkpoint_ema=true loads the file's model_ema, not its model weights; a file without one is refused,
+    naming it."""
+    from cat.errors import CheckpointError
+
+    cfg = compose_config("cls", *TINY_CLS)
+    weights, ema = build_model(cfg, 4).state_dict(), build_model(cfg, 4).state_dict()
+    path = tmp_path / "with_ema.pth"
+    torch.save({"model": weights, "model_ema": ema}, path)
+    from_ema = build_model(compose_config("cls", *TINY_CLS, "checkpoint_ema=true"), 4, checkpoint=str(path))
+    from_model = build_model(cfg, 4, checkpoint=str(path))
+    for key, value in from_ema.state_dict().items():
+        torch.testing.assert_close(value, ema[key])
+        torch.testing.assert_close(from_model.state_dict()[key], weights[key])
+    assert not torch.equal(ema["head.weight"], weights["head.weight"])
+    torch.save({"model": weights}, tmp_path / "without.pth")
+    with pytest.raises(CheckpointError, match=r"without.pth holds no weight EMA"):
+        build_model(
+            compose_config("cls", *TINY_CLS, "checkpoint_ema=true"), 4, checkpoint=str(tmp_path / "without.pth")
+        )

@@ -94,6 +94,12 @@ def _checkpoint_list(out: Path) -> list[str]:
     return ["mode=eval", f"checkpoint={out / 'list.pth'}"]
 
 
+def _checkpoint_without_ema(out: Path) -> list[str]:
+    out.mkdir(parents=True)
+    torch.save({"model": {"w": torch.zeros(2)}}, out / "without_ema.pth")
+    return [f"checkpoint={out / 'without_ema.pth'}", "checkpoint_ema=true"]
+
+
 def _finished(metrics: bytes, config: bytes) -> Callable[[Path], list[str]]:
     def setup(out: Path) -> list[str]:
         out.mkdir(parents=True)
@@ -138,6 +144,7 @@ CASES = {
     "last_release_file": (_release_last, "is weights only, not a training checkpoint"),
     "last_deep_config": (_last(lambda: _training_entries(config=_deep(5000))), "nested over 32 levels"),
     "checkpoint_list": (_checkpoint_list, "holds a list, not a checkpoint"),
+    "checkpoint_without_ema": (_checkpoint_without_ema, "without_ema.pth holds no weight EMA (no model_ema"),
     "finished_metrics_list": (_finished(b"[]", b"x: 1\n"), "damaged run record (ValueError: a JSON list"),
     "finished_config_not_utf8": (_finished(b"{}", b"\xff\xfe\x00bad"), "damaged run record (UnicodeDecodeError"),
     "wandb_run_id": (_write("wandb_run_id.txt", "../../x; rm -rf ~"), "not a W&B run id"),
@@ -176,6 +183,15 @@ CASES = {
     ),
     "aug_mixup_mode": (_overrides("aug.mixup_mode=rows"), "aug.mixup_mode='rows': expected one of batch, pair, elem"),
     "aug_smoothing": (_overrides("aug.smoothing=1"), "aug.smoothing=1: expected a number >= 0 and < 1"),
+    "checkpoint_ema_without_checkpoint": (
+        _overrides("checkpoint_ema=true"),
+        "checkpoint_ema=true takes a checkpoint's weight EMA: give checkpoint=PATH",
+    ),
+    "checkpoint_ema_in_eval": (
+        _with(_checkpoint_list, "checkpoint_ema=true"),
+        "checkpoint_ema=true: mode=eval evaluates the checkpoint's weights and their EMA both; drop it",
+    ),
+    "checkpoint_ema_not_bool": (_overrides("checkpoint_ema=maybe"), "checkpoint_ema='maybe': expected"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
     "dist_timeout_zero": (_overrides("dist_timeout_s=0"), "dist_timeout_s=0: expected an integer >= 1"),
     "wandb_group_list": (_overrides("logger.wandb.group=[a]"), "logger.wandb.group=['a']: expected a string (or null)"),
