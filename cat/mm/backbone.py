@@ -16,10 +16,10 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 import cat
-from cat.models import load_backbone_checkpoint
+from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file
 from cat.ops import set_lean_attention
 
-__all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_strict_pretrained"]
+__all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
 
 
 class TimmBackbone(BaseModule):
@@ -83,14 +83,18 @@ class TimmBackbone(BaseModule):
         return tuple(feats)
 
 
-def check_strict_pretrained(model: nn.Module) -> None:
-    """Load now the ``pretrained`` weights of each backbone of ``model`` that must take every weight from them
-    (``strict_pretrained``): mmengine loads them in ``init_weights``, after it has built the datasets (a minute
-    on COCO), so a file of another model, or a hostile one, is refused before that. ``init_weights`` loads
-    them again over its initialisation; every weight comes from the file, so the result is the same."""
+def check_pretrained(model: nn.Module) -> None:
+    """Read now the ``pretrained`` weights of each backbone of ``model``: mmengine reads them in ``init_weights``,
+    after it has built the datasets (a minute on COCO), so a hostile or unreadable file, or with
+    ``strict_pretrained`` a file of another model, is refused before that. A strict backbone is loaded (the
+    check is the load); ``init_weights`` loads it again over its initialisation, and since every weight comes
+    from the file the result is the same. A lenient one is only read: what does not fit is reported when it loads."""
     for module in model.modules():
-        if isinstance(module, TimmBackbone) and module.pretrained and module.strict_pretrained:
-            load_backbone_checkpoint(module.model, module.pretrained, True, module.pruned)
+        if isinstance(module, TimmBackbone) and module.pretrained:
+            if module.strict_pretrained:
+                load_backbone_checkpoint(module.model, module.pretrained, True, module.pruned)
+            else:
+                extract_state_dict(load_checkpoint_file(module.pretrained), str(module.pretrained))
 
 
 def backbone_features(model_name: str, **model_kwargs: Any) -> list[dict[str, Any]]:

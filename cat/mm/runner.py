@@ -16,7 +16,7 @@ from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
 from cat.runtime.logger import log_formatter
 from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
 
-from .backbone import check_strict_pretrained, register_backbones
+from .backbone import check_pretrained, register_backbones
 from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
 from .schema import check_mm_config
 
@@ -152,7 +152,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         if mm.load_from is not None and cfg.strict_load:  # an evaluation's weights, or those a run starts from
             check_weights_match(runner.model, mm.load_from)
         if cfg.mode == "train":  # the backbone's weights are read at the training's start only
-            check_strict_pretrained(runner.model)
+            check_pretrained(runner.model)
         if env.is_main:  # mmengine's log lines in log.txt too, as they happen
             handler = logging.FileHandler(folder.file("log.txt"))
             handler.setFormatter(log_formatter())
