@@ -229,6 +229,8 @@ class Trainer:
             state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
             data.steps_per_epoch,
         )
+        if cfg.checkpoint and not point.resumed:
+            log.info("weights from %s%s", cfg.checkpoint, ", its weight EMA" if cfg.checkpoint_ema else "")
         self._log_cache()
         if state.epoch >= cfg.epochs:
             log.info("%s already holds a finished run of %d epochs", self.folder.path, cfg.epochs)
