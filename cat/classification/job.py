@@ -68,7 +68,7 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         for prefix, state_dict in weights.items()
     }
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
-    loader = val_loader(cfg, dataset or _val_set(cfg, env), env)
+    loader = val_loader(cfg, _val_set(cfg, env) if dataset is None else dataset, env)
     metrics: dict[str, Any] = {}
     for prefix, model in models.items():
         result = evaluate(model, loader, env, precision)
