@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,11 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_variable, str(_threads))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# Ctrl-C as a terminal delivers it. A shell starts a background job (`pytest &` in a script) with SIGINT ignored;
+# the tests' processes and the runs they start would inherit that and keep it (cat leaves an ignored SIGINT ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 # Read-only fixtures beside the checkout in development and CI; absent on users' machines.
