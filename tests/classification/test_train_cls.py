@@ -619,7 +619,6 @@ def test_evaluation_refuses_weights_that_do_not_fit_before_the_data_is_read(tmp_
         torch.save({"model": cat.create_model("ca_deit_tiny", **small, **model).state_dict()}, tmp_path / name)
     with pytest.raises(CheckpointMismatchError, match=r"shape mismatch patch_embed.proj.weight: model \(16, 3, 8, 8\)"):
         run(compose_config("cls", *args, f"checkpoint={tmp_path / 'wider'}"))
-    with pytest.raises(
-        DataError, match="split folder not found"
-    ):  # a checkpoint that fits: the data's own refusal comes next
+    # A checkpoint that fits: the data's own refusal comes next.
+    with pytest.raises(DataError, match="split folder not found"):
         run(compose_config("cls", *args, f"checkpoint={tmp_path / 'fits'}"))
