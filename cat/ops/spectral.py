@@ -100,7 +100,10 @@ def attend_spectra(
     """
     weights = circulant_weights(q_f, k_f, hw, head_dim, scale)
     # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
-    out = torch.fft.irfft2(per_head(torch.conj(torch.fft.rfft2(weights)), v_f, head_dim), s=hw, out=out)
+    y = torch.fft.irfft2(per_head(torch.conj(torch.fft.rfft2(weights)), v_f, head_dim), s=hw)
+    # Copied, not irfft2's out=: torch.compile cannot trace that into a strided slice (the lean function's channel
+    # groups), and broke the graph in a loop, which ran the whole frame eagerly.
+    out = y if out is None else out.copy_(y)
     return (out, weights) if return_weights else out
 
 

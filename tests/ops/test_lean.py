@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 
@@ -166,6 +167,29 @@ def test_lean_attention_saves_one_token_map_of_its_own():
     plain = saved_bytes(lambda: autograd_module(attn, x, hw), leaves)
     assert lean == unit  # the gate's pre-activation; x is the caller's, the rest is recomputed
     assert plain >= 10 * lean
+
+
+@pytest.mark.parametrize("batch", [1, 2])  # at batch 1 a channel group's output is a contiguous slice, at 2 strided
+def test_torch_compile_keeps_the_lean_memory_and_traces_inference(batch, monkeypatch):
+    """Traced, the lean function's backward recomputation is merged with its forward (AOTAutograd's
+    common-subexpression pass) and its intermediates are saved after all; so a compiled model calls it as it is in
+    training: the same saved bytes and gradients as eagerly. Without autograd it is traced whole, groups and all."""
+    monkeypatch.setattr(fused, "GROUP_FLOATS", 384 * batch)  # two channel groups of a 2x2 grid of 192 channels
+    torch.manual_seed(6)
+    model = timm.create_model("ca_deit_tiny", img_size=32, depth=1, num_classes=3).double()
+    set_lean_attention(model, True)
+    assert len(channel_groups(192, 1, batch * 4)) == 2
+    x = torch.randn(batch, 3, 32, 32, dtype=torch.float64, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+    leaves = [x, *model.parameters()]
+    assert saved_bytes(lambda: compiled(x), leaves) == saved_bytes(lambda: model(x), leaves)
+    grads = [torch.autograd.grad(fn(x).square().sum(), x)[0] for fn in (model, compiled)]
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-10, atol=1e-12)
 
 
 def test_set_lean_attention_switches_to_autograd_with_the_same_result():
