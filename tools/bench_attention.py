@@ -15,7 +15,7 @@ Training mode (--train-res): a whole training step (forward, cross-entropy, back
 each of the --train-models, interleaved, at each resolution, relative to the first; with --pairs and
 --processes also single steps in pairs, in fresh processes, pooled, with --profile-ops where the time goes (each
 operator's self time per step, the difference from the first model pooled over the processes), and with --alone
-each model in a process of its own, as a training run has it. Memory mode
+each model in a process of its own, as a training run has it, and with --compile every model compiled. Memory mode
 (--memory-res): the peak memory of one training forward+backward of each model of the
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
@@ -32,6 +32,8 @@ what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a soft
         deit_tiny_patch16_224+converted --pairs 10 --processes 6 --profile-ops 4   # ... and where they differ
     python tools/bench_attention.py --grids --train-res 1024 --train-batches 1 --train-models ca_deit_tiny \
         deit_tiny_patch16_224+converted --pairs 8 --processes 6 --alone 6          # ... and each model alone
+    python tools/bench_attention.py --grids --train-res 224 --train-batches 8 --train-models ca_deit_tiny \
+        deit_tiny_patch16_224+converted --pairs 10 --processes 2 --compile         # ... both compiled
     python tools/bench_attention.py --grids --memory-res 1024       # train memory, CA vs softmax models
     python tools/bench_attention.py --grids --memory-res 1024 --memory-pairs \
         ca_deit_tiny+checkpointed:ca_deit_tiny deit_tiny_patch16_224+checkpointed:deit_tiny_patch16_224
@@ -181,20 +183,26 @@ def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
     return timing.peak_growth_mib(step, device)
 
 
-def train_step_fns(models: list[str], res: int, batch: int, device: str) -> dict[str, Callable[[], None]]:
-    """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch."""
+def train_step_fns(
+    models: list[str], res: int, batch: int, device: str, compiled: bool = False
+) -> dict[str, Callable[[], None]]:
+    """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch; with
+    ``compiled`` through ``torch.compile(model)`` (as ``compile=true`` trains), compiled here in two steps."""
     x = torch.randn(batch, 3, res, res, device=device)
     fns = {}
     for name in models:
         model = build_variant(name, res, device)
+        forward = torch.compile(model) if compiled else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         target = torch.randint(0, model.num_classes, (batch,), device=device)
 
-        def step(model=model, optimizer=optimizer, target=target) -> None:
+        def step(forward=forward, optimizer=optimizer, target=target) -> None:
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), target).backward()
+            F.cross_entropy(forward(x), target).backward()
             optimizer.step()
 
+        for _ in range(2 if compiled else 0):  # not in the timings: the forward's and the backward's compilation
+            step()
         fns[name] = step
     return fns
 
@@ -210,7 +218,7 @@ def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
     ``profile_calls`` each model's operator self times per step (:func:`~cat.toolkit.timing.op_self_ms`),
     profiled after the pairs."""
     _heap_shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)  # held
-    fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device)
+    fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device, spec["compile"])
     ratios = timing.paired_ratios(fns, spec["pairs"], device)
     return {"ratios": ratios, "ops": timing.op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
 
@@ -218,7 +226,7 @@ def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
 def train_alone_worker(spec: dict, device: str) -> float:
     """One --alone worker: the median seconds of ``spec["steps"]`` training steps of the one model ``spec["model"]``,
     alone in this process, after two warm-up steps."""
-    (step,) = train_step_fns([spec["model"]], spec["res"], spec["batch"], device).values()
+    (step,) = train_step_fns([spec["model"]], spec["res"], spec["batch"], device, spec["compile"]).values()
     return float(np.median(timing.time_calls(step, spec["steps"], 2, device, per_call=True)))
 
 
@@ -244,6 +252,7 @@ def pooled_pairs(
     device: str,
     amp: str | None,
     profile_calls: int,
+    compiled: bool,
 ) -> dict[str, object]:
     """:func:`train_steps`' pairs in ``processes`` fresh workers, pooled, and with ``profile_calls`` the operator
     differences from the first model (:func:`~cat.toolkit.timing.op_differences`): its row's entries."""
@@ -254,6 +263,7 @@ def pooled_pairs(
         "pairs": pairs,
         "processes": processes,
         "profile_calls": profile_calls,
+        "compile": compiled,
     }
     runs = [
         json.loads(
@@ -275,14 +285,14 @@ def pooled_pairs(
 
 
 def alone_rounds(
-    models: list[str], res: int, batch: int, steps: int, rounds: int, device: str, amp: str | None
+    models: list[str], res: int, batch: int, steps: int, rounds: int, device: str, amp: str | None, compiled: bool
 ) -> dict[str, object]:
     """:func:`train_steps`' models alone: ``rounds`` rounds of one fresh process per model (the order rotating),
     each timing ``steps`` steps; per model the ratios of each round's medians, pooled, and its medians by round."""
     medians: dict[str, list[float]] = {name: [] for name in models}
     for k in range(rounds):
         for name in timing.rotated(models, k):
-            spec = {"model": name, "res": res, "batch": batch, "steps": steps}
+            spec = {"model": name, "res": res, "batch": batch, "steps": steps, "compile": compiled}
             cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
             medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
     row: dict[str, object] = {}
@@ -305,6 +315,7 @@ def train_steps(
     amp: str | None = None,
     profile_calls: int = 0,
     alone_steps: int = 0,
+    compiled: bool = False,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
@@ -312,11 +323,12 @@ def train_steps(
     process, or with ``processes`` in that many fresh ones, pooled (:func:`pooled_pairs`, with ``profile_calls``
     also where the time differs, operator by operator). With ``alone_steps`` and ``processes``, also each model
     alone in processes of its own (:func:`alone_rounds`): in one process two models share the allocator, and on
-    CPU one model's frees decide whether the other's next step faults pages back in (docs/perf.md, attempt 21)."""
+    CPU one model's frees decide whether the other's next step faults pages back in (docs/perf.md, attempt 21).
+    ``compiled``: every model through ``torch.compile``."""
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
-        fns = train_step_fns(models, res, batch, device)
+        fns = train_step_fns(models, res, batch, device, compiled)
         t = timing.interleaved_medians(fns, rounds, min_block_s)
         row: dict[str, object] = {
             "resolution": res,
@@ -327,9 +339,9 @@ def train_steps(
         if processes:
             del fns  # the workers get the machine to themselves
             if pairs:
-                row.update(pooled_pairs(models, res, batch, pairs, processes, device, amp, profile_calls))
+                row.update(pooled_pairs(models, res, batch, pairs, processes, device, amp, profile_calls, compiled))
             if alone_steps:
-                row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp))
+                row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp, compiled))
         elif pairs:
             row.update({f"{name}_paired": list(v) for name, v in timing.paired_speedups(fns, pairs, device).items()})
         rows.append(row)
@@ -372,6 +384,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     )
     result: dict[str, object] = {"torch": torch.__version__, "device": device, "amp": args.amp, "dim": args.dim}
+    result["compile"] = args.compile
     for mode in (("forward", "forward_backward") if args.backward else ("forward",)) if args.grids else ():
         rows = []
         for i, side in enumerate(args.grids):
@@ -397,6 +410,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             args.amp,
             args.profile_ops,
             args.alone,
+            args.compile,
         )
     if args.memory_res:
         result["train_memory"] = memory_table(
@@ -443,7 +457,8 @@ def report(args: argparse.Namespace, result: dict) -> None:
         names = [k[: -len("_speed")] for k in r if k.endswith("_speed")]
         where = f" in each of {args.processes} fresh processes, pooled" if args.processes else ""
         paired = f"; paired: median of {args.pairs} step pairs{where} (q1-q3)" if args.pairs else ""
-        print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']} (speed relative to {names[0]}{paired})")
+        how = ", every model compiled" if args.compile else ""
+        print(f"\ntraining step at {r['resolution']}^2, batch {r['batch']}{how} (speed relative to {names[0]}{paired})")
         for name in names:
             line = f"{name:>36} {r[f'{name}_ms']:>9.1f} ms {r[f'{name}_speed']:>6.2f}x"
             if f"{name}_paired" in r:
@@ -555,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="training steps, with --processes: also time this many steps of each model alone in a fresh process, "
         "in --processes rounds of one process per model, as a training run has its process to itself",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="training steps: every model through torch.compile, as compile=true trains (compiled before timing)",
+    )
     parser.add_argument("--train-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_pairs_worker
     parser.add_argument("--alone-worker", help=argparse.SUPPRESS)  # internal: a JSON spec of train_alone_worker
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds per timed block")
@@ -610,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--profile-ops {args.profile_ops}: give a count of at least 1, with --processes, on the CPU (it pools "
             "CPU self times over the processes; one process's profile is not a comparison)"
         )
+    if args.compile and not args.train_res:
+        parser.error("--compile applies to training steps: give --train-res")
     if args.alone < 0 or (args.alone and not args.processes):
         parser.error(f"--alone {args.alone}: give a count of at least 1, with --processes (the rounds it runs)")
     job = worker_job(args)

@@ -155,6 +155,21 @@ def test_bench_attention_refuses_processes_without_pairs_or_below_one(run_tool, 
     assert "--processes" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
+def test_bench_attention_compiles_every_model_it_trains(run_tool):
+    """--compile: each model's training steps through torch.compile, compiled before they are timed."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    row = train_step_row(run_tool, ["ca_deit_tiny"], "--compile")
+    assert counters["stats"]["unique_graphs"] >= 1 and row["ca_deit_tiny_ms"] > 0
+
+
+def test_bench_attention_compiles_training_steps_only(run_tool):
+    err = run_tool("bench_attention", "--grids", "--compile", expect=2, stderr=True)
+    assert "--compile applies to training steps: give --train-res" in err and "Traceback" not in err
+
+
 def test_gpu_check_correctness_dry_run_on_cpu():
     """The prepared GPU script's correctness part, run on the CPU (autocast there too)."""
     import importlib.util
