@@ -216,15 +216,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"(--batches {args.batches} + 1 warm-up) x --batch {args.batch}, and one per --classes)"
                 )
             make_imagenet_like(folder, args.images, args.classes)
-        packer = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))
-        classes = sorted(p.name for p in (folder / "train").iterdir() if p.is_dir())
-        if not (packed / "train.zip").is_file():
-            packed.mkdir(parents=True, exist_ok=True)
-            packer["pack_zip"](folder, packed, "train", classes)
+        pack = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))["main"]
+        if not (packed / "manifest.json").is_file():
+            pack([str(folder), str(packed), "--splits", "train"])
         if not (root / "tar" / "manifest.json").is_file():
-            (root / "tar").mkdir(parents=True, exist_ok=True)
-            files = packer["pack_tar"](folder, root / "tar", "train", classes, int(args.shard_mb * 1e6))
-            (root / "tar" / "manifest.json").write_text(json.dumps({"classes": classes, "files": files}))
+            pack(
+                [
+                    str(folder),
+                    str(root / "tar"),
+                    "--splits",
+                    "train",
+                    "--format",
+                    "tar",
+                    "--shard-mb",
+                    str(args.shard_mb),
+                ]
+            )
         rows = measure(args, folder, packed)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -2,14 +2,21 @@
 """Pack an image folder (the ImageNet layout, ``<split>/<class>/*.jpg``) into one of two layouts.
 
 * ``--format zip`` (the authors'): ``<out>/<split>.zip`` (images stored as they are: JPEGs do not
-  compress) and ``<out>/<split>_map.txt`` (``<class>/<file><TAB><label>`` per image);
+  compress) and ``<out>/<split>_map.txt`` (``<class>/<file><TAB><label>`` per image), in
+  ``ImageFolder``'s order (labels equal the folder's);
 * ``--format tar`` (webdataset): ``<out>/<split>-000000.tar``, ... of about ``--shard-mb`` each,
-  ``<key>.<ext>`` + ``<key>.cls`` per image, written with webdataset's ``TarWriter``.
+  ``<key>.<ext>`` + ``<key>.cls`` per image (the key is the image's ``ImageFolder`` index), written with
+  webdataset's ``TarWriter`` in an order shuffled across the whole split (``--seed``): a stream reads
+  shards in turn through a bounded shuffle buffer, so shards written class by class would give batches
+  of a few classes.
 
-Images go in ``ImageFolder``'s order, so labels equal the folder's. Then ``<out>/manifest.json``: the
-classes, and each file's bytes, image count and sha256. ``train_cls.py data.format=zip|tar
-data.root=<out>`` reads it; readers check sizes and counts against the manifest, ``--verify``
-checks every sha256.
+Then ``<out>/manifest.json``: the classes, and each file's bytes, image count and sha256 (and a shard's
+count per class). ``train_cls.py data.format=zip|tar data.root=<out>`` reads it; readers check sizes and
+counts against the manifest, ``--verify`` checks every sha256, and of shards every header.
+
+Only regular files inside the source folder are packed: a symbolic link that leads out of it, a link to
+a folder (which could loop), a FIFO or a device is refused, and each refused entry is named. A killed
+pack's temporary files are removed when the next pack starts.
 
     python tools/pack_dataset.py /data/imagenet /data/imagenet_zip                  # train and val
     python tools/pack_dataset.py /data/imagenet /data/imagenet_tar --format tar --shard-mb 512
@@ -21,19 +28,22 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
+import stat
 import sys
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cat.data import IMAGE_EXTENSIONS  # noqa: E402
-from cat.data.packed import MANIFEST, read_manifest  # noqa: E402
-from cat.errors import DataError  # noqa: E402
-from cat.runtime import report_user_errors  # noqa: E402
-from cat.runtime.io import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
+from cat.data import IMAGE_EXTENSIONS
+from cat.data.manifest import MANIFEST, read_manifest
+from cat.data.shards import scan_shard
+from cat.data.untrusted import image_limit
+from cat.errors import DataError
+from cat.runtime import remove_stale_temporaries, report_user_errors
+from cat.runtime.io import atomic_write, atomic_write_json, atomic_write_text
 
 
 def sha256_of(path: Path) -> str:
@@ -44,24 +54,76 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def split_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """``(member name, label)`` of every image under ``folder``, in torchvision ImageFolder's order."""
-    found = sorted(e.name for e in os.scandir(folder) if e.is_dir())
+def _printable(name: str) -> str:
+    """A file name as UTF-8 text; one that is not (bytes the file system kept as they were) is refused."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(repr(os.fsencode(name))[1:]) from None
+    return name
+
+
+def class_folders(split: Path) -> list[str]:
+    """The split's class folders: real folders (not links) with UTF-8 names, sorted as ImageFolder sorts them."""
+    names = []
+    for entry in sorted(os.scandir(split), key=lambda e: e.name):
+        if entry.is_symlink() and entry.is_dir():
+            raise DataError(
+                f"{entry.path} is a symbolic link to a folder ({os.path.realpath(entry.path)}): the packer takes "
+                "nothing from outside the source folder; copy the class folder in, or pack its real location"
+            )
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                names.append(_printable(entry.name))
+            except ValueError as error:
+                raise DataError(f"class folder {split}/{error}: its name is not UTF-8; rename it") from None
+    return names
+
+
+def split_images(folder: Path, classes: list[str], root: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """``(member name, label)`` of every image under ``folder``, in torchvision ImageFolder's order, and
+    the entries refused: anything that is not a regular file inside ``root`` once links are resolved."""
+    found = class_folders(folder)
     if found != classes:
         raise DataError(f"{folder} has classes {found[:5]}..., not the train split's {classes[:5]}...")
-    images = []
+    inside = os.path.realpath(root)
+    images, refused = [], []
     for label, name in enumerate(classes):
-        for directory, _, files in sorted(os.walk(folder / name, followlinks=True)):
+        for directory, subfolders, files in sorted(os.walk(folder / name)):  # links to folders are not entered
+            subfolders.sort()
+            for link in [d for d in subfolders if os.path.islink(os.path.join(directory, d))]:
+                refused.append(f"{os.path.join(directory, link)}: a symbolic link to a folder (not followed)")
             for file in sorted(files):
-                if file.lower().endswith(IMAGE_EXTENSIONS):
-                    images.append((os.path.relpath(os.path.join(directory, file), folder), label))
+                path = os.path.join(directory, file)
+                if not file.lower().endswith(IMAGE_EXTENSIONS):
+                    continue
+                reason = _refusal(path, inside)
+                if reason is None:
+                    try:
+                        images.append((_printable(os.path.relpath(path, folder)), label))
+                        continue
+                    except ValueError:
+                        reason = "its name is not UTF-8"
+                refused.append(f"{os.fsencode(path)!r}: {reason}" if "UTF-8" in reason else f"{path}: {reason}")
     if not images:
         raise DataError(f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return images
+    return images, refused
 
 
-def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> dict[str, dict[str, object]]:
-    images = split_images(source / split, classes)
+def _refusal(path: str, inside: str) -> str | None:
+    """Why ``path`` may not be packed, or None: it must resolve to a regular file under ``inside``."""
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, inside]) != inside:
+        return f"leads outside the source folder (to {real})"
+    try:
+        mode = os.stat(real).st_mode
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    images, refused = split_images(source / split, classes, source)
     archive, listing = out / f"{split}.zip", out / f"{split}_map.txt"
 
     def write_zip(f) -> None:
@@ -71,27 +133,33 @@ def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> dict[st
 
     atomic_write(str(archive), write_zip)
     atomic_write_text(str(listing), "".join(f"{m}\t{label}\n" for m, label in images))
-    return {
+    files = {
         path.name: {"bytes": path.stat().st_size, "images": len(images), "sha256": sha256_of(path)}
         for path in (archive, listing)
     }
+    return files, refused
 
 
-def pack_tar(source: Path, out: Path, split: str, classes: list[str], shard_bytes: int) -> dict[str, dict[str, object]]:
+def pack_tar(
+    source: Path, out: Path, split: str, classes: list[str], shard_bytes: int, seed: int
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``<split>-000000.tar``, ...: ``<key>.<ext>`` + ``<key>.cls`` per image (webdataset's TarWriter),
-    a new shard once one holds ``shard_bytes`` of images; images in ImageFolder's order (keys are
-    positions). Each shard is written atomically: an interrupted run leaves no partial shard."""
+    a new shard once one holds ``shard_bytes`` of images; images in an order shuffled by ``seed``
+    (keys are their ImageFolder indices). Each shard is written atomically: an interrupted run leaves
+    no partial shard."""
     from webdataset import TarWriter
 
-    images = split_images(source / split, classes)
+    images, refused = split_images(source / split, classes, source)
+    order = list(range(len(images)))
+    random.Random(seed).shuffle(order)
     groups: list[list[int]] = [[]]
     held = 0
-    for index, (member, _) in enumerate(images):
+    for index in order:
         if groups[-1] and held >= shard_bytes:
             groups.append([])
             held = 0
         groups[-1].append(index)
-        held += (source / split / member).stat().st_size
+        held += (source / split / images[index][0]).stat().st_size
 
     def write_shard(indices: list[int]) -> Callable[[Any], None]:
         def write(f: Any) -> None:
@@ -109,25 +177,72 @@ def pack_tar(source: Path, out: Path, split: str, classes: list[str], shard_byte
     for number, indices in enumerate(groups):
         path = out / f"{split}-{number:06d}.tar"
         atomic_write(str(path), write_shard(indices))
-        files[path.name] = {"bytes": path.stat().st_size, "images": len(indices), "sha256": sha256_of(path)}
-    return files
+        per_class = Counter(images[i][1] for i in indices)
+        files[path.name] = {
+            "bytes": path.stat().st_size,
+            "images": len(indices),
+            "sha256": sha256_of(path),
+            "class_counts": [per_class.get(label, 0) for label in range(len(classes))],
+        }
+    return files, refused
+
+
+def _packed_names(out: Path) -> list[str]:
+    """The files in ``out`` that a reader would take for packed splits (shards and zip splits)."""
+    return sorted(
+        e.name
+        for e in os.scandir(out)
+        if (e.name.endswith((".zip", "_map.txt")) or (e.name.endswith(".tar") and "-" in e.name))
+        and not e.name.startswith(".")
+    )
 
 
 def verify(out: Path) -> list[str]:
-    """Every file the manifest names, checked byte for byte (its sha256): the problems, if any."""
+    """Every file the manifest names, checked byte for byte (its sha256), every shard's headers (its count,
+    its labels, its end), and no packed-looking file the manifest does not name; without a manifest (shards
+    another tool wrote) the shards' headers alone. The problems, if any."""
     manifest = read_manifest(str(out))
     if manifest is None:
-        raise DataError(f"no {out / MANIFEST}: {out} is not a packed root (tools/pack_dataset.py writes one there)")
+        shards = [name for name in _packed_names(out) if name.endswith(".tar")]
+        if not shards:
+            raise DataError(f"no {out / MANIFEST}: {out} is not a packed root (tools/pack_dataset.py writes one there)")
+        return [problem for name in shards if (problem := _shard_problem(out / name, None, None))]
     problems = []
+    classes = manifest.get("classes")
     for name, entry in manifest["files"].items():
         path = out / name
-        if Path(name).name != name or name in ("", ".", "..") or not isinstance(entry, dict):
+        if Path(name).name != name or name in ("", ".", ".."):
             problems.append(f"{out / MANIFEST}: {name!r} is not an entry for a file of {out}")
         elif not path.is_file():
             problems.append(f"{path}: missing")
         elif sha256_of(path) != entry.get("sha256"):
             problems.append(f"{path}: sha256 differs from the manifest's (altered or truncated)")
+        elif name.endswith(".tar") and (problem := _shard_problem(path, entry, classes)):
+            problems.append(problem)
+    stray = [name for name in _packed_names(out) if name not in manifest["files"]]
+    problems += [
+        f"{out / name}: not in {out / MANIFEST} (a stray file: the trainer refuses the split)" for name in stray
+    ]
     return problems
+
+
+def _shard_problem(path: Path, entry: dict[str, Any] | None, classes: list[str] | None) -> str | None:
+    """What a shard's headers say against its manifest entry (if any), or None."""
+    try:
+        found = scan_shard(str(path), image_limit(None))
+    except DataError as error:
+        return str(error)
+    if entry is not None and found["images"] != entry.get("images"):
+        return f"{path}: holds {found['images']} samples, the manifest says {entry.get('images')}"
+    beyond = [label for label in found["labels"] if classes is not None and label >= len(classes)]
+    if beyond:
+        return f"{path}: label {max(beyond)} is not one of the manifest's {len(classes)} classes"
+    counts = entry.get("class_counts") if entry is not None else None
+    if counts is not None and [found["labels"].get(i, 0) for i in range(len(counts))] != counts:
+        return f"{path}: its labels do not match the manifest's class_counts"
+    if entry is None:
+        print(f"{path}: {found['images']} samples, {len(found['labels'])} labels (headers only: no manifest)")
+    return None
 
 
 @report_user_errors
@@ -138,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", nargs="+", default=["train", "val"])
     parser.add_argument("--format", choices=("zip", "tar"), default="zip")
     parser.add_argument("--shard-mb", type=float, default=256.0, help="tar: image megabytes per shard")
+    parser.add_argument("--seed", type=int, default=0, help="tar: the seed of the order images are written in")
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -151,20 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
     if missing is not None:  # before anything is written
         raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
-    classes = sorted(e.name for e in os.scandir(args.source / args.splits[0]) if e.is_dir())
+    classes = class_folders(args.source / args.splits[0])
     args.out.mkdir(parents=True, exist_ok=True)
+    for path in remove_stale_temporaries(str(args.out)):
+        print(f"removed {path}, left by a pack that was killed")
     files: dict[str, dict[str, object]] = {}
     for split in args.splits:
-        packed = (
+        packed, refused = (
             pack_zip(args.source, args.out, split, classes)
             if args.format == "zip"
-            else pack_tar(args.source, args.out, split, classes, int(args.shard_mb * 1e6))
+            else pack_tar(args.source, args.out, split, classes, int(args.shard_mb * 1e6), args.seed)
         )
+        for entry in refused:
+            print(f"refused {entry}", file=sys.stderr)
         files.update(packed)
         images = sum(e["images"] for name, e in packed.items() if not name.endswith(".txt"))
         megabytes = sum(e["bytes"] for e in packed.values()) / 1e6
-        print(f"{split}: {images} images in {len(packed)} file(s), {megabytes:.1f} MB")
-    manifest = {"format": args.format, "classes": classes, "files": files}
+        skipped = f" ({len(refused)} refused: listed above)" if refused else ""
+        print(f"{split}: {images} images in {len(packed)} file(s), {megabytes:.1f} MB{skipped}")
+    order = {"order": f"shuffled, seed {args.seed}"} if args.format == "tar" else {}
+    manifest = {"format": args.format, "classes": classes, **order, "files": files}
     atomic_write_json(str(args.out / MANIFEST), manifest)
     return report_verified(args.out) if args.verify else 0
 

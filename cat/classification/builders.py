@@ -209,12 +209,15 @@ class TrainData:
     accum_steps: int = 1
 
 
-def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
+def build_train_data(cfg: DictConfig, env: DistEnv, run_folder: str | None = None) -> TrainData:
     """Both splits and their loaders; the train sampler can start an epoch part-way (a resume). An
     epoch is as many optimizer steps as whole global batches fit (a remainder is left out, as
-    ``drop_last`` leaves one out of a loader)."""
-    train_set = build_dataset(cfg.data, cfg.aug, "train", env.rank, env.world_size, cfg.batch_size, cfg.seed)
-    val_set = build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size, cfg.batch_size, cfg.seed)
+    ``drop_last`` leaves one out of a loader). The validation split's labels are bounded by the
+    training split's classes; ``run_folder`` caches what is read from shards without a manifest."""
+    args = (cfg.data, cfg.aug)
+    train_set = build_dataset(*args, "train", env.rank, env.world_size, cfg.batch_size, cfg.seed, index_dir=run_folder)
+    classes = num_classes_of(cfg, train_set)
+    val_set = build_dataset(*args, "val", env.rank, env.world_size, cfg.batch_size, cfg.seed, classes, run_folder)
     global_batch = cfg.batch_size * env.world_size * cfg.accum_steps
     if (cfg.aug.mixup > 0 or cfg.aug.cutmix > 0) and cfg.batch_size % 2:
         raise ConfigError(f"batch_size={cfg.batch_size} must be even when mixup/cutmix is on (they pair samples)")
@@ -249,7 +252,7 @@ def build_train_data(cfg: DictConfig, env: DistEnv) -> TrainData:
     return TrainData(
         train_set,
         val_set,
-        num_classes_of(cfg, train_set),
+        classes,
         sampler,
         train_loader,
         val_loader(cfg, val_set, env),

@@ -65,6 +65,13 @@ class ClsDataConfig:
         required=False,
     )
     shuffle_buffer: int = key("tar: samples in the training stream's shuffle buffer", min=1, required=False)
+    max_image_mb: float = key(
+        "imagenet/folder: the largest image file (or zip/tar member, by its directory or header) read; larger is "
+        "refused before it is inflated",
+        min=0,
+        exclusive_min=True,
+        required=False,
+    )
     train_split: str = key("imagenet/folder: the training folder under root", required=False)
     val_split: str = key("imagenet/folder: the validation folder under root", required=False)
     crop_pct: float = key(
@@ -233,6 +240,7 @@ _IMAGE_FOLDER_KEYS = (
     "format",
     "cache_mode",
     "shuffle_buffer",
+    "max_image_mb",
     "train_split",
     "val_split",
     "crop_pct",

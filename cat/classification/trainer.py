@@ -207,7 +207,7 @@ class Trainer:
         # are refused before ImageNet's folders are scanned, which takes minutes on a network file system.
         known = cfg.data.num_classes is not None
         model = build_train_model(cfg, env, cfg.data.num_classes) if known else None
-        self.data = build_train_data(cfg, env)
+        self.data = build_train_data(cfg, env, folder.path)
         self.state = build_train_state(cfg, env, self.data, model)
         # SIGTERM (and submitit's signal) asks the loop to finish its step, save and return.
         self.opts = build_train_options(cfg, env, self.data, folder.metrics.log, stop_requested)

@@ -10,6 +10,7 @@ digits) and ``synthetic`` need no files at all.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -23,6 +24,7 @@ from .augment import install_timm_augment_fixes
 from .packed import ZipImageDataset
 from .shards import ShardStream
 from .tensor_sets import digits_dataset, synthetic_dataset
+from .untrusted import check_image_size, decode_image, image_limit, open_regular
 
 __all__ = [
     "build_dataset",
@@ -38,29 +40,21 @@ __all__ = [
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def load_rgb(path: str) -> Image.Image:
-    """An image file as RGB; a file that cannot be decoded raises a DataError naming it."""
-    try:
-        with open(path, "rb") as f:
-            image = Image.open(f)
-            return image.convert("RGB")
-    except OSError as error:  # PIL's UnidentifiedImageError and truncated-file errors are OSErrors
-        raise DataError(f"cannot read image {path} ({error}); replace or remove the file") from None
+def load_rgb(path: str, max_image_mb: float | None = None) -> Image.Image:
+    """An image file as RGB: a regular file of at most ``max_image_mb``; one that cannot be decoded
+    raises a DataError naming it."""
+    with open_regular(path) as f:
+        check_image_size(os.fstat(f.fileno()).st_size, image_limit(max_image_mb), f"image {path}")
+        return decode_image(f, f"image {path}")
 
 
-def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int) -> Dataset:
+def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None) -> Dataset:
     """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
     rank evaluates its own share)."""
     name = data.train_split if split == "train" else data.val_split
     cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
-    dataset = ZipImageDataset(
-        data.root, name, build_transform(data, aug, split == "train"), cache_mode=cache_mode, rank=rank, world=world
-    )
-    if data.num_classes is not None and len(dataset.classes) > data.num_classes:
-        raise DataError(
-            f"{dataset.zip_path} has {len(dataset.classes)} classes but data.num_classes={data.num_classes}"
-        )
-    return dataset
+    transform = build_transform(data, aug, split == "train")
+    return ZipImageDataset(data.root, name, transform, cache_mode, rank, world, num_classes, data.get("max_image_mb"))
 
 
 def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
@@ -101,7 +95,8 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
             raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=load_rgb)
+    loader = functools.partial(load_rgb, max_image_mb=data.get("max_image_mb"))
+    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=loader)
 
 
 def _class_folders(folder: str) -> list[str]:
@@ -136,11 +131,21 @@ def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
 
 
 def build_dataset(
-    data: Any, aug: Any, split: str, rank: int = 0, world: int = 1, batch_size: int = 1, seed: int = 0
+    data: Any,
+    aug: Any,
+    split: str,
+    rank: int = 0,
+    world: int = 1,
+    batch_size: int = 1,
+    seed: int = 0,
+    num_classes: int | None = None,
+    index_dir: str | None = None,
 ) -> Dataset:
     """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node, for
     process ``rank`` of ``world`` (what a ``cache_mode=part`` zip holds, which shards a tar stream
-    reads; a training stream is whole batches of ``batch_size``, shuffled from ``seed``)."""
+    reads; a training stream is whole batches of ``batch_size``, shuffled from ``seed``).
+    ``num_classes`` (else ``data.num_classes``) bounds a packed split's labels: the validation split
+    gets the training split's count. ``index_dir`` caches the header scan of shards without a manifest."""
     if split not in ("train", "val"):
         raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     if data.name == "digits":
@@ -159,13 +164,25 @@ def build_dataset(
                 f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
                 f"and {data.val_split}/ class folders, or their zips: data.format=zip)"
             )
+        classes = num_classes if num_classes is not None else data.num_classes
         if data.get("format", "folder") == "zip":
-            return _zip_split(data, aug, split, rank, world)
+            return _zip_split(data, aug, split, rank, world, classes)
         if data.get("format") == "tar":
             name = data.train_split if split == "train" else data.val_split
             transform = build_transform(data, aug, split == "train")
             return ShardStream(
-                data.root, name, transform, split == "train", rank, world, batch_size, seed, data.shuffle_buffer
+                data.root,
+                name,
+                transform,
+                split == "train",
+                rank,
+                world,
+                batch_size,
+                seed,
+                data.shuffle_buffer,
+                classes,
+                data.get("max_image_mb"),
+                index_dir,
             )
         return _image_folder(data, aug, split)
     raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

@@ -1,9 +1,20 @@
 """Image datasets in webdataset tar shards, streamed sequentially (``data.format=tar``).
 
 A split is ``<root>/<split>-000000.tar``, ``-000001.tar``, ..., each holding ``<key>.<image ext>``
-and ``<key>.cls`` (the label) per image, as ``tools/pack_dataset.py --format tar`` writes them with
-``manifest.json`` beside them; webdataset reads them. The reader needs the manifest: its image
-counts fix the epoch's length before a shard is opened, and its byte counts catch a truncated shard.
+and ``<key>.cls`` (the label) per image: webdataset's layout, as ``tools/pack_dataset.py --format tar``
+writes it (with ``manifest.json`` beside the shards) and as webdataset's ``TarWriter``/``ShardWriter``,
+img2dataset or timm's wds tools write it (without one). Shards are local regular files, read with the
+standard library's ``tarfile``; no path is ever handed to a URL opener or a shell.
+
+What is checked, and when (:mod:`cat.data.untrusted` for the checks every format shares):
+
+* before training, with a manifest: every shard is listed in it, has its byte count, and its image
+  count fits its bytes (a sample takes at least 2 KiB); its per-shard class counts give the labels
+  (0 ... K-1) and show class-sorted shards, which are warned about. Without one (a foreign set), the
+  same facts come from one scan of the tar headers and ``.cls`` members, cached in the run's folder;
+* when read: each member's size (from its header, before a byte of it is read) against
+  ``data.max_image_mb``; each label; a shard read to its end holds exactly its count, and ends with
+  the end-of-archive blocks (a shard cut on a block boundary is no shorter archive).
 
 Training (:class:`ShardStream`):
 
@@ -26,9 +37,14 @@ Validation streams each rank's shards once, in order: every image is evaluated o
 
 from __future__ import annotations
 
-import io
+import hashlib
+import json
 import os
 import random
+import re
+import tarfile
+import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,38 +53,149 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from cat.errors import DataError
 
-from .packed import check_against_manifest, read_manifest
+from .manifest import MANIFEST, TAR_SAMPLE_MIN_BYTES, check_against_manifest, read_manifest
+from .untrusted import (
+    check_image_size,
+    check_labels,
+    decode_image,
+    image_limit,
+    open_regular,
+    parse_label,
+    require_regular,
+    warn_class_sorted,
+)
 
-__all__ = ["ShardStream", "shard_paths"]
+__all__ = ["ShardStream", "shard_paths", "shard_samples", "scan_shard"]
 
 _IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
+# webdataset's naming: a sample's key is the member's path up to its file name's first dot, the rest its field.
+_MEMBER = re.compile(r"^((?:.*/|)[^./][^./]*)\.([^/]*)$")
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")  # gzip, bzip2, xz
 
 
 def shard_paths(root: str, split: str) -> list[str]:
-    """The split's shards, in name order."""
+    """The split's shards, in name order: local regular files (nothing is ever handed to a URL opener,
+    so a root like ``pipe:...`` is only a folder name)."""
     if not os.path.isdir(root):
         raise DataError(f"data.root={root}: not a folder")
     names = sorted(n for n in os.listdir(root) if n.startswith(f"{split}-") and n.endswith(".tar"))
     if not names:
         raise DataError(f"no {split}-*.tar shards in {root} (data.format=tar: tools/pack_dataset.py --format tar)")
-    return [os.path.join(root, n) for n in names]
+    paths = [os.path.join(root, n) for n in names]
+    for path in paths:
+        require_regular(path)
+    return paths
 
 
-def _raise_named(error: Exception) -> bool:
-    source = next((a for a in reversed(getattr(error, "args", ())) if isinstance(a, str) and a.endswith(".tar")), "")
-    raise DataError(f"cannot read shard {source or '(unknown)'} ({type(error).__name__}: {error})") from None
+def shard_samples(path: str, limit: int, labels_only: bool = False) -> Iterator[dict[str, Any]]:
+    """The samples of one shard, in order: runs of members that share a key, as ``{"__key__", "__url__",
+    field: bytes}``. Each member's size is checked against ``limit`` from its header before it is read;
+    ``labels_only`` reads only the ``.cls`` members' bytes (the others are ``None``) and seeks over the rest.
+    A shard cut short, even on a block boundary (no end-of-archive blocks), is one line naming it."""
+    with open_regular(path) as f:
+        compressed = f.read(6).startswith(_COMPRESSED)
+        f.seek(0)
+        try:
+            with tarfile.open(fileobj=f, mode="r:*" if labels_only else "r|*") as archive:
+                sample: dict[str, Any] | None = None
+                for member in archive:
+                    match = _MEMBER.match(member.name)
+                    if not member.isreg() or match is None:
+                        continue  # folders, links, files without a field: no part of a sample
+                    key, field = match[1], match[2].lower()
+                    check_image_size(member.size, limit, f"member {member.name} of {path}")
+                    if sample is None or sample["__key__"] != key:
+                        if sample is not None:
+                            yield sample
+                        sample = {"__key__": key, "__url__": path}
+                    reader = archive.extractfile(member) if not labels_only or field == "cls" else None
+                    sample[field] = reader.read() if reader is not None else None
+                if sample is not None:
+                    yield sample
+                end = archive.offset
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
+            # tarfile's open lists every method it tried, one per line: the first line says enough.
+            reason = str(error).splitlines()[0].rstrip(":") if str(error) else type(error).__name__
+            raise DataError(
+                f"cannot read shard {path} ({reason}): truncated or not a tar file; re-copy or re-pack it"
+            ) from None
+        if not compressed and os.pread(f.fileno(), 2 * tarfile.BLOCKSIZE, end) != bytes(2 * tarfile.BLOCKSIZE):
+            raise DataError(
+                f"shard {path} ends without the end-of-archive blocks after byte {end}: it was cut short "
+                "(a partial copy?); re-copy or re-pack it"
+            )
+
+
+def scan_shard(path: str, limit: int) -> dict[str, Any]:
+    """A shard's sample count and label counts from its headers and ``.cls`` members (no image bytes
+    are read), with every check :func:`shard_samples` makes: ``{"images": n, "labels": {label: count}}``."""
+    labels: Counter[int] = Counter()
+    images = 0
+    for sample in shard_samples(path, limit, labels_only=True):
+        name = f"sample {sample['__key__']} in {path}"
+        if sample.get("cls") is None or not any(k in sample for k in _IMAGE_KEYS):
+            raise DataError(f"{name} has no image or no .cls label (fields: {sorted(sample)})")
+        labels[parse_label(sample["cls"], name)] += 1
+        images += 1
+    return {"images": images, "labels": dict(labels)}
+
+
+def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[str, Any]]:
+    """:func:`scan_shard` of each shard, cached in ``index_dir`` (the run's folder: the data's may be
+    read-only) under the shards' folder, keyed by each shard's size and modification time."""
+    cache_path = None
+    cached: dict[str, Any] = {}
+    if index_dir is not None:
+        digest = hashlib.sha256(os.path.realpath(os.path.dirname(shards[0])).encode()).hexdigest()[:16]
+        cache_path = os.path.join(index_dir, f".shard-index-{digest}.json")
+        try:
+            with open_regular(cache_path) as f:
+                cached = json.loads(f.read())
+            cached = cached if isinstance(cached, dict) else {}
+        except (DataError, OSError, ValueError):
+            cached = {}
+    found, changed = [], False
+    for path in shards:
+        info = os.stat(path)
+        stamp = [info.st_size, info.st_mtime_ns]
+        entry = cached.get(os.path.basename(path))
+        if not (isinstance(entry, dict) and entry.get("stamp") == stamp and _well_formed(entry)):
+            entry = {"stamp": stamp, **scan_shard(path, limit)}
+            entry["labels"] = {str(k): v for k, v in entry["labels"].items()}
+            cached[os.path.basename(path)], changed = entry, True
+        found.append({"images": entry["images"], "labels": {int(k): v for k, v in entry["labels"].items()}})
+    if cache_path is not None and changed:  # a disposable cache: a torn write is rescanned, never trusted
+        os.makedirs(index_dir, exist_ok=True)
+        temporary = f"{cache_path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(cached, f)
+        os.replace(temporary, cache_path)
+    return found
+
+
+def _well_formed(entry: dict[str, Any]) -> bool:
+    labels = entry.get("labels")
+    return (
+        isinstance(entry.get("images"), int)
+        and isinstance(labels, dict)
+        and all(k.isdigit() and isinstance(v, int) for k, v in labels.items())
+        and sum(labels.values()) == entry["images"]
+    )
 
 
 class ShardStream(IterableDataset):
     """One split of a tar-sharded image dataset as a stream of ``(transform(image), label)``.
 
     Args:
-        root, split: where the shards and ``manifest.json`` are, and the split's name.
+        root, split: where the shards (and, when packed here, ``manifest.json``) are, and the split's name.
         transform: applied to each RGB PIL image.
         train: the training stream (shuffled, fixed length) or the evaluation one (each image once).
         rank, world: this process among the ranks.
         batch_size: the training stream's length is whole batches of it, per rank.
         seed, buffer: the shuffle's seed and its buffer size (samples).
+        num_classes: K (labels are 0 ... K-1); None: the manifest's classes, else the labels found.
+        max_image_mb: the largest member read (``data.max_image_mb``).
+        index_dir: where the header scan of shards without a manifest is cached (the run's folder).
     """
 
     def __init__(
@@ -82,21 +209,48 @@ class ShardStream(IterableDataset):
         batch_size: int = 1,
         seed: int = 0,
         buffer: int = 1000,
+        num_classes: int | None = None,
+        max_image_mb: float | None = None,
+        index_dir: str | None = None,
     ) -> None:
+        self.limit = image_limit(max_image_mb)
         manifest = read_manifest(root)
         self.shards = shard_paths(root, split)
-        if manifest is None:
-            raise DataError(f"{root} has no manifest.json: data.format=tar needs tools/pack_dataset.py's manifest")
-        missing = [s for s in self.shards if os.path.basename(s) not in manifest["files"]]
-        if missing:
-            raise DataError(f"{missing[0]} is not in {root}/manifest.json: a stray shard, or the manifest is stale")
-        for shard in self.shards:
-            check_against_manifest(shard, manifest)
-        self.counts = [int(manifest["files"][os.path.basename(s)]["images"]) for s in self.shards]
+        names = [os.path.basename(s) for s in self.shards]
+        self.source = os.path.join(root, MANIFEST) if manifest is not None else "its tar headers"
+        if manifest is not None:
+            entries = manifest["files"]
+            stray = next((s for s, n in zip(self.shards, names, strict=True) if n not in entries), None)
+            if stray is not None:
+                raise DataError(f"{stray} is not in {root}/{MANIFEST}: a stray shard, or the manifest is stale")
+            for shard, name in zip(self.shards, names, strict=True):
+                check_against_manifest(shard, manifest)
+                _check_fits(shard, entries[name])
+            self.counts = [entries[n]["images"] for n in names]
+            classes = manifest.get("classes")
+            if all("class_counts" in entries[n] for n in names):
+                label_counts = [dict(enumerate(entries[n]["class_counts"])) for n in names]
+            else:  # packed before the manifest held class counts (class by class, as that packer wrote): the headers
+                label_counts = [entry["labels"] for entry in _indexed(self.shards, self.limit, index_dir)]
+        else:  # shards another tool wrote: their headers, scanned once (cached beside the run)
+            index = _indexed(self.shards, self.limit, index_dir)
+            self.counts = [entry["images"] for entry in index]
+            classes, label_counts = None, [entry["labels"] for entry in index]
         empty = next((s for s, count in zip(self.shards, self.counts, strict=True) if count == 0), None)
         if empty is not None:
-            raise DataError(f"{empty} holds no images (its manifest says 0): remove it, or re-pack")
-        self.classes = list(manifest.get("classes", []))
+            raise DataError(f"{empty} holds no images ({self.source} says 0): remove it, or re-pack")
+        if classes and num_classes is not None and len(classes) > num_classes:
+            raise DataError(f"{root}/{MANIFEST} has {len(classes)} classes but data.num_classes={num_classes}")
+        found = (
+            (label, f"{shard} ({self.source})")
+            for shard, counts in zip(self.shards, label_counts, strict=True)
+            for label, n in counts.items()
+            if n
+        )
+        self.num_classes = check_labels(found, num_classes or (len(classes) if classes else None), root)
+        self.classes = list(classes) if classes else [str(i) for i in range(self.num_classes)]
+        if train and rank == 0:
+            warn_class_sorted(dict(zip(self.shards, label_counts, strict=True)), buffer)
         self.transform, self.train, self.rank, self.world = transform, train, rank, world
         self.batch_size, self.seed, self.buffer = batch_size, seed, buffer
         self.epoch, self.skip = 0, 0
@@ -113,7 +267,7 @@ class ShardStream(IterableDataset):
         """The epoch to stream, after ``skip`` samples of this rank (a resumed epoch)."""
         self.epoch, self.skip = epoch, skip
 
-    def _my_shards(self, worker: int, workers: int) -> list[str]:
+    def _my_shards(self, worker: int, workers: int) -> list[int]:
         order = list(range(len(self.shards)))
         if self.train:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
@@ -123,18 +277,31 @@ class ShardStream(IterableDataset):
                 f"{len(self.shards)} shards cannot feed {self.world} rank(s) x {workers} worker(s): pack with a "
                 "smaller --shard-mb, or use fewer workers"
             )
-        return [self.shards[i] for i in mine]
+        return mine
 
-    def _passes(self, shards: list[str], rng: random.Random | None, limit: int) -> Iterator[dict[str, Any]]:
+    def _shard(self, index: int) -> Iterator[dict[str, Any]]:
+        """Shard ``index``'s samples; one read to its end must find as many as its count says."""
+        path, expected = self.shards[index], self.counts[index]
+        found = 0
+        for sample in shard_samples(path, self.limit):
+            found += 1
+            if found > expected:
+                break
+            yield sample
+        if found != expected:
+            raise DataError(
+                f"{path} holds {'more than ' if found > expected else ''}{found} samples, {self.source} says "
+                f"{expected}: the shard was replaced or the manifest is stale; re-pack, or re-copy both"
+            )
+
+    def _passes(self, shards: list[int], rng: random.Random | None, limit: int) -> Iterator[dict[str, Any]]:
         """The shards' samples, pass after pass when training (a rank whose shards hold fewer than
         its quota starts them over), each pass through the shuffle buffer and drained at its end,
         so within a pass no image repeats, and no pass reads past the ``limit`` samples the stream
         still needs; one unshuffled pass when evaluating."""
-        from webdataset.tariterators import tarfile_samples
-
         total = 0
         while True:
-            samples = tarfile_samples(({"url": s} for s in shards), handler=_raise_named)
+            samples = (sample for index in shards for sample in self._shard(index))
             produced = 0
             for sample in samples if rng is None else self._shuffled(samples, rng, limit - total):
                 produced += 1
@@ -142,8 +309,6 @@ class ShardStream(IterableDataset):
             total += produced
             if not self.train:
                 return
-            if not produced:  # starting them over would never end
-                raise DataError(f"shards {', '.join(shards)} hold no samples (their manifest says otherwise)")
 
     def _shuffled(self, samples: Iterator[dict[str, Any]], rng: random.Random, limit: int) -> Iterator[dict[str, Any]]:
         """``samples`` through the shuffle buffer, reading at most ``limit`` of them."""
@@ -177,18 +342,14 @@ class ShardStream(IterableDataset):
         return mine * self.batch_size, skipped * self.batch_size
 
     def _decode(self, sample: dict[str, Any]) -> tuple[Any, int]:
-        name = f"{sample.get('__key__')} in {sample.get('__url__')}"
+        name = f"sample {sample['__key__']} in {sample['__url__']}"
         data = next((sample[k] for k in _IMAGE_KEYS if k in sample), None)
-        if data is None or "cls" not in sample:
-            raise DataError(f"sample {name} has no image or no .cls label (keys: {sorted(sample)})")
-        try:
-            with Image.open(io.BytesIO(data)) as image:
-                rgb = image.convert("RGB")
-            label = int(sample["cls"])
-        except (OSError, ValueError) as error:
-            raise DataError(f"cannot decode sample {name} ({error}); re-pack the shard") from None
-        if self.classes and not 0 <= label < len(self.classes):
-            raise DataError(f"sample {name} has label {label}, not one of the {len(self.classes)} classes")
+        if data is None or sample.get("cls") is None:
+            raise DataError(f"{name} has no image or no .cls label (fields: {sorted(sample)})")
+        label = parse_label(sample["cls"], name)
+        if label >= self.num_classes:
+            raise DataError(f"{name} has label {label}, not one of the {self.num_classes} classes")
+        rgb = decode_image(data, name)
         return (self.transform(rgb) if self.transform is not None else rgb), label
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
@@ -207,3 +368,14 @@ class ShardStream(IterableDataset):
                 return
             if position >= skip:
                 yield self._decode(sample)
+
+
+def _check_fits(path: str, entry: dict[str, Any]) -> None:
+    """A manifest's image count against what the shard's bytes can hold."""
+    size = os.path.getsize(path)
+    if entry.get("images", 0) * TAR_SAMPLE_MIN_BYTES > size:
+        raise DataError(
+            f"{path}: its manifest says {entry['images']} images, but its {size} bytes hold at most "
+            f"{size // TAR_SAMPLE_MIN_BYTES} (an image and its label take at least {TAR_SAMPLE_MIN_BYTES} bytes); "
+            "the manifest is wrong: re-run tools/pack_dataset.py"
+        )

@@ -120,7 +120,7 @@ def test_altered_image_bytes_are_named_when_read(packed, tmp_path):
     ("listing", "message"),
     [
         ("cat/0.jpg 0\n", r"train_map\.txt, line 1: expected '<path in the zip><TAB><label>'"),
-        ("cat/0.jpg\tzero\n", r"line 1: expected"),
+        ("cat/0.jpg\tzero\n", r"line 1: label .zero. is not a class index"),
         ("cat/99.jpg\t0\n", r"has no member 'cat/99\.jpg'"),
         ("\n", r"lists no images"),
     ],
@@ -154,13 +154,18 @@ def test_verify_packs_then_checks_and_names_what_is_no_packed_root(packed, tmp_p
     )
     hostile = tmp_path / "hostile"
     hostile.mkdir()
-    (hostile / "manifest.json").write_text('{"files": {"../zip/val.zip": {"sha256": "0"}, "val.zip": 3}}')
+    (hostile / "manifest.json").write_text('{"files": {"../zip/val.zip": {"sha256": "0"}}}')
     report = run_tool("pack_dataset", "--verify", str(hostile), expect=1)
     assert report.splitlines() == [
         f"{hostile / 'manifest.json'}: '../zip/val.zip' is not an entry for a file of {hostile}",
-        f"{hostile / 'manifest.json'}: 'val.zip' is not an entry for a file of {hostile}",
-        "2 problem(s)",
+        "1 problem(s)",
     ]
+    (hostile / "manifest.json").write_text('{"files": {"val.zip": 3}}')
+    error = run_tool("pack_dataset", "--verify", str(hostile), expect=2, stderr=True)
+    assert error.strip() == (
+        f"error: {hostile / 'manifest.json'} is not a dataset manifest (files['val.zip'] must be an object, got 3); "
+        "re-run tools/pack_dataset.py"
+    )
 
 
 def test_a_worker_process_opens_its_own_zip(packed):
@@ -185,7 +190,7 @@ def test_a_label_beyond_the_manifests_classes_is_named(packed, tmp_path):
     lines = (zipped / "train_map.txt").read_text().splitlines()
     lines[0] = lines[0].rsplit("\t", 1)[0] + "\t3"
     (zipped / "train_map.txt").write_text("\n".join(lines) + "\n")
-    with pytest.raises(DataError, match=r"train_map\.txt has label 3, not one of the 3 classes"):
+    with pytest.raises(DataError, match=r"train_map\.txt, line 1: label 3: not one of the 3 classes"):
         ZipImageDataset(str(zipped), "train")
 
 

@@ -103,9 +103,10 @@ def test_truncated_shard_is_named(sharded, tmp_path):
     shard.write_bytes(shard.read_bytes()[:700])
     with pytest.raises(DataError, match=r"train-000001\.tar has 700 bytes, its manifest says \d+"):
         ShardStream(str(tar), "train")
-    (tar / "manifest.json").unlink()
-    with pytest.raises(DataError, match="has no manifest.json"):
+    (tar / "manifest.json").unlink()  # read as a foreign set: the header scan finds the cut
+    with pytest.raises(DataError, match=r"^cannot read shard .*train-000001\.tar \(.*\): truncated") as error:
         ShardStream(str(tar), "train")
+    assert "\n" not in str(error.value)
 
 
 def test_a_stray_shard_is_named(sharded, tmp_path):
@@ -134,6 +135,7 @@ def _rewrite_shard(tar: Path, name: str, samples: list[dict]) -> None:
             writer.write(sample)
     manifest = json.loads((tar / "manifest.json").read_text())
     manifest["files"][name].update(bytes=(tar / name).stat().st_size, images=max(len(samples), 1))
+    manifest["files"][name].pop("class_counts")  # what the old packer wrote: labels are checked when read
     (tar / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -142,11 +144,12 @@ def _rewrite_shard(tar: Path, name: str, samples: list[dict]) -> None:
     [
         ({"png": b"x"}, r"sample 00000000 in .*val-000000\.tar has no image or no \.cls label"),
         ({"cls": b"7"}, r"has no image or no \.cls label"),
-        ({"png": None, "cls": b"7"}, r"sample 00000000 in .*val-000000\.tar has label 7, not one of the 3 classes"),
+        ({"png": None, "cls": b"7"}, r"val-000000\.tar \(.*manifest\.json\): label 7: not one of the 3 classes"),
     ],
     ids=["no_label", "no_image", "label_out_of_range"],
 )
-def test_a_bad_sample_is_named_when_read(sharded, tmp_path, sample, message):
+def test_a_bad_sample_is_named_before_reading(sharded, tmp_path, sample, message):
+    """A manifest without class counts (the old packer's): the header scan finds it before training."""
     tar = tmp_path / "tar"
     shutil.copytree(sharded[1], tar)
     if sample.get("png", b"") is None:
@@ -162,22 +165,35 @@ def test_an_empty_shard_is_refused_before_reading(sharded, tmp_path):
     tar = tmp_path / "tar"
     shutil.copytree(sharded[1], tar)
     manifest = json.loads((tar / "manifest.json").read_text())
-    manifest["files"]["train-000002.tar"]["images"] = 0
+    manifest["files"]["train-000002.tar"].update(images=0, class_counts=[0, 0, 0])
     (tar / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=r"train-000002\.tar holds no images"):
         ShardStream(str(tar), "train")
 
 
-def test_an_interrupted_pack_leaves_no_partial_file(sharded, tmp_path):
+def test_a_failed_pack_leaves_whole_files_only_and_a_killed_packs_leftovers_go(sharded, tmp_path, capsys):
+    """A pack that fails part-way (the val split's classes are not train's, found after train is packed)
+    writes no manifest and no partial file; what a killed pack left (atomic_write's temporary, as SIGKILL
+    leaves it mid-write) is removed, and said, by the next pack into the folder."""
+    from cat.data.shards import scan_shard
+
     source = tmp_path / "src"
     shutil.copytree(sharded[0], source)
-    (source / "train" / "b" / "5.png").unlink()
-    (source / "train" / "b" / "5.png").symlink_to(tmp_path / "gone.png")  # unreadable mid-pack
+    (source / "val" / "zebra").mkdir()
     pack = runpy.run_path(str(REPO / "tools" / "pack_dataset.py"))["main"]
     for fmt in ("tar", "zip"):
         out = tmp_path / fmt
-        with pytest.raises(FileNotFoundError):
+        out.mkdir()
+        leftover = out / (".train-000003.tar.k1ll3d.tmp" if fmt == "tar" else ".train.zip.k1ll3d.tmp")
+        leftover.write_bytes(b"\0" * 4096)
+        with pytest.raises(SystemExit) as code:
             pack([str(source), str(out), "--format", fmt, "--shard-mb", "0.0015"])
+        captured = capsys.readouterr()
+        assert code.value.code == 2 and "val has classes ['a', 'b', 'c', 'zebra']" in captured.err
+        assert f"removed {leftover}, left by a pack that was killed" in captured.out
         left = sorted(p.name for p in out.iterdir())
         assert not [n for n in left if n.endswith(".tmp") or n.startswith(".")], left
-        assert "manifest.json" not in left and "train.zip" not in left  # whole shards only, no manifest
+        assert "manifest.json" not in left and left
+        for name in left:
+            if name.endswith(".tar"):
+                scan_shard(str(out / name), 1 << 20)  # whole: read to its end-of-archive blocks
