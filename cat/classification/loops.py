@@ -19,6 +19,7 @@ from cat.errors import UserError
 from cat.runtime.amp import Precision
 from cat.runtime.console import StepProgress, progress_bar
 from cat.runtime.dist import DistEnv, all_reduce_sum
+from cat.runtime.preemption import StopWhileWaiting, batches_until_stopped
 from cat.toolkit.timing import time_calls
 
 from .state import TrainState
@@ -37,6 +38,9 @@ __all__ = [
     "evaluate",
     "measure_throughput",
 ]
+
+
+STOP_WAIT_GRACE_S = 10.0  # how long a rank of a multi-process run still waits for data after a stop signal
 
 
 class NonFiniteLossError(UserError, FloatingPointError):
@@ -192,18 +196,32 @@ def train_one_epoch(
         env.is_main,
         logging.getLogger("cat"),
     )
-    for micro_batches in optimizer_steps(batches, opts.accum_steps, opts.steps_per_epoch - state.step_in_epoch):
-        step = train_step(state, micro_batches, opts)
-        steps += 1
-        loss_sum += step.loss.double() * step.batch
-        seen += step.batch
-        lr = state.optimizer.param_groups[0]["lr"]
-        progress.update(lambda loss=step.loss, lr=lr: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
-        if opts.log_fn is not None and steps % opts.log_interval == 0:
-            opts.log_fn({"train/loss_step": step.loss.item(), "train/lr": lr}, state.global_step(opts.steps_per_epoch))
-        if step.stop:
-            interrupted = True
-            break
+    # One process leaves a wait for data at once on a stop; a rank of several waits a while for its peers' step.
+    grace = 0.0 if env.world_size == 1 else STOP_WAIT_GRACE_S
+    remaining = opts.steps_per_epoch - state.step_in_epoch
+    try:
+        for micro_batches in optimizer_steps(batches_until_stopped(batches, grace), opts.accum_steps, remaining):
+            step = train_step(state, micro_batches, opts)
+            steps += 1
+            loss_sum += step.loss.double() * step.batch
+            seen += step.batch
+            lr = state.optimizer.param_groups[0]["lr"]
+            progress.update(lambda loss=step.loss, lr=lr: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
+            if opts.log_fn is not None and steps % opts.log_interval == 0:
+                step_number = state.global_step(opts.steps_per_epoch)
+                opts.log_fn({"train/loss_step": step.loss.item(), "train/lr": lr}, step_number)
+            if step.stop:
+                interrupted = True
+                break
+    except StopWhileWaiting as stopped:
+        if env.world_size > 1:  # its peers may be inside a step's collectives: nothing can be saved together
+            progress.close()
+            raise UserError(
+                f"rank {env.rank}: stopped by {stopped} (a read is stuck?); leaving without saving: the last "
+                "checkpoint stands"
+            ) from None
+        logging.getLogger("cat").warning("stop requested: %s; the wait is abandoned, the finished steps saved", stopped)
+        interrupted = True
     progress.close()
     elapsed = carried.seconds + time.perf_counter() - start
     mine = EpochProgress(loss_sum=loss_sum.item(), images=seen, seconds=elapsed)

@@ -10,6 +10,11 @@ handler for its signal (checkpoint the job description and requeue it) is called
 :meth:`StopSignals.hand_back`, once the run's checkpoint and record are written, so a requeued
 cell resumes where it stopped instead of from its last epoch.
 
+A stop that arrives while the loop waits for its next batch (:func:`batches_until_stopped`) does not wait
+for a step that may never come (a read stuck on a hung file system, a FIFO): a single-process run leaves
+the wait at once, saves the steps it finished and returns; a rank of a multi-process run, whose peers may
+be inside a step's collectives, leaves after ``grace`` seconds still waiting, with :class:`StopWhileWaiting`.
+
 DataLoader workers started through :func:`worker_context` outlast a stop signal unless their trainer
 itself sent it. torch's workers die on SIGTERM, and a stop reaches them with the trainer (torchrun
 signals each trainer's process group, Slurm every process of a step), so the trainer lost its data in
@@ -26,10 +31,13 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["StopSignals", "Stopped", "stop_requested", "worker_context"]
+T = TypeVar("T")
+
+__all__ = ["StopSignals", "Stopped", "StopWhileWaiting", "batches_until_stopped", "stop_requested", "worker_context"]
 
 _active: StopSignals | None = None
 
@@ -104,6 +112,32 @@ class Stopped(Exception):
         self.signum = signum
 
 
+class StopWhileWaiting(BaseException):
+    """A stop signal arrived while the loop waited for data, and the wait was abandoned (module doc). A
+    BaseException, so no ``except Exception`` on the way (the DataLoader's own) swallows it."""
+
+    def __init__(self, signum: int, waited: float) -> None:
+        super().__init__(f"{signal.Signals(signum).name} while waiting {waited:.0f} s for data")
+        self.signum, self.waited = signum, waited
+
+
+def batches_until_stopped(batches: Iterable[T], grace: float = 0.0) -> Iterator[T]:
+    """``batches``, except that a stop signal arriving while the next one is awaited (or arriving before,
+    and the wait lasting) ends the wait ``grace`` seconds later with :class:`StopWhileWaiting`."""
+    iterator = iter(batches)
+    while True:
+        if _active is not None:
+            _active.wait_started(grace)
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            if _active is not None:
+                _active.wait_ended()
+        yield batch
+
+
 class StopSignals:
     """While active, the stop signals set a flag instead of ending the process (``save``: a training run,
     which saves and returns). A run with nothing to save stops at once, through :class:`Stopped` (so its
@@ -115,6 +149,30 @@ class StopSignals:
         self.submitit = _submitit_signal()
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
+        self._waiting_since: float | None = None  # when the loop began waiting for a batch, while it waits
+        self._grace = 0.0
+
+    def wait_started(self, grace: float) -> None:
+        self._waiting_since, self._grace = time.monotonic(), grace
+        if self.received:  # asked to stop during the step: the wait is already a wait after a stop
+            self._abandon_wait_after(grace)
+
+    def wait_ended(self) -> None:
+        self._waiting_since = None
+        if signal.getsignal(signal.SIGALRM) == self._waited_too_long:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    def _abandon_wait_after(self, grace: float) -> None:
+        if grace <= 0:
+            self._waited_too_long(self.received[-1], None)
+        signal.signal(signal.SIGALRM, self._waited_too_long)
+        signal.setitimer(signal.ITIMER_REAL, grace)
+
+    def _waited_too_long(self, signum: int, frame: Any) -> None:
+        if self._waiting_since is not None:
+            since, self._waiting_since = self._waiting_since, None
+            raise StopWhileWaiting(self.received[-1], time.monotonic() - since)
 
     def _request(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
@@ -124,6 +182,8 @@ class StopSignals:
             signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
             # os.write, not print: a handler may run while the main thread is inside a print
             os.write(2, b"\nCtrl-C: the run finishes its step, saves and stops (Ctrl-C again stops it at once)\n")
+        if self._waiting_since is not None:
+            self._abandon_wait_after(self._grace)
 
     def __enter__(self) -> StopSignals:
         global _active
@@ -136,6 +196,7 @@ class StopSignals:
 
     def __exit__(self, *exc: object) -> None:
         global _active
+        self.wait_ended()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         _active = None

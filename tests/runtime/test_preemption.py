@@ -7,10 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from cat.runtime.preemption import Stopped, StopSignals, stop_requested
+from cat.runtime.preemption import Stopped, StopSignals, StopWhileWaiting, batches_until_stopped, stop_requested
 from tests.conftest import REPO
 
 
@@ -140,3 +143,38 @@ def test_workers_outlast_a_stop_meant_for_their_trainer_and_end_on_its_own():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "Traceback" not in err, out + err
     assert out.splitlines() == ["items " + " ".join(map(str, range(24))), "ended 0 0"]
+
+
+def _stuck_after(items: list[int], fifo: Path, delay: float = 0.0):
+    """``items`` (each after ``delay`` seconds), then a read that never returns: a FIFO opened with no
+    writer, as a hung file system's read blocks."""
+    for item in items:
+        time.sleep(delay)
+        yield item
+    with open(fifo, "rb") as f:
+        yield f.read()
+
+
+def test_a_stop_ends_a_wait_for_data_stuck_in_a_read(tmp_path):
+    """One process: the stop ends the wait at once; before, the flag waited for a step that never came."""
+    os.mkfifo(tmp_path / "stuck")
+    got = []
+    with StopSignals():
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(StopWhileWaiting, match=r"^SIGTERM while waiting 0 s for data$"):
+            for batch in batches_until_stopped(_stuck_after([1, 2], tmp_path / "stuck")):
+                got.append(batch)
+    assert got == [1, 2] and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+def test_a_rank_waits_its_grace_for_data_after_a_stop_then_leaves(tmp_path):
+    """Several ranks: data that comes within the grace is taken (its peers may be finishing that step); a wait
+    that outlasts it is abandoned, also one that began after the stop."""
+    os.mkfifo(tmp_path / "stuck")
+    got = []
+    with StopSignals():
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(StopWhileWaiting, match=r"^SIGTERM while waiting 1 s for data$"):
+            for batch in batches_until_stopped(_stuck_after([1, 2], tmp_path / "stuck", delay=0.4), grace=1.0):
+                got.append(batch)
+    assert got == [1, 2] and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
