@@ -14,6 +14,11 @@
 # The nodes share this machine's filesystem, munge socket and CPUs; packets go only between the bridge, the
 # nodes and the loopback (nothing is routed: the bridge has no uplink and forwarding is left as it is).
 # State and logs live in $CAT_SLURM_DIR (default /tmp/cat-slurm). Needs root.
+#
+# It ends only what it started: the daemons whose PID files are in $CAT_SLURM_DIR (each checked to still be that
+# daemon), their job steps, and munged only if it started munged; a site's own Slurm or munge is left running.
+# `stop` returns once they are gone (or names the one it could not end); `start` gives up after
+# $CAT_SLURM_START_S seconds (default 120) with the daemon or node that did not come up and its log's end.
 set -euo pipefail
 
 STATE=${CAT_SLURM_DIR:-/tmp/cat-slurm}
@@ -21,8 +26,38 @@ NET=${CAT_SLURM_NET:-10.231.0}  # the bridge's /24; refused if this machine alre
 BRIDGE=catslurm0
 CONF_DIR=/etc/slurm
 HOST=$(hostname -s)
+START_S=${CAT_SLURM_START_S:-120}
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
+
+# The PID in one of our PID files, if that process lives and is the daemon named (a PID can be reused).
+our_pid() {
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$2" ] && echo "$pid"
+}
+# Every daemon of ours that lives, as "PID NAME" lines.
+our_daemons() {
+    local file name
+    for file in "$STATE"/*.pid; do
+        [ -e "$file" ] || continue
+        name=$(basename "$file" .pid)
+        name=${name%%-*}  # slurmd-cat-n2 -> slurmd
+        our_pid "$file" "$name" | sed "s/\$/ $name/" || true
+    done
+}
+# PID and all its descendants.
+with_descendants() {
+    local pid=$1 child
+    echo "$pid"
+    for child in $(pgrep -P "$pid" 2>/dev/null || true); do with_descendants "$child"; done
+}
+# The daemon's PID once its PID file names it (daemons write it after they fork), or fail with its log's end.
+wait_for_pid() {
+    local file=$1 name=$2 log=$3
+    for _ in $(seq 50); do our_pid "$file" "$name" >/dev/null && return 0; sleep 0.2; done
+    die "$name did not start (no live process in $file); the end of $log: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+}
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs as root)"
 
 node_names() { ls /var/run/netns 2>/dev/null | grep -E '^cat-n[0-9]+$' | sort -V || true; }
@@ -34,7 +69,9 @@ install_packages() {
     fi
 }
 
+# The site's munged if one runs (left alone, and never stopped here), else ours, its PID recorded.
 start_munge() {
+    mkdir -p "$STATE"
     if pgrep -x munged >/dev/null; then return; fi
     if [ ! -s /etc/munge/munge.key ]; then
         mkdir -p /etc/munge
@@ -45,6 +82,14 @@ start_munge() {
     chmod 0700 /etc/munge
     chmod 0400 /etc/munge/munge.key
     runuser -u munge -- /usr/sbin/munged
+    for _ in $(seq 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.2; done
+    cp /run/munge/munged.pid "$STATE/munged.pid" 2>/dev/null || die "munged did not start (no /run/munge/munged.pid)"
+    wait_for_pid "$STATE/munged.pid" munged /var/log/munge/munged.log
+}
+
+start_slurmctld() {
+    our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null || slurmctld
+    wait_for_pid "$STATE/slurmctld.pid" slurmctld "$STATE/slurmctld.log"
 }
 
 # The bridge with the controller's address, then per node a namespace joined to it by a veth pair.
@@ -143,18 +188,22 @@ start_node() {
     if ip netns pids "$name" 2>/dev/null | xargs -r ps -o comm= -p 2>/dev/null | grep -qx slurmd; then return; fi
     mkdir -p "$STATE/spool/$name"
     ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd"
+    wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log"
 }
 
+# Within the start's deadline: every node up, each daemon of ours still alive; else which, and why.
 wait_for_nodes() {
-    local names=("$@")
-    for _ in $(seq 60); do
-        if [ "$(sinfo -h -N -n "$(IFS=,; echo "${names[*]}")" -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = "${#names[@]}" ]; then
+    local names=("$@") deadline=$((SECONDS + START_S)) name
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null \
+            || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+        if [ "$(timeout 10 sinfo -h -N -n "$(IFS=,; echo "${names[*]}")" -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = "${#names[@]}" ]; then
             return 0
         fi
-        for name in "${names[@]}"; do scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; done
+        for name in "${names[@]}"; do timeout 10 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; done
         sleep 1
     done
-    die "nodes ${names[*]} did not come up; see $STATE/slurmctld.log and $STATE/slurmd*.log"
+    die "nodes ${names[*]} did not come up in ${START_S} s ($(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | tr '\n' ',' || echo 'sinfo did not answer')); see $STATE/slurmctld.log and $STATE/slurmd*.log"
 }
 
 # Everything in a node's namespace, killed at once (slurmd, job steps, trainers): a node that is gone.
@@ -164,12 +213,22 @@ kill_node() {
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
 }
 
+# Ours only: the namespaces' processes, then each daemon of ours with its job steps; returns when they are gone.
 stop_all() {
-    local name
-    scancel --user=root >/dev/null 2>&1 || true
+    local name pids pid left
+    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; then timeout 10 scancel --user=root >/dev/null 2>&1 || true; fi
     for name in $(node_names); do kill_node "$name"; done
-    for daemon in slurmd slurmctld munged; do pkill -x "$daemon" || true; done
-    for _ in $(seq 20); do pidof slurmd slurmctld munged slurmstepd >/dev/null || break; sleep 0.5; done
+    pids=$(our_daemons | while read -r pid _; do with_descendants "$pid"; done)
+    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+    for i in $(seq 60); do
+        left=$(for pid in $pids; do kill -0 "$pid" 2>/dev/null && echo "$pid"; done || true)
+        [ -n "$left" ] || break
+        [ "$i" = 30 ] && kill -9 $left 2>/dev/null || true  # 15 s on: what ignored SIGTERM is killed
+        sleep 0.5
+    done
+    if [ -n "$left" ]; then
+        die "could not end $(for pid in $left; do echo -n "$pid ($(ps -o comm= -p "$pid" 2>/dev/null)) "; done)in 30 s"
+    fi
     for name in $(node_names); do
         ip link del "$name-h" 2>/dev/null || true
         ip netns del "$name"
@@ -196,25 +255,26 @@ case "$command" in
 start)
     install_packages
     start_munge
-    if [ -f "$CONF_DIR/slurm.conf" ] && pgrep -x slurmctld >/dev/null; then
+    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null && [ -f "$CONF_DIR/slurm.conf" ]; then
         running=$(grep -c '^NodeName=' "$CONF_DIR/slurm.conf")
         grep -q "^NodeName=cat-n" "$CONF_DIR/slurm.conf" || running=1
         [ "$running" = "$nodes" ] || die "a $running-node cluster runs; stop it first"
     fi
     if [ "$nodes" = 1 ]; then
         write_config 1
-        pgrep -x slurmctld >/dev/null || slurmctld
-        pgrep -x slurmd >/dev/null || slurmd
+        start_slurmctld
+        our_pid "$STATE/slurmd.pid" slurmd >/dev/null || slurmd
+        wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"
         wait_for_nodes "$HOST"
     else
         start_network "$nodes"
         write_config "$nodes"
-        pgrep -x slurmctld >/dev/null || slurmctld
+        start_slurmctld
         names=()
         for i in $(seq "$nodes"); do start_node "cat-n$i"; names+=("cat-n$i"); done
         wait_for_nodes "${names[@]}"
     fi
-    sinfo
+    timeout 10 sinfo
     ;;
 fail)
     name=${1:?usage: local_cluster.sh fail NODE}
@@ -228,7 +288,7 @@ stop)
     echo "local Slurm stopped"
     ;;
 status)
-    if pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null; then sinfo; squeue; else echo "not running"; exit 1; fi
+    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; then sinfo; squeue; else echo "not running"; exit 1; fi
     ;;
 *)
     die "usage: local_cluster.sh start [--nodes N]|fail NODE|status|stop"

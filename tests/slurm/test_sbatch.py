@@ -390,10 +390,27 @@ def test_detection_on_two_nodes(two_nodes, toy_coco, tmp_path):
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["bbox_mAP_50"] is not None
 
 
-def test_stop_leaves_no_daemon_namespace_or_bridge(slurm):
-    """Last in this file: the cluster is gone afterwards, and a second stop is harmless."""
-    for _ in range(2):
-        cluster("stop")
+def _decoys(tmp_path: Path) -> list[subprocess.Popen]:
+    """Processes named like the daemons that are not the cluster's: a site's own Slurm or munge."""
+    decoys = []
+    for name in ("slurmctld", "slurmd", "munged"):
+        shutil.copy(shutil.which("sleep"), tmp_path / name)
+        decoys.append(subprocess.Popen([str(tmp_path / name), "600"]))
+    return decoys
+
+
+def test_stop_ends_only_its_own_daemons_and_leaves_no_namespace_or_bridge(slurm, tmp_path):
+    """Last of the cluster's tests: the cluster is gone afterwards, a second stop is harmless, and processes
+    named like its daemons that it did not start (pkill -x took a site's down) are still running."""
+    decoys = _decoys(tmp_path)
+    try:
+        for _ in range(2):
+            cluster("stop")
+        assert [decoy.poll() for decoy in decoys] == [None, None, None]
+    finally:
+        for decoy in decoys:
+            decoy.kill()
+            decoy.wait()
     for daemon in ("slurmctld", "slurmd", "slurmstepd", "munged"):
         assert subprocess.run(["pgrep", "-x", daemon], capture_output=True).returncode == 1, daemon
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
@@ -405,3 +422,21 @@ def test_stop_leaves_no_daemon_namespace_or_bridge(slurm):
     assert (
         not Path("/etc/netns/cat-n1").exists() and not Path(os.environ.get("CAT_SLURM_DIR", "/tmp/cat-slurm")).exists()
     )
+
+
+def test_a_start_whose_node_never_comes_up_ends_in_bounded_time_naming_it(slurm, tmp_path):
+    """A slurmd that exits at once (here: one that is not Slurm's, first on PATH): start says which daemon did
+    not come up, with its log's end, instead of waiting out a test's timeout; a stop then cleans up and a start
+    after it works."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "slurmd").write_text("#!/bin/sh\necho 'fatal: this slurmd never starts' >&2\nexit 1\n")
+    (fake / "slurmd").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    proc = subprocess.run([*CLUSTER, "start"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1 and time.monotonic() - started < 60, proc.stderr
+    assert "slurmd did not start (no live process in" in proc.stderr, proc.stderr
+    cluster("stop")
+    assert cluster("start").returncode == 0
+    cluster("stop")
