@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from cat.classification.job import run
 from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
 from cat.models import CheckpointMismatchError
-from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids
+from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, refusal_line
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 TINY = [
@@ -433,6 +434,94 @@ def test_tar_stream_trains_as_the_folder_and_resumes_exactly(image_data, folder_
     expected, got = final_weights(tmp_path / "whole"), final_weights(out)
     for k, v in expected.items():
         assert torch.equal(got[k], v), k
+
+
+# train_cls.py whose image reads, after AFTER of them in a process, block on a FIFO no one writes to (a hung
+# file system's read); it marks the FIFO's path + ".waiting" when one does.
+STUCK_READ = """
+import runpy, sys
+import cat.data
+fifo, after = sys.argv[1], int(sys.argv[2])
+read, calls = cat.data.load_rgb, [0]
+def stuck(path, **kwargs):
+    calls[0] += 1
+    if calls[0] > after:
+        open(fifo + ".waiting", "w").close()
+        with open(fifo, "rb") as f:
+            f.read()
+    return read(path, **kwargs)
+cat.data.load_rgb = stuck
+sys.argv = ["train_cls.py", *sys.argv[3:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(image_data, tmp_path, workers):
+    """SIGTERM while the data is stuck: the run leaves the wait, saves the steps it finished, says why and ends
+    (it waited for a step that never came, ignoring SIGTERM, until kill -9); the rerun resumes to the end."""
+    os.mkfifo(tmp_path / "stuck")
+    out = tmp_path / "run"
+    overrides = [*TINY, f"output_dir={out}", *IMAGE_RUN, *_format("folder", image_data), f"workers={workers}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_READ, str(tmp_path / "stuck"), "30", *overrides],
+        cwd=REPO,
+        env=env_single_thread(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not (tmp_path / "stuck.waiting").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    time.sleep(1)  # the main process is now waiting on its stuck batch
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    log = proc.stdout.read()
+    assert "stop requested: SIGTERM while waiting" in log and "the wait is abandoned, the finished steps saved" in log
+    saved = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
+    if workers == 0:  # 30 images read in the first epoch: 3 whole batches of 8
+        assert saved["step_in_epoch"] == 3
+    assert run_train(out, *IMAGE_RUN, *_format("folder", image_data))["epoch"] == 12
+
+
+def _fifo_shard(root: Path) -> str:
+    (root / "train-000001.tar").unlink()
+    os.mkfifo(root / "train-000001.tar")
+    return r"train-000001\.tar is a FIFO, not a regular file"
+
+
+def _count_beyond_the_bytes(root: Path) -> str:
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["files"]["train-000000.tar"].update(images=10**12, class_counts=[10**12, 0, 0, 0])
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return r"train-000000\.tar: its manifest says 1000000000000 images, but its \d+ bytes hold at most \d+"
+
+
+def _val_label_beyond_train(root: Path) -> str:
+    lines = (root / "val_map.txt").read_text().splitlines()
+    (root / "val_map.txt").write_text("\n".join([lines[0].rsplit("\t", 1)[0] + "\t9", *lines[1:]]) + "\n")
+    (root / "manifest.json").unlink()
+    return r"val_map\.txt, line 1: label 9: not one of the 4 classes"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fmt", "spoil"), [("tar", _fifo_shard), ("tar", _count_beyond_the_bytes), ("zip-no", _val_label_beyond_train)]
+)
+def test_a_hostile_packed_split_is_one_line_before_training(image_data, tmp_path, fmt, spoil):
+    """Through train_cls.py: exit 2, one line naming the file, nothing trained (a val label beyond train's classes
+    was an IndexError after a whole epoch; a FIFO shard blocked the run)."""
+    overrides = _format(fmt, image_data)
+    source = Path(next(o for o in overrides if o.startswith("data.root=")).split("=", 1)[1])
+    root = Path(shutil.copytree(source, tmp_path / "data"))
+    message = spoil(root)
+    overrides = [o if not o.startswith("data.root=") else f"data.root={root}" for o in overrides]
+    proc = train_proc(tmp_path / "run", *IMAGE_RUN, *overrides, timeout=120)
+    assert re.search(message, refusal_line(proc)), refusal_line(proc)
+    assert "epoch 1/" not in proc.stdout
 
 
 @pytest.mark.slow
