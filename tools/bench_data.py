@@ -19,12 +19,13 @@ audit hook) and each rank's cache memory (the bytes the reader holds; on ImageNe
 of JPEGs, ``part`` on 8 ranks holds ~17.5 GB per rank and ``full`` all of it).
 
     python tools/bench_data.py                        # 2,000 images, 100 classes, 1 worker
-    python tools/bench_data.py --workers 4 --world 8 --json
+    python tools/bench_data.py --images 4000 --workers 4 --world 8 --json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pickle
 import runpy
@@ -35,17 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from omegaconf import OmegaConf
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset
 
-import numpy as np  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from PIL import Image  # noqa: E402
-from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
-
-from cat.data import build_transform  # noqa: E402
-from cat.data.packed import RankShardSampler, ZipImageDataset  # noqa: E402
-from cat.data.shards import ShardStream  # noqa: E402
-from cat.toolkit import non_negative_int, positive_int  # noqa: E402
+from cat.data import build_transform
+from cat.data.packed import RankShardSampler, ZipImageDataset
+from cat.data.shards import ShardStream
+from cat.toolkit import non_negative_int, positive_int
 
 FORMATS = ("folder", "zip/no", "zip/part", "zip/full", "tar", "timm")
 _OPENED = [0]  # dataset files opened in this process since the audit hook went in
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=positive_int, default=32)
     parser.add_argument("--batches", type=positive_int, default=10, help="timed batches per round and format")
     parser.add_argument("--rounds", type=positive_int, default=3)
-    parser.add_argument("--world", type=positive_int, default=8, help="ranks sharing the set (zip/part holds 1/world)")
+    parser.add_argument("--world", type=positive_int, default=2, help="ranks sharing the set (zip/part holds 1/world)")
     parser.add_argument("--shard-mb", type=float, default=8.0, help="tar: megabytes per shard")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--json", action="store_true")
@@ -217,21 +216,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
             make_imagenet_like(folder, args.images, args.classes)
         pack = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))["main"]
-        if not (packed / "manifest.json").is_file():
-            pack([str(folder), str(packed), "--splits", "train"])
-        if not (root / "tar" / "manifest.json").is_file():
-            pack(
-                [
-                    str(folder),
-                    str(root / "tar"),
-                    "--splits",
-                    "train",
-                    "--format",
-                    "tar",
-                    "--shard-mb",
-                    str(args.shard_mb),
-                ]
-            )
+        with contextlib.redirect_stdout(sys.stderr):  # the packer's progress is no part of the --json report
+            if not (packed / "manifest.json").is_file():
+                pack([str(folder), str(packed), "--splits", "train"])
+            if not (root / "tar" / "manifest.json").is_file():
+                shards = ["--format", "tar", "--shard-mb", str(args.shard_mb)]
+                pack([str(folder), str(root / "tar"), "--splits", "train", *shards])
         rows = measure(args, folder, packed)
     if args.json:
         print(json.dumps(rows, indent=2))

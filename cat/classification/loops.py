@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 
-STOP_WAIT_GRACE_S = 10.0  # how long a rank of a multi-process run still waits for data after a stop signal
+# How long the loop still waits for a batch after a stop signal before it abandons the wait: one process then
+# saves what it finished (nothing is lost: a short grace); a rank of several leaves without saving (a long one).
+STOP_WAIT_GRACE_S = {"one process": 2.0, "several": 30.0}
 
 
 class NonFiniteLossError(UserError, FloatingPointError):
@@ -196,8 +198,7 @@ def train_one_epoch(
         env.is_main,
         logging.getLogger("cat"),
     )
-    # One process leaves a wait for data at once on a stop; a rank of several waits a while for its peers' step.
-    grace = 0.0 if env.world_size == 1 else STOP_WAIT_GRACE_S
+    grace = STOP_WAIT_GRACE_S["one process" if env.world_size == 1 else "several"]
     remaining = opts.steps_per_epoch - state.step_in_epoch
     try:
         for micro_batches in optimizer_steps(batches_until_stopped(batches, grace), opts.accum_steps, remaining):

@@ -94,8 +94,11 @@ def decode_image(data: bytes | BinaryIO, name: str) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
             return image.convert("RGB")
+    except Image.UnidentifiedImageError:  # its own text names a file object, not the file
+        reason = "not an image PIL can identify"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise DataError(f"cannot decode {name} ({type(error).__name__}: {error}); replace or remove it") from None
+        reason = f"{type(error).__name__}: {error}"
+    raise DataError(f"cannot read {name} ({reason}); replace or remove it")
 
 
 def parse_label(data: bytes, name: str) -> int:

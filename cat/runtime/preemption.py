@@ -12,8 +12,9 @@ cell resumes where it stopped instead of from its last epoch.
 
 A stop that arrives while the loop waits for its next batch (:func:`batches_until_stopped`) does not wait
 for a step that may never come (a read stuck on a hung file system, a FIFO): a single-process run leaves
-the wait at once, saves the steps it finished and returns; a rank of a multi-process run, whose peers may
-be inside a step's collectives, leaves after ``grace`` seconds still waiting, with :class:`StopWhileWaiting`.
+the wait once it has lasted ``grace`` seconds after the stop (a batch that comes sooner is trained on, as
+before), saves the steps it finished and returns; a rank of a multi-process run, whose peers may be inside a
+step's collectives, leaves the same way but without saving (:class:`StopWhileWaiting`).
 
 DataLoader workers started through :func:`worker_context` outlast a stop signal unless their trainer
 itself sent it. torch's workers die on SIGTERM, and a stop reaches them with the trainer (torchrun
@@ -34,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
+
+from .rng import capture_rng_state, restore_rng_state
 
 T = TypeVar("T")
 
@@ -123,15 +126,21 @@ class StopWhileWaiting(BaseException):
 
 def batches_until_stopped(batches: Iterable[T], grace: float = 0.0) -> Iterator[T]:
     """``batches``, except that a stop signal arriving while the next one is awaited (or arriving before,
-    and the wait lasting) ends the wait ``grace`` seconds later with :class:`StopWhileWaiting`."""
+    and the wait lasting) ends the wait ``grace`` seconds later with :class:`StopWhileWaiting`. The RNG
+    states are then put back as they were before the abandoned batch drew from them (its transforms, in
+    this process), so a run resumed from the checkpoint saved next draws what the uninterrupted run did."""
     iterator = iter(batches)
     while True:
+        before = capture_rng_state() if _active is not None else None
         if _active is not None:
             _active.wait_started(grace)
         try:
             batch = next(iterator)
         except StopIteration:
             return
+        except StopWhileWaiting:
+            restore_rng_state(before)
+            raise
         finally:
             if _active is not None:
                 _active.wait_ended()

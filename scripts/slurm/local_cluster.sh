@@ -88,7 +88,7 @@ start_munge() {
 }
 
 start_slurmctld() {
-    our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null || slurmctld
+    our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null || slurmctld || die "slurmctld exited with status $?: see $STATE/slurmctld.log"
     wait_for_pid "$STATE/slurmctld.pid" slurmctld "$STATE/slurmctld.log"
 }
 
@@ -187,7 +187,8 @@ start_node() {
     local name=$1
     if ip netns pids "$name" 2>/dev/null | xargs -r ps -o comm= -p 2>/dev/null | grep -qx slurmd; then return; fi
     mkdir -p "$STATE/spool/$name"
-    ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd"
+    ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd" \
+        || die "slurmd of $name did not start: it exited with status $? (see $STATE/slurmd-$name.log)"
     wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log"
 }
 
@@ -263,7 +264,7 @@ start)
     if [ "$nodes" = 1 ]; then
         write_config 1
         start_slurmctld
-        our_pid "$STATE/slurmd.pid" slurmd >/dev/null || slurmd
+        our_pid "$STATE/slurmd.pid" slurmd >/dev/null || slurmd || die "slurmd did not start: it exited with status $? (see $STATE/slurmd.log)"
         wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"
         wait_for_nodes "$HOST"
     else

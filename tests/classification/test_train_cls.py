@@ -436,6 +436,32 @@ def test_tar_stream_trains_as_the_folder_and_resumes_exactly(image_data, folder_
         assert torch.equal(got[k], v), k
 
 
+@pytest.mark.slow
+def test_foreign_shards_train_through_the_trainer_with_their_scan_in_the_run_folder(image_data, folder_run, tmp_path):
+    """Shards webdataset's ShardWriter wrote (no manifest), in a random order: the trainer reads them through the
+    header scan, cached in its run folder (the data folder is left as it was), to the folder's accuracy."""
+    import random
+
+    from torchvision.datasets import ImageFolder
+    from webdataset import ShardWriter
+
+    data = tmp_path / "foreign"
+    data.mkdir()
+    for split in ("train", "val"):
+        samples = ImageFolder(str(image_data[0] / split)).samples
+        random.Random(0).shuffle(samples)
+        with ShardWriter(str(data / f"{split}-%06d.tar"), maxcount=40, encoder=False, verbose=0) as sink:
+            for index, (path, label) in enumerate(samples):
+                sink.write({"__key__": f"{index:06d}", "jpg": Path(path).read_bytes(), "cls": str(label).encode()})
+    written = sorted(p.name for p in data.iterdir())
+    overrides = [f"data.root={data}", "data.format=tar", "data.shuffle_buffer=16"]
+    metrics = run_train(tmp_path / "run", *IMAGE_RUN, *overrides)
+    folder = json.loads((folder_run / "metrics.json").read_text())
+    assert metrics["top1"] >= 90 and folder["top1"] >= 90, (metrics, folder)
+    assert len(list((tmp_path / "run").glob(".shard-index-*.json"))) == 1
+    assert sorted(p.name for p in data.iterdir()) == written
+
+
 # train_cls.py whose image reads, after AFTER of them in a process, block on a FIFO no one writes to (a hung
 # file system's read); it marks the FIFO's path + ".waiting" when one does.
 STUCK_READ = """
@@ -458,9 +484,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(image_data, tmp_path, workers):
-    """SIGTERM while the data is stuck: the run leaves the wait, saves the steps it finished, says why and ends
-    (it waited for a step that never came, ignoring SIGTERM, until kill -9); the rerun resumes to the end."""
+def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(
+    image_data, uninterrupted_folder, tmp_path, workers
+):
+    """SIGTERM while the data is stuck: the run leaves the wait (after its grace), saves the steps it finished, says
+    why and ends (it waited for a step that never came, ignoring SIGTERM, until kill -9); the rerun resumes to the
+    end, in one process with the uninterrupted run's weights (the abandoned batch's random draws are undone)."""
     os.mkfifo(tmp_path / "stuck")
     out = tmp_path / "run"
     overrides = [*TINY, f"output_dir={out}", *IMAGE_RUN, *_format("folder", image_data), f"workers={workers}"]
@@ -482,9 +511,12 @@ def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(image_data,
     log = proc.stdout.read()
     assert "stop requested: SIGTERM while waiting" in log and "the wait is abandoned, the finished steps saved" in log
     saved = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
-    if workers == 0:  # 30 images read in the first epoch: 3 whole batches of 8
-        assert saved["step_in_epoch"] == 3
     assert run_train(out, *IMAGE_RUN, *_format("folder", image_data))["epoch"] == 12
+    if workers == 0:  # 30 images read in the first epoch: 3 whole batches of 8, the 4th abandoned
+        assert saved["step_in_epoch"] == 3
+        got = final_weights(out)
+        for k, v in uninterrupted_folder.items():
+            assert torch.equal(got[k], v), k
 
 
 def _fifo_shard(root: Path) -> str:

@@ -27,6 +27,7 @@ from torchvision.datasets import ImageFolder
 import cat
 from cat.data import build_dataset
 from cat.data.shards import shard_samples
+from cat.runtime.rng import seed_everything
 from tests.conftest import REPO
 
 
@@ -142,10 +143,10 @@ def test_shards_of_the_old_packer_are_warned_about_from_their_headers(digits, tm
 
 def _top1(root: Path, fmt: str, seed: int, epochs: int = 3) -> float:
     """A small CA-DeiT trained ``epochs`` on the split as the format delivers it, then evaluated."""
-    torch.manual_seed(seed)
+    seed_everything(seed)  # torch's, numpy's and Python's: timm's crops draw from the last
     data, aug = _config(root, fmt)
     val = build_dataset(data, aug, "val", num_classes=10)
-    model = cat.create_model("ca_deit_tiny", num_classes=10, img_size=32, embed_dim=32, depth=2, patch_size=4)
+    model = cat.create_model("ca_deit_tiny", num_classes=10, img_size=32, embed_dim=32, depth=1, patch_size=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     model.train()
     for epoch in range(epochs):
@@ -165,19 +166,20 @@ def _top1(root: Path, fmt: str, seed: int, epochs: int = 3) -> float:
 
 @pytest.mark.slow
 def test_packed_and_foreign_shards_train_as_well_as_the_folder(digits):
-    """Three seeds each, 3 epochs: top-1 ~40%, far from saturation. Packed and foreign shards stay within the
-    seeds' noise of the folder; class-sorted shards (the control, the old packer's order) fall to ~chance."""
+    """Three seeds each, 3 epochs: top-1 ~35%, far from saturation. Packed and foreign shards stay within twice the
+    seeds' spread of the folder's mean; class-sorted shards (the control: the old packer's order) fall towards
+    chance, so the test sees an order that costs accuracy. Every RNG is seeded: the same numbers on every run."""
     torch.set_num_threads(1)
     runs = {
-        name: [_top1(digits[name], "folder" if name == "folder" else "tar", seed) for seed in range(3)]
-        for name in ("folder", "packed", "shuffled", "sorted")
+        name: [_top1(digits[name], "folder" if name == "folder" else "tar", seed) for seed in seeds]
+        for name, seeds in (("folder", range(3)), ("packed", range(3)), ("shuffled", range(3)), ("sorted", range(3)))
     }
     means = {name: statistics.mean(accuracies) for name, accuracies in runs.items()}
-    noise = max(statistics.stdev(runs["folder"]), 2.0)
     assert 20 <= means["folder"] <= 80, runs  # away from chance and from saturation
-    assert means["packed"] >= means["folder"] - 2 * noise, runs
-    assert means["shuffled"] >= means["folder"] - 2 * noise, runs
-    assert means["sorted"] <= means["folder"] - 15, runs
+    for name in ("packed", "shuffled"):
+        noise = max(statistics.stdev(runs["folder"]), statistics.stdev(runs[name]), 2.0)
+        assert means[name] >= means["folder"] - 2 * noise, runs
+    assert means["sorted"] <= means["folder"] - 10, runs
 
 
 def test_foreign_shards_are_scanned_once_into_the_runs_folder_not_the_datas(digits, tmp_path):

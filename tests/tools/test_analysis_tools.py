@@ -128,7 +128,7 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
         (
             "bench_data",
             ["--images", "5", "--classes", "2"],
-            "--images 5: at least 2816 (--world 8 ranks x (--batches 10 + 1 warm-up) x --batch 32",
+            "--images 5: at least 704 (--world 2 ranks x (--batches 10 + 1 warm-up) x --batch 32",
         ),
         ("bccb_analysis", ["--num-images", "0"], "argument --num-images: '0' is not a positive integer"),
         (
