@@ -233,6 +233,14 @@ CASES = {
         _overrides("data=folder", "data.format=tar", "data.shuffle_buffer=0"),
         "data.shuffle_buffer=0: expected an integer >= 1",
     ),
+    "max_image_mb_zero": (
+        _overrides("data=folder", "data.max_image_mb=0"),
+        "data.max_image_mb=0: expected a number > 0",
+    ),
+    "max_image_mb_nan": (
+        _overrides("data=folder", "data.max_image_mb=nan"),
+        "data.max_image_mb=nan: expected a number > 0",
+    ),
     "zip_root_without_zips": (_zip_root_without_zips, "train.zip (data.format=zip reads <root>/<split>.zip"),
     "unknown_key": (_overrides("+bogus=1"), "bogus: not a key of this config (known here: accum_steps, amp, aug,"),
     # Hydra's own refusals of the command line, before the schema sees a config
