@@ -153,9 +153,9 @@ def warn_class_sorted(shards: Mapping[str, Mapping[int, int]], buffer: int) -> b
     flagged = class_sorted(shards)
     if len(flagged) * 2 < len(shards) or not flagged:
         return False
-    expected = {name: len([n for n in counts.values() if n]) for name, counts in shards.items()}
+    held = {name: len([n for n in counts.values() if n]) for name, counts in shards.items()}
     classes = len({label for counts in shards.values() for label, n in counts.items() if n})
-    named = ", ".join(f"{os.path.basename(n)} ({expected[n]} of {classes} classes)" for n in flagged[:3])
+    named = ", ".join(f"{os.path.basename(n)} ({held[n]} of {classes} classes)" for n in flagged[:3])
     log.warning(
         "%d of %d training shards are class-sorted (%s%s): the shuffle buffer (data.shuffle_buffer=%d) mixes only "
         "a few classes, so each batch holds a few classes and the run loses accuracy. Re-pack with "
