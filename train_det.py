@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from cat.mm import run_mm
+from cat.mm import DET, run_mm
 from cat.runtime import hydra_entry
 
 
 @hydra_entry("configs/det", schema="det")
 def main(cfg: DictConfig) -> None:
-    run_mm(cfg, "det")
+    run_mm(cfg, DET)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from cat.mm import run_mm
+from cat.mm import SEG, run_mm
 from cat.runtime import hydra_entry
 
 
 @hydra_entry("configs/seg", schema="seg")
 def main(cfg: DictConfig) -> None:
-    run_mm(cfg, "seg")
+    run_mm(cfg, SEG)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,25 @@ def compose_config(task: str, *overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def as_typed(cfg, task: str):
+    """A composed config of ``task`` as the schema's typed object (what the trainers read once it is checked)."""
+    from cat.runtime.schema import schema_of, typed_config
+
+    return typed_config(cfg, schema_of(task))
+
+
+def typed_config(task: str, *overrides: str):
+    """:func:`compose_config`'s config as the schema's typed object."""
+    return as_typed(compose_config(task, *overrides), task)
+
+
+def mm_builder(task: str):
+    """``(composed config, env, output folder) -> mmengine config`` of the detection or segmentation task."""
+    from cat.mm import DET, SEG
+
+    return lambda cfg, env, out: {"det": DET, "seg": SEG}[task].build_config(as_typed(cfg, task), env, out)
+
+
 @pytest.fixture
 def official_ca_deit() -> Path:
     if not (OFFICIAL_CA_DEIT / "small_p8_64.pth").is_file():

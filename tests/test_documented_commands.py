@@ -87,12 +87,13 @@ def test_documented_command_passes_its_check(where, task, overrides, tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "checkpoint.pth").write_bytes(b"")
     if task == "cls":
-        from cat.classification.schema import check_config as check
+        from cat.classification.checks import check_config as check
     else:
         from cat.mm.schema import check_mm_config
+        from cat.runtime.schema import schema_of
 
         def check(cfg):
-            check_mm_config(cfg, task)
+            check_mm_config(cfg, schema_of(task))
 
     for cell in _cells(overrides, tmp_path):
         check(compose_config(task, *cell))  # ConfigError names each problem

@@ -37,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import OmegaConf
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 
-from cat.data import build_transform
+from cat.data import AugConfig, DataConfig, build_transform
 from cat.data.packed import RankShardSampler, ZipImageDataset
 from cat.data.shards import ShardStream
 from cat.toolkit import non_negative_int, positive_int
@@ -67,28 +66,16 @@ def make_imagenet_like(root: Path, images: int, classes: int, seed: int = 0) -> 
         Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(folder / f"img_{i:06d}.JPEG", quality=quality)
 
 
-def _data_config() -> Any:
-    return OmegaConf.create(
-        {
-            "img_size": 224,
-            "interpolation": "bicubic",
-            "mean": [0.485, 0.456, 0.406],
-            "std": [0.229, 0.224, 0.225],
-            "crop_pct": 0.875,
-        }
+def _data_config() -> DataConfig:
+    """The ImageNet evaluation and DeiT training settings of the data section that the transform reads."""
+    return DataConfig(
+        img_size=224, interpolation="bicubic", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop_pct=0.875
     )
 
 
-def _deit_aug() -> Any:
-    return OmegaConf.create(
-        {
-            "auto_augment": "rand-m9-mstd0.5-inc1",
-            "reprob": 0.25,
-            "remode": "pixel",
-            "recount": 1,
-            "hflip": 0.5,
-            "color_jitter": 0.3,
-        }
+def _deit_aug() -> AugConfig:
+    return AugConfig(
+        auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, remode="pixel", recount=1, hflip=0.5, color_jitter=0.3
     )
 
 

@@ -41,11 +41,13 @@ def measure_dense(task: str, experiment: str, hw: tuple[int, int]) -> dict[str, 
     from hydra import compose, initialize_config_dir
 
     from cat.mm.flops import detector_macs, segmentor_macs
+    from cat.runtime.schema import schema_of, typed_config
 
     config_dir = CONFIGS / task
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"experiment={experiment}"])
-    params, macs = (detector_macs if task == "det" else segmentor_macs)(cfg, hw)
+    model = typed_config(cfg, schema_of(task)).model
+    params, macs = (detector_macs if task == "det" else segmentor_macs)(model, hw)
     return {"model": experiment, "img_size": list(hw), "params": params, "flops": macs}
 
 

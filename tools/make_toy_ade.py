@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from cat.data.toy_shapes import SHAPES, draw_scene, toy_dataset_parser
+from cat.data.toy_shapes import SHAPES, draw_scene
 from cat.runtime import report_user_errors
+from cat.toolkit import toy_dataset_parser
 
 CLASSES = ("background", *SHAPES)  # label k + 1 is CLASSES[k]; 0 is unlabelled
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cat.data.toy_shapes import SHAPES, draw_scene, polygon_area, toy_dataset_parser
+from cat.data.toy_shapes import SHAPES, draw_scene, polygon_area
 from cat.runtime import report_user_errors
+from cat.toolkit import toy_dataset_parser
 
 CATEGORIES = [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)]
 

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -18,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
-from cat.data import ShardStream, ZipImageDataset, build_dataset
+from cat.data import AugConfig, ShardStream, build_dataset
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
 from cat.models import (
@@ -36,7 +35,7 @@ from cat.runtime.resume import resumes
 
 from .checkpoints import LAST, recorded_config
 from .loops import TrainOptions
-from .schema import input_size
+from .schema import ClsConfig, ClsModelConfig
 from .state import TrainState
 
 __all__ = [
@@ -87,31 +86,34 @@ class ShardSampler(Sampler[int]):
 
 
 def build_model(
-    cfg: DictConfig,
+    model_cfg: ClsModelConfig,
     num_classes: int,
+    img_size: int,
     checkpoint: str | None = None,
     strict: bool = True,
     fine_tune: bool = False,
+    use_ema: bool = False,
     state_dict: dict[str, Tensor] | None = None,
     trained_config: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """The model of ``cfg.model``: created, its ``checkpoint`` loaded (``state_dict``: weights the caller
-    already read from it, ``trained_config``: the run config the file records), converted to circulant
-    attention when ``model.convert`` is set. A checkpoint of the unconverted model loads before the
-    conversion (fine-tuning a softmax model as a circulant one), a converted model's after it. To
-    ``fine_tune``, a checkpoint's classifier for another class count is left out (the model's starts fresh).
-    Weights that do not fit and were trained by a run of another model say which settings differ."""
-    kwargs = model_kwargs(cfg.model.drop_path_rate, OmegaConf.to_container(cfg.model.kwargs, resolve=True))
-    accepted = model_arguments(cfg.model.name)
+    """The model of the ``model`` section for inputs of ``img_size``: created, its ``checkpoint`` loaded (its
+    weight EMA with ``use_ema``; ``state_dict``: weights the caller already read from it, ``trained_config``: the
+    run config the file records), converted to circulant attention when ``model.convert`` is set. A checkpoint
+    of the unconverted model loads before the conversion (fine-tuning a softmax model as a circulant one), a
+    converted model's after it. To ``fine_tune``, a checkpoint's classifier for another class count is left out
+    (the model's starts fresh). Weights that do not fit and were trained by a run of another model say which
+    settings differ."""
+    kwargs = model_kwargs(model_cfg.drop_path_rate, model_cfg.kwargs)
+    accepted = model_arguments(model_cfg.name)
     if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
         # The size it is fed (throughput.img_size in throughput mode): fixed-size models (timm's ViTs) are
         # built for it, a checkpoint's position embeddings resampled to it.
-        kwargs = {"img_size": input_size(cfg)[0], **kwargs}
-    model = cat.create_model(cfg.model.name, num_classes=num_classes, **kwargs)
-    conversion = cfg.model.get("convert")
+        kwargs = {"img_size": img_size, **kwargs}
+    model = cat.create_model(model_cfg.name, num_classes=num_classes, **kwargs)
+    conversion = model_cfg.convert
     if state_dict is None and checkpoint is not None:
         entries = load_checkpoint_file(checkpoint)
-        state_dict = extract_state_dict(entries, str(checkpoint), use_ema=cfg.checkpoint_ema)
+        state_dict = extract_state_dict(entries, str(checkpoint), use_ema=use_ema)
         trained_config = recorded_config(entries)
     # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
     convert_first = (
@@ -123,7 +125,7 @@ def build_model(
         try:
             load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
         except CheckpointMismatchError as error:
-            differences = model_differences(trained_config, cfg)
+            differences = model_differences(trained_config, model_cfg)
             if not differences:
                 raise
             raise CheckpointMismatchError(
@@ -134,19 +136,18 @@ def build_model(
             ) from None
     if conversion is not None and not convert_first:
         _convert(model, conversion)
-    if cfg.model.grad_checkpointing:
+    if model_cfg.grad_checkpointing:
         try:
             model.set_grad_checkpointing(True)
         except (AssertionError, NotImplementedError) as error:  # timm's models that have none say so this way
             raise ConfigError(
-                f"model.grad_checkpointing=true: {cfg.model.name} does not support it ({error})"
+                f"model.grad_checkpointing=true: {model_cfg.name} does not support it ({error})"
             ) from None
-    return set_lean_attention(model, cfg.model.lean_attention)
+    return set_lean_attention(model, model_cfg.lean_attention)
 
 
-def _convert(model: nn.Module, conversion: DictConfig) -> None:
+def _convert(model: nn.Module, settings: dict[str, Any]) -> None:
     """``cat.convert`` with ``model.convert``'s settings; what it refuses is a ConfigError naming the key."""
-    settings = OmegaConf.to_container(conversion, resolve=True)
     accepted = list(inspect.signature(cat.convert).parameters)[1:]  # after the model
     unknown = [
         f"model.convert.{k}: not an argument of cat.convert ({', '.join(accepted)})"
@@ -160,32 +161,28 @@ def _convert(model: nn.Module, conversion: DictConfig) -> None:
         raise ConfigError(f"model.convert={settings}: {error}") from None
 
 
-# The settings that make a run's weights another model's.
-_MODEL_DEFINING_KEYS = ("name", "kwargs", "convert")
-
-
-def model_differences(trained_config: dict[str, Any] | None, cfg: DictConfig) -> list[str]:
+def model_differences(trained_config: dict[str, Any] | None, model_cfg: ClsModelConfig) -> list[str]:
     """``model.KEY=<trained> where this model has <current>`` for each model-defining setting in which a
-    checkpoint's recorded run config (``trained_config``, None when it has none) differs from ``cfg``."""
+    checkpoint's recorded run config (``trained_config``, None when it has none) differs from ``model_cfg``."""
     if trained_config is None:
         return []
-    trained, current = trained_config["model"], OmegaConf.to_container(cfg.model, resolve=True)
+    trained = trained_config["model"]
     return [
-        f"model.{key}={trained.get(key)!r} where this model has {current.get(key)!r}"
-        for key in _MODEL_DEFINING_KEYS
-        if trained.get(key) != current.get(key)
+        f"model.{key}={trained.get(key)!r} where this model has {getattr(model_cfg, key)!r}"
+        for key in ClsModelConfig.DEFINING_KEYS
+        if trained.get(key) != getattr(model_cfg, key)
     ]
 
 
-def num_classes_of(cfg: DictConfig, dataset: Dataset) -> int:
+def num_classes_of(cfg: ClsConfig, dataset: Dataset) -> int:
     if cfg.data.num_classes is not None:
         return int(cfg.data.num_classes)
     return len(dataset.classes)  # folder datasets: one class per folder
 
 
-def val_loader(cfg: DictConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
+def val_loader(cfg: ClsConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
     # A tar stream splits its shards over the ranks itself; files read by index are split here.
-    sampler = None if isinstance(dataset, ShardStream) else ShardSampler(len(dataset), env.rank, env.world_size)
+    sampler = None if cfg.data.format == "tar" else ShardSampler(len(dataset), env.rank, env.world_size)
     return DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -209,7 +206,7 @@ class TrainData:
     accum_steps: int = 1
 
 
-def build_train_data(cfg: DictConfig, env: DistEnv, run_folder: str | None = None) -> TrainData:
+def build_train_data(cfg: ClsConfig, env: DistEnv, run_folder: str | None = None) -> TrainData:
     """Both splits and their loaders; the train sampler can start an epoch part-way (a resume). An
     epoch is as many optimizer steps as whole global batches fit (a remainder is left out, as
     ``drop_last`` leaves one out of a loader). The validation split's labels are bounded by the
@@ -226,10 +223,10 @@ def build_train_data(cfg: DictConfig, env: DistEnv, run_folder: str | None = Non
             f"the train split has {len(train_set)} images, fewer than one global batch of "
             f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes x accum_steps={cfg.accum_steps})"
         )
-    streamed = isinstance(train_set, ShardStream)
+    streamed = cfg.data.format == "tar"
     if streamed:  # the stream orders itself and resumes from its set_epoch
         sampler: ResumableSampler | ShardStream = train_set
-    elif isinstance(train_set, ZipImageDataset) and train_set.cache_mode == "part":  # each rank its own share
+    elif cfg.data.format == "zip" and cfg.data.cache_mode == "part":  # each rank its own share
         sampler = ResumableSampler(RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed))
     else:
         sampler = ResumableSampler(
@@ -262,18 +259,25 @@ def build_train_data(cfg: DictConfig, env: DistEnv, run_folder: str | None = Non
     )
 
 
-def build_train_model(cfg: DictConfig, env: DistEnv, num_classes: int) -> nn.Module:
+def build_train_model(cfg: ClsConfig, env: DistEnv, num_classes: int) -> nn.Module:
     """The model a training run starts with, on its device: from ``checkpoint=`` if given, unless the run resumes."""
     checkpoint = None if resumes(cfg, LAST) else cfg.checkpoint
-    return Precision.from_config(cfg, env.device).model(
-        build_model(cfg, num_classes, checkpoint=checkpoint, strict=cfg.strict_load, fine_tune=True)
+    model = build_model(
+        cfg.model,
+        num_classes,
+        cfg.input_size()[0],
+        checkpoint=checkpoint,
+        strict=cfg.strict_load,
+        fine_tune=True,
+        use_ema=cfg.checkpoint_ema,
     )
+    return Precision.from_config(cfg.amp, env.device, cfg.channels_last).model(model)
 
 
-def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData, model: nn.Module | None = None) -> TrainState:
+def build_train_state(cfg: ClsConfig, env: DistEnv, data: TrainData, model: nn.Module | None = None) -> TrainState:
     """A fresh train state: the ``model`` (:func:`build_train_model` if not given), EMA, AdamW-style optimizer
     with the linearly scaled lr, the per-step schedule and the fp16 scaler (CUDA only)."""
-    precision = Precision.from_config(cfg, env.device)
+    precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
     if model is None:
         model = build_train_model(cfg, env, data.num_classes)
     ema = ModelEmaV3(model, decay=cfg.ema.decay) if cfg.ema.enabled else None
@@ -284,7 +288,7 @@ def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData, model: nn.
         lr=lr,
         weight_decay=cfg.optim.weight_decay,
         momentum=cfg.optim.momentum,
-        **OmegaConf.to_container(cfg.optim.kwargs),
+        **cfg.optim.kwargs,
     )
     # The schedule is a pure function of the step, built from the current config (never restored).
     scheduler, _ = create_scheduler_v2(
@@ -301,7 +305,7 @@ def build_train_state(cfg: DictConfig, env: DistEnv, data: TrainData, model: nn.
     return TrainState(model, optimizer, scheduler, precision.grad_scaler(), ema)
 
 
-def build_mixup(aug: DictConfig, num_classes: int) -> Mixup | None:
+def build_mixup(aug: AugConfig, num_classes: int) -> Mixup | None:
     """timm's batch mixup/cutmix (with label smoothing) of the ``aug`` recipe; None when both are off."""
     if not (aug.mixup > 0 or aug.cutmix > 0):
         return None
@@ -317,7 +321,7 @@ def build_mixup(aug: DictConfig, num_classes: int) -> Mixup | None:
 
 
 def build_train_options(
-    cfg: DictConfig,
+    cfg: ClsConfig,
     env: DistEnv,
     data: TrainData,
     log_fn: Callable[[dict[str, float], int], None] | None = None,
@@ -334,7 +338,7 @@ def build_train_options(
         criterion = nn.CrossEntropyLoss()
     return TrainOptions(
         criterion=criterion,
-        precision=Precision.from_config(cfg, env.device),
+        precision=Precision.from_config(cfg.amp, env.device, cfg.channels_last),
         steps_per_epoch=data.steps_per_epoch,
         accum_steps=data.accum_steps,
         num_epochs=cfg.epochs,

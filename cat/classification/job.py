@@ -18,8 +18,9 @@ from cat.runtime import DistEnv, Precision, RunFolder, run_job, settle_run_folde
 
 from .builders import build_model, num_classes_of, val_loader
 from .checkpoints import recorded_config
+from .checks import check_config
 from .loops import evaluate, measure_throughput
-from .schema import check_config, input_size
+from .schema import ClsConfig
 from .trainer import fit
 
 __all__ = ["run"]
@@ -32,21 +33,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ``output_dir/throughput``, so they never overwrite a training run's record.
     """
     notes = settle_run_folder(cfg)
-    check_config(cfg)
-    if cfg.deterministic:
+    typed = check_config(cfg)
+    if typed.deterministic:
         torch.use_deterministic_algorithms(True)
-    body = {"train": fit, "eval": _eval, "throughput": _throughput}[cfg.mode]
-    return run_job(cfg, functools.partial(body, cfg), notes)
+    body = {"train": fit, "eval": _eval, "throughput": _throughput}[typed.mode]
+    return run_job(typed, functools.partial(body, typed), notes)
 
 
-def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     checkpoint = cfg.checkpoint or os.path.join(cfg.output_dir, "best.pth")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"mode=eval needs checkpoint=PATH (no {checkpoint})")
     # The weights before the data where the config gives the class count, as training does: a file that does not
     # fit or is refused is named before the val folders are scanned.
     dataset = None if cfg.data.num_classes is not None else _val_set(cfg, env)
-    precision = Precision.from_config(cfg, env.device)
+    precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
     entries = load_checkpoint_file(checkpoint)
     # The model's weights, and the weight EMA where the run kept one: both are the run's result.
     weights = {"": extract_state_dict(entries, checkpoint)}
@@ -57,8 +58,9 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     models = {
         prefix: precision.model(
             build_model(
-                cfg,
+                cfg.model,
                 num_classes_of(cfg, dataset),
+                cfg.input_size()[0],
                 checkpoint,
                 cfg.strict_load,
                 state_dict=state_dict,
@@ -86,15 +88,22 @@ def _eval(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
 
 
-def _val_set(cfg: DictConfig, env: DistEnv) -> Dataset:
+def _val_set(cfg: ClsConfig, env: DistEnv) -> Dataset:
     return build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
 
 
-def _throughput(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
-    hw = input_size(cfg)
-    precision = Precision.from_config(cfg, env.device)
+def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+    hw = cfg.input_size()
+    precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
     model = precision.model(
-        build_model(cfg, cfg.data.num_classes or 1000, checkpoint=cfg.checkpoint, strict=cfg.strict_load)
+        build_model(
+            cfg.model,
+            cfg.data.num_classes or 1000,
+            hw[0],
+            checkpoint=cfg.checkpoint,
+            strict=cfg.strict_load,
+            use_ema=cfg.checkpoint_ema,
+        )
     )
     folder.write_config(cfg)
     if cfg.compile:

@@ -17,10 +17,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cat.errors import UserError
 from cat.runtime.amp import Precision
+from cat.runtime.clock import time_calls
 from cat.runtime.console import StepProgress, progress_bar
 from cat.runtime.dist import DistEnv, all_reduce_sum
+from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.preemption import StopWhileWaiting, batches_until_stopped
-from cat.toolkit.timing import time_calls
 
 from .state import TrainState
 
@@ -196,7 +197,7 @@ def train_one_epoch(
         state.step_in_epoch,
         opts.log_interval,
         env.is_main,
-        logging.getLogger("cat"),
+        logging.getLogger(RUN_LOGGER),
     )
     grace = STOP_WAIT_GRACE_S["one process" if env.world_size == 1 else "several"]
     remaining = opts.steps_per_epoch - state.step_in_epoch
@@ -221,7 +222,9 @@ def train_one_epoch(
                 f"rank {env.rank}: stopped by {stopped} (a read is stuck?); leaving without saving: the last "
                 "checkpoint stands"
             ) from None
-        logging.getLogger("cat").warning("stop requested: %s; the wait is abandoned, the finished steps saved", stopped)
+        logging.getLogger(RUN_LOGGER).warning(
+            "stop requested: %s; the wait is abandoned, the finished steps saved", stopped
+        )
         interrupted = True
     progress.close()
     elapsed = carried.seconds + time.perf_counter() - start

@@ -13,29 +13,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from cat.data import ZipImageDataset
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.preemption import stop_requested
-from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
+from cat.runtime.resume import check_resume, describe_changes, recipe_changes, refuse_shorter_run
+from cat.runtime.schema import config_record
 
 from .builders import build_train_data, build_train_model, build_train_options, build_train_state
 from .checkpoints import CheckpointManager
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
+from .schema import ClsConfig
 from .state import TrainState
 
-__all__ = ["fit", "Trainer", "RESUME_FIXED_KEYS", "RESUME_FREE_KEYS"]
-
-# A resumed run may change anything else (epochs, lr, schedule, optimizer settings: applied from the
-# resumed step on); these would make it a different run, so resuming with them changed is refused.
-RESUME_FIXED_KEYS = ("model.", "data.", "aug.", "batch_size", "accum_steps", "seed", "optim.opt", "ema.enabled")
-# The same data may move; the same math, computed another way.
-RESUME_FREE_KEYS = ("data.root", "model.lean_attention", "model.grad_checkpointing")
-# What a resume applies from its step on and what changes the training there: for a finished run, to no step.
-RESUME_RECIPE_KEYS = ("lr", "optim.", "schedule.", "ema.", "amp.")
+__all__ = ["fit", "Trainer"]
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -59,27 +51,22 @@ def _weights_finite(model: torch.nn.Module) -> bool:
 
 
 def resume(
-    cfg: DictConfig, env: DistEnv, folder: RunFolder, ckpt: CheckpointManager, state: TrainState, steps_per_epoch: int
+    cfg: ClsConfig, env: DistEnv, folder: RunFolder, ckpt: CheckpointManager, state: TrainState, steps_per_epoch: int
 ) -> ResumePoint:
     """Load ``output_dir/last.pth`` into ``state`` if there is one; refuse config changes that would
-    make it another run, and return the others (:func:`record_config` writes them down once a
-    checkpoint under them is saved)."""
+    make it another run (:func:`~cat.runtime.resume.check_resume`), and return the others
+    (:func:`record_config` writes them down once a checkpoint under them is saved)."""
     saved = ckpt.load_last()
     if saved is None:
         return ResumePoint()
-    current = OmegaConf.to_container(cfg, resolve=True)
-    changed, fixed = resume_changes(saved.get("config") or {}, current, RESUME_FIXED_KEYS, RESUME_FREE_KEYS)
+    refused = []
     if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
-        fixed.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
-    refuse_fixed_changes(ckpt.last, changed, fixed)
+        refused.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
+    changed = check_resume(ckpt.last, saved.get("config") or {}, cfg, refused)
     trained, mid_epoch = saved["epoch"] + 1, bool(saved["step_in_epoch"])
     if cfg.epochs < trained + mid_epoch:  # what trained cannot be taken back: the record would claim a shorter run
-        raise ConfigError(
-            f"epochs={cfg.epochs}: {ckpt.last} has "
-            + (f"begun epoch {trained + 1}" if mid_epoch else f"trained {trained} epochs")
-            + f"; a shorter run needs another output_dir (or {START_OVER})"
-        )
-    recipe = {k: v for k, v in changed.items() if k.startswith(RESUME_RECIPE_KEYS)}
+        refuse_shorter_run(f"epochs={cfg.epochs}", ckpt.last, trained, "epochs", begun=mid_epoch)
+    recipe = recipe_changes(changed, cfg)
     if cfg.epochs == trained and not mid_epoch and recipe:  # e.g. a new lr tried in the default output_dir
         raise ConfigError(
             f"{ckpt.last} has finished its {trained} epochs, so {describe_changes(recipe)} would train nothing: a run "
@@ -100,7 +87,7 @@ def resume(
     return point
 
 
-def record_config(cfg: DictConfig, folder: RunFolder, changed: dict[str, list] | None, epoch: int, step: int) -> None:
+def record_config(cfg: ClsConfig, folder: RunFolder, changed: dict[str, list] | None, epoch: int, step: int) -> None:
     """``config.yaml`` says what runs now, and ``config_changes.jsonl`` gains the resume's changes
     (from ``epoch``/``step``, 1-based as logged). Called once the changed config has saved a
     checkpoint, so the record never claims a change that did not train."""
@@ -114,9 +101,9 @@ def record_config(cfg: DictConfig, folder: RunFolder, changed: dict[str, list] |
 class _Checkpoints:
     """Saving for one run: the state plus what every checkpoint of it carries (config, world size)."""
 
-    def __init__(self, cfg: DictConfig, env: DistEnv, folder: RunFolder) -> None:
+    def __init__(self, cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> None:
         self.manager = CheckpointManager(folder.path, keep_last=cfg.save.keep_last)
-        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.config = config_record(cfg)
         self.env = env
         self.has_good = False  # last.pth is this run's: resumed from, or saved since
         self.after_first_save: Callable[[], None] | None = None
@@ -173,7 +160,7 @@ def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float 
         )
 
 
-def _wrap_for_training(cfg: DictConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
+def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
     train_model = torch.compile(model) if cfg.compile else model
     if env.distributed:
         train_model = DistributedDataParallel(
@@ -192,7 +179,7 @@ def _summary(state: TrainState, **extra: Any) -> dict[str, Any]:
     }
 
 
-def fit(cfg: DictConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
+def fit(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     """Train ``cfg`` into ``folder`` (resuming from its ``last.pth``); returns the run's metrics."""
     return Trainer(cfg, env, folder).fit()
 
@@ -201,7 +188,7 @@ class Trainer:
     """One classification training run: its data, train state, loop options and checkpoints, built
     once, and the epoch loop over them (:meth:`fit`)."""
 
-    def __init__(self, cfg: DictConfig, env: DistEnv, folder: RunFolder) -> None:
+    def __init__(self, cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> None:
         self.cfg, self.env, self.folder = cfg, env, folder
         # The model before the data where the config gives the class count: weights that do not fit (checkpoint=)
         # are refused before ImageNet's folders are scanned, which takes minutes on a network file system.
@@ -273,7 +260,7 @@ class Trainer:
     def _log_cache(self) -> None:
         """A zip cache's bytes per rank (``part``: each its 1/world share; ``full``: all on each)."""
         train_set, env = self.data.train_set, self.env
-        if not isinstance(train_set, ZipImageDataset) or train_set.cache_mode == "no":
+        if self.cfg.data.format != "zip" or train_set.cache_mode == "no":
             return
         held = torch.zeros(env.world_size, dtype=torch.float64)
         held[env.rank] = train_set.cached_bytes()

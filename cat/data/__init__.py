@@ -1,33 +1,23 @@
-"""Dataset builders for the classification trainer.
+"""The classification datasets: a registry by name (:mod:`cat.data.registry`) over image files in
+folders, zips or tar shards (:mod:`cat.data.images`), scikit-learn's bundled digits and a synthetic
+set; the ``data`` and ``aug`` config sections they read (:mod:`cat.data.config`). Every file is read
+as untrusted (:mod:`cat.data.untrusted`)."""
 
-``imagenet`` and ``folder`` read the ImageNet layout with timm's transform pipeline, stored as
-``data.format=folder`` (``root/train/<class>/*.jpg``, ``root/val/<class>/*.jpg``, through
-torchvision's ``ImageFolder``), ``zip`` (the authors' ``<split>.zip`` + ``<split>_map.txt``, with
-their ``data.cache_mode``: :mod:`cat.data.packed`) or ``tar`` (webdataset shards, streamed:
-:mod:`cat.data.shards`); ``digits`` (scikit-learn's bundled handwritten
-digits) and ``synthetic`` need no files at all.
-"""
-
-from __future__ import annotations
-
-import functools
-import os
-from typing import Any
-
-from PIL import Image
-from timm.data import create_transform
-from torch.utils.data import Dataset
-
-from cat.errors import ConfigError, DataError
-
-from .augment import install_timm_augment_fixes
+from .config import AugConfig, DataConfig
+from .images import IMAGE_EXTENSIONS, build_transform, load_rgb
 from .packed import ZipImageDataset
+from .registry import DATASETS, build_dataset, data_root_problem, dataset_problems, reads_files
 from .shards import ShardStream
 from .tensor_sets import digits_dataset, synthetic_dataset
-from .untrusted import check_image_size, decode_image, image_limit, open_regular
 
 __all__ = [
+    "AugConfig",
+    "DataConfig",
+    "DATASETS",
     "build_dataset",
+    "dataset_problems",
+    "data_root_problem",
+    "reads_files",
     "build_transform",
     "digits_dataset",
     "synthetic_dataset",
@@ -36,153 +26,3 @@ __all__ = [
     "ZipImageDataset",
     "ShardStream",
 ]
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def load_rgb(path: str, max_image_mb: float | None = None) -> Image.Image:
-    """An image file as RGB: a regular file of at most ``max_image_mb``; one that cannot be decoded
-    raises a DataError naming it."""
-    with open_regular(path) as f:
-        check_image_size(os.fstat(f.fileno()).st_size, image_limit(max_image_mb), f"image {path}")
-        return decode_image(f, f"image {path}")
-
-
-def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None) -> Dataset:
-    """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
-    rank evaluates its own share)."""
-    name = data.train_split if split == "train" else data.val_split
-    cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
-    transform = build_transform(data, aug, split == "train")
-    return ZipImageDataset(data.root, name, transform, cache_mode, rank, world, num_classes, data.get("max_image_mb"))
-
-
-def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
-    from torchvision.datasets import ImageFolder
-
-    folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
-    if not os.path.isdir(folder):
-        raise DataError(
-            f"dataset split folder not found: {folder} (data.root={data.root}; expected "
-            f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)"
-        )
-    classes = _class_folders(folder)
-    if not classes:
-        loose = sum(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder))
-        raise DataError(
-            f"no class folders in {folder}"
-            + (
-                f" (it holds {loose} images directly, as ImageNet's val archive unpacks: a split needs them sorted "
-                "into one folder per class, e.g. by the devkit's ground-truth labels)"
-                if loose
-                else ""
-            )
-        )
-    train_folder = os.path.join(data.root, data.train_split)
-    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := _class_folders(train_folder)):
-        # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
-        missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
-        raise DataError(
-            f"{folder} and {train_folder} hold different class folders (labels are indices into each split's "
-            f"sorted folders, so they would not agree): not in {data.val_split}: {_some(missing)}; not in "
-            f"{data.train_split}: {_some(extra)}"
-        )
-    for c in classes:
-        has_image = any(
-            f.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
-        )
-        if not has_image:
-            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-    if data.num_classes is not None and len(classes) != data.num_classes:
-        raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    loader = functools.partial(load_rgb, max_image_mb=data.get("max_image_mb"))
-    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=loader)
-
-
-def _class_folders(folder: str) -> list[str]:
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
-
-
-def _some(names: list[str]) -> str:
-    return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
-
-
-def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
-    """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
-    resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
-    install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
-    train_args = {
-        "auto_augment": aug.auto_augment,
-        "re_prob": aug.reprob,
-        "re_mode": aug.remode,
-        "re_count": aug.recount,
-        "hflip": aug.hflip,
-        "color_jitter": aug.color_jitter,
-    }
-    return create_transform(
-        input_size=data.img_size,
-        is_training=is_train,
-        interpolation=data.interpolation,
-        mean=tuple(data.mean),
-        std=tuple(data.std),
-        crop_pct=data.crop_pct,
-        **(train_args if is_train else {}),
-    )
-
-
-def build_dataset(
-    data: Any,
-    aug: Any,
-    split: str,
-    rank: int = 0,
-    world: int = 1,
-    batch_size: int = 1,
-    seed: int = 0,
-    num_classes: int | None = None,
-    index_dir: str | None = None,
-) -> Dataset:
-    """The ``split`` ('train' or 'val') of the dataset described by the ``data`` config node, for
-    process ``rank`` of ``world`` (what a ``cache_mode=part`` zip holds, which shards a tar stream
-    reads; a training stream is whole batches of ``batch_size``, shuffled from ``seed``).
-    ``num_classes`` (else ``data.num_classes``) bounds a packed split's labels: the validation split
-    gets the training split's count. ``index_dir`` caches the header scan of shards without a manifest."""
-    if split not in ("train", "val"):
-        raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
-    if data.name == "digits":
-        return digits_dataset(split, img_size=data.img_size)
-    if data.name == "synthetic":
-        return synthetic_dataset(
-            split,
-            num_classes=data.num_classes,
-            img_size=data.img_size,
-            samples_per_class=data.samples_per_class,
-            seed=data.seed,
-        )
-    if data.name in ("imagenet", "folder"):
-        if data.root is None:
-            raise ConfigError(
-                f"data={data.name} needs data.root=/path/to/dataset (with {data.train_split}/ "
-                f"and {data.val_split}/ class folders, or their zips: data.format=zip)"
-            )
-        classes = num_classes if num_classes is not None else data.num_classes
-        if data.get("format", "folder") == "zip":
-            return _zip_split(data, aug, split, rank, world, classes)
-        if data.get("format") == "tar":
-            name = data.train_split if split == "train" else data.val_split
-            transform = build_transform(data, aug, split == "train")
-            return ShardStream(
-                data.root,
-                name,
-                transform,
-                split == "train",
-                rank,
-                world,
-                batch_size,
-                seed,
-                data.shuffle_buffer,
-                classes,
-                data.get("max_image_mb"),
-                index_dir,
-            )
-        return _image_folder(data, aug, split)
-    raise ConfigError(f"unknown dataset {data.name!r}; choose imagenet, folder, digits or synthetic")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-__all__ = ["SHAPES", "place_shapes", "polygon_area", "draw_scene", "toy_dataset_parser"]
+__all__ = ["SHAPES", "place_shapes", "polygon_area", "draw_scene"]
 
 SHAPES = ("circle", "square", "triangle")  # shape class k + 1 is SHAPES[k]
 
@@ -56,16 +55,3 @@ def draw_scene(rng: np.random.Generator, size: int) -> tuple[Image.Image, list[t
     for _, points in shapes:
         draw.polygon(points, fill=tuple(int(c) for c in rng.integers(120, 256, 3)))
     return image, shapes
-
-
-def toy_dataset_parser(description: str) -> argparse.ArgumentParser:
-    """The command line both toy-dataset tools share."""
-    from cat.toolkit import positive_int  # the tools' layer, above this one
-
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--train", type=positive_int, default=64, help="training images")
-    parser.add_argument("--val", type=positive_int, default=16, help="validation images")
-    parser.add_argument("--size", type=positive_int, default=128, help="image side in pixels")
-    parser.add_argument("--seed", type=int, default=0)
-    return parser

@@ -21,6 +21,7 @@ from typing import BinaryIO
 from PIL import Image
 
 from cat.errors import DataError
+from cat.runtime.logger import DATA_LOGGER
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_MB",
@@ -38,7 +39,7 @@ __all__ = [
 DEFAULT_MAX_IMAGE_MB = 64.0  # far above any photograph in a training set; a bomb is far above it
 _LABEL = re.compile(rb"\s*([0-9]{1,18})\s*")  # ASCII digits that fit an int64 (not '²', not 10**30)
 
-log = logging.getLogger("cat.data")
+log = logging.getLogger(DATA_LOGGER)
 
 
 def _kind(mode: int) -> str:

@@ -12,31 +12,31 @@ from omegaconf import DictConfig
 
 from cat.errors import UserError
 
-from . import schema  # noqa: F401  (registers schema/det and schema/seg: needs none of the stack)
+from .det import DET  # registers schema/det and schema/seg (cat.mm.schema): needs none of the stack
+from .seg import SEG
+from .task import MMTask
 
-__all__ = ["MM_SETUP", "MissingStackError", "require_stack", "run_mm"]
+__all__ = ["DET", "SEG", "MMTask", "MM_SETUP", "MissingStackError", "require_stack", "run_mm"]
 
 MM_SETUP = "bash scripts/setup_env.sh --mm"
-_STACK = {"det": ("detection", ("mmengine", "mmcv", "mmdet")), "seg": ("segmentation", ("mmengine", "mmcv", "mmseg"))}
 
 
 class MissingStackError(UserError, ImportError):
     """The OpenMMLab packages a detection or segmentation job needs are not installed."""
 
 
-def require_stack(task: str) -> None:
+def require_stack(task: MMTask) -> None:
     """Raise :class:`MissingStackError`, naming the missing packages and the setup command, unless
-    the stack for ``task`` ('det' or 'seg') is installed."""
-    what, packages = _STACK[task]
-    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    the stack for ``task`` (:data:`DET` or :data:`SEG`) is installed."""
+    missing = [name for name in task.stack if importlib.util.find_spec(name) is None]
     if missing:
         raise MissingStackError(
-            f"{what} needs the OpenMMLab stack ({', '.join(missing)} not installed); set it up with: {MM_SETUP}"
+            f"{task.what} needs the OpenMMLab stack ({', '.join(missing)} not installed); set it up with: {MM_SETUP}"
         )
 
 
-def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
-    """Train or evaluate a detection (``task='det'``) or segmentation (``'seg'``) job; see
+def run_mm(cfg: DictConfig, task: MMTask) -> dict[str, Any]:
+    """Train or evaluate a detection (:data:`DET`) or segmentation (:data:`SEG`) job; see
     :func:`cat.mm.runner.run_mm`."""
     require_stack(task)
     from .runner import run_mm as run

@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from mmengine.config import Config, ConfigDict
-from omegaconf import DictConfig, OmegaConf
 
 from cat.errors import DataError
 from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype
 from cat.runtime.dist import DistEnv
+from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.resume import resumes
 
 from .backbone import backbone_features
 from .safe_load import ATOMIC_BACKEND, LAST_CHECKPOINT
+from .schema import MMConfig, MMModelConfig
 
 __all__ = [
     "load_base_config",
@@ -32,7 +33,6 @@ __all__ = [
     "apply_common",
     "backbone_cfg",
     "replace_sync_bn",
-    "to_plain",
     "configure_loader",
     "require_data_root",
     "backbone_problems",
@@ -48,7 +48,7 @@ def require_data_root(root: str | None, layout: str) -> str:
     return os.path.abspath(root)
 
 
-def task_base(cfg: DictConfig, layout: str) -> tuple[Config, tuple[str, ...] | None, str]:
+def task_base(cfg: MMConfig, layout: str) -> tuple[Config, tuple[str, ...] | None, str]:
     """After checking that ``data.root`` is a folder (with the ``layout`` the message names): the
     packaged base config with cat's backbone, the class names of a subset (None: all classes), and the
     data root as an absolute path."""
@@ -69,15 +69,11 @@ def load_base_config(spec: str) -> Config:
     return Config.fromfile(str(path))
 
 
-def to_plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+def _backbone_kwargs(model: MMModelConfig) -> dict[str, Any]:
+    return model_kwargs(model.backbone.drop_path_rate, model.backbone.kwargs)
 
 
-def _backbone_kwargs(model: DictConfig) -> dict[str, Any]:
-    return model_kwargs(model.backbone.drop_path_rate, to_plain(model.backbone.kwargs))
-
-
-def backbone_cfg(model: DictConfig, strict_pretrained: bool = False) -> tuple[dict[str, Any], list[int]]:
+def backbone_cfg(model: MMModelConfig, strict_pretrained: bool = False) -> tuple[dict[str, Any], list[int]]:
     """The ``TimmBackbone`` config for ``model.backbone`` (``model.pretrained`` loaded key for key with
     ``strict_pretrained``) and its output channels."""
     kwargs = _backbone_kwargs(model)
@@ -107,7 +103,7 @@ def _head_strides(model: ConfigDict) -> tuple[str, list[int]] | None:
     return None if strides is None else ("decode_head.feature_strides", list(strides))
 
 
-def backbone_problems(model: DictConfig) -> list[str]:
+def backbone_problems(model: MMModelConfig) -> list[str]:
     """``model.backbone.out_indices`` name feature levels the backbone has, at the strides the heads are built
     for: mmdet and mmseg take the strides from their config, not from the maps, so maps at other strides (a
     timm ResNet's levels 0-3 are strides 2-16) train without an error and detect nothing."""
@@ -132,7 +128,7 @@ def backbone_problems(model: DictConfig) -> list[str]:
     ]
 
 
-def base_with_backbone(model: DictConfig, strict_pretrained: bool = False) -> Config:
+def base_with_backbone(model: MMModelConfig, strict_pretrained: bool = False) -> Config:
     """The packaged base config of ``model.base`` with cat's backbone wired in.
 
     The backbone's channels go to the FPN neck (detectors, SemanticFPN) or straight to the decode
@@ -152,10 +148,10 @@ def base_with_backbone(model: DictConfig, strict_pretrained: bool = False) -> Co
     return _with_overrides(mm, model)
 
 
-def _with_overrides(mm: Config, model: DictConfig) -> Config:
+def _with_overrides(mm: Config, model: MMModelConfig) -> Config:
     """``model.overrides`` (dotted keys into the model config) applied to ``mm``."""
     if model.overrides:
-        mm.merge_from_dict({f"model.{k}": v for k, v in to_plain(model.overrides).items()})
+        mm.merge_from_dict({f"model.{k}": v for k, v in model.overrides.items()})
     return mm
 
 
@@ -190,7 +186,7 @@ def _clear_download_urls(node: Any) -> Any:
     return node
 
 
-def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
+def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Config:
     """Settings every cat detection/segmentation job shares."""
     mm.work_dir = output_dir
     mm.randomness = {"seed": cfg.seed, "deterministic": False}
@@ -219,7 +215,7 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     opt = cfg.schedule.optim
     amp = cfg.amp.enabled and env.device.type == "cuda"
     if cfg.amp.enabled and not amp:
-        logging.getLogger("cat").warning(
+        logging.getLogger(RUN_LOGGER).warning(
             "amp.enabled=true: mmengine's mixed precision (AmpOptimWrapper) runs on CUDA only; this %s run trains "
             "in float32",
             env.device.type,
@@ -263,6 +259,6 @@ def apply_common(mm: Config, cfg: DictConfig, env: DistEnv, output_dir: str) -> 
     if env.device.type != "cuda":
         mm.model = ConfigDict(replace_sync_bn(mm.model.to_dict()))
     mm.model = ConfigDict(_clear_download_urls(mm.model.to_dict()))
-    for key, value in to_plain(cfg.mm).items():  # free-form overrides, mmengine's cfg-options style
+    for key, value in cfg.mm.items():  # free-form overrides, mmengine's cfg-options style
         mm.merge_from_dict({key: value})
     return mm

@@ -1,18 +1,19 @@
-"""Detection jobs: the mmdet config of a Hydra ``configs/det`` composition."""
+"""Detection (``train_det.py``): Mask R-CNN-style mmdet configs on a COCO-format dataset, as an :class:`MMTask`."""
 
 from __future__ import annotations
 
 import os
-
-from mmengine.config import Config
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any
 
 from cat.errors import DataError
-from cat.runtime.dist import DistEnv
 
-from .config import apply_common, configure_loader, task_base
+from .schema import DetConfig, DetDataConfig, DetScheduleConfig
+from .task import MMTask
 
-__all__ = ["build_det_config", "DET_METRICS"]
+if TYPE_CHECKING:
+    from mmengine.config import Config
+
+__all__ = ["DET", "DET_METRICS"]
 
 # metrics.json keys <- mmdet's CocoMetric keys
 DET_METRICS = {
@@ -20,7 +21,19 @@ DET_METRICS = {
 }
 
 
-def _pipelines(mm: Config, data: DictConfig) -> None:
+def _register_modules() -> None:
+    from mmdet.utils import register_all_modules
+
+    register_all_modules(init_default_scope=True)
+
+
+def _set_classes(mm: Config, classes: tuple[str, ...] | None) -> None:
+    if classes is not None:
+        mm.model.roi_head.bbox_head.num_classes = len(classes)
+        mm.model.roi_head.mask_head.num_classes = len(classes)
+
+
+def _pipelines(mm: Config, data: DetDataConfig) -> None:
     scale = tuple(data.img_scale)
     for pipeline in (mm.train_pipeline, mm.test_pipeline):
         for step in pipeline:
@@ -33,33 +46,30 @@ def _pipelines(mm: Config, data: DictConfig) -> None:
         mm.train_pipeline = [resize if step["type"] == "Resize" else step for step in mm.train_pipeline]
 
 
-def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
-    data = cfg.data
-    mm, classes, root = task_base(
-        cfg, "COCO layout (train2017/, val2017/, annotations/instances_*.json); tools/make_toy_coco.py writes one"
-    )
+def _dataset(mm: Config, root: str, split: str, classes: tuple[str, ...] | None) -> dict[str, Any]:
+    ann = os.path.join(root, "annotations", f"instances_{split}2017.json")
+    if not os.path.isfile(ann):
+        raise DataError(f"COCO annotations not found: {ann}")
+    dataset = {
+        "data_root": root,
+        "ann_file": ann,
+        "data_prefix": {"img": f"{split}2017/"},
+        "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline,
+    }
     if classes is not None:
-        mm.model.roi_head.bbox_head.num_classes = len(classes)
-        mm.model.roi_head.mask_head.num_classes = len(classes)
-    _pipelines(mm, data)
-    for split, loader in (("train", "train_dataloader"), ("val", "val_dataloader"), ("val", "test_dataloader")):
-        ann = os.path.join(root, "annotations", f"instances_{split}2017.json")
-        if not os.path.isfile(ann):
-            raise DataError(f"COCO annotations not found: {ann}")
-        dataset = {
-            "data_root": root,
-            "ann_file": ann,
-            "data_prefix": {"img": f"{split}2017/"},
-            "pipeline": mm.train_pipeline if split == "train" else mm.test_pipeline,
-        }
-        if classes is not None:
-            dataset["metainfo"] = {"classes": classes}
-        configure_loader(mm[loader], cfg.batch_size if split == "train" else 1, cfg.workers, dataset)
+        dataset["metainfo"] = {"classes": classes}
+    return dataset
+
+
+def _evaluators(mm: Config, cfg: DetConfig, root: str) -> None:
     for evaluator in ("val_evaluator", "test_evaluator"):
         mm[evaluator].ann_file = os.path.join(root, "annotations", "instances_val2017.json")
-    sched = cfg.schedule
-    mm.train_cfg = {"type": "EpochBasedTrainLoop", "max_epochs": sched.epochs, "val_interval": sched.val_interval}
-    mm.param_scheduler = [
+    mm.auto_scale_lr = {"enable": False, "base_batch_size": cfg.schedule.total_batch}
+
+
+def _schedule(sched: DetScheduleConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    train_cfg = {"type": "EpochBasedTrainLoop", "max_epochs": sched.epochs, "val_interval": sched.val_interval}
+    return train_cfg, [
         {
             "type": "LinearLR",
             "start_factor": sched.warmup_ratio,
@@ -76,5 +86,20 @@ def build_det_config(cfg: DictConfig, env: DistEnv, output_dir: str) -> Config:
             "gamma": 0.1,
         },
     ]
-    mm.auto_scale_lr = {"enable": False, "base_batch_size": sched.total_batch}
-    return apply_common(mm, cfg, env, output_dir)
+
+
+DET = MMTask(
+    name="det",
+    what="detection",
+    stack=("mmengine", "mmcv", "mmdet"),
+    schema=DetConfig,
+    register_modules=_register_modules,
+    layout="COCO layout (train2017/, val2017/, annotations/instances_*.json); tools/make_toy_coco.py writes one",
+    loaders=(("train", "train_dataloader"), ("val", "val_dataloader"), ("val", "test_dataloader")),
+    metrics=DET_METRICS,
+    set_classes=_set_classes,
+    pipelines=_pipelines,
+    dataset=_dataset,
+    schedule=_schedule,
+    finish=_evaluators,
+)

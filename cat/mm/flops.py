@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 import torch.fx.experimental._config as fx_config
-from omegaconf import DictConfig
 
 from cat.flops import count_macs
 
 from .backbone import register_backbones
 from .config import base_with_backbone
+from .schema import MMModelConfig
 
 __all__ = ["detector_macs", "segmentor_macs"]
 
@@ -35,15 +35,17 @@ def _roi_align_on_torchvision(node: Any) -> None:
             _roi_align_on_torchvision(value)
 
 
-def _build(cfg: DictConfig, registry: Any, device: str) -> torch.nn.Module:
+def _build(model: MMModelConfig, registry: Any, device: str) -> torch.nn.Module:
     register_backbones()
-    model_cfg = base_with_backbone(cfg.model).model
+    model_cfg = base_with_backbone(model).model
     _roi_align_on_torchvision(model_cfg)
     with torch.device(device):
         return registry.build(model_cfg).eval()
 
 
-def detector_macs(cfg: DictConfig, hw: tuple[int, int], proposals: int = 1000, device: str = "meta") -> tuple[int, int]:
+def detector_macs(
+    model_cfg: MMModelConfig, hw: tuple[int, int], proposals: int = 1000, device: str = "meta"
+) -> tuple[int, int]:
     """(params, MACs) of a two-stage detector: backbone, neck, RPN head and RoI heads on a fixed
     ``proposals`` boxes (the test-time RPN output size), so the count does not depend on the data."""
     from mmdet.registry import MODELS
@@ -52,7 +54,7 @@ def detector_macs(cfg: DictConfig, hw: tuple[int, int], proposals: int = 1000, d
     from mmengine.structures import InstanceData
 
     register_all_modules()
-    model = _build(cfg, MODELS, device)
+    model = _build(model_cfg, MODELS, device)
     sample = DetDataSample(metainfo={"img_shape": hw, "batch_input_shape": hw})
     h, w = hw
     corners = torch.rand(proposals, 2, device=device) * torch.tensor([w / 2, h / 2], device=device)
@@ -68,13 +70,13 @@ def detector_macs(cfg: DictConfig, hw: tuple[int, int], proposals: int = 1000, d
     return sum(p.numel() for p in model.parameters()), macs
 
 
-def segmentor_macs(cfg: DictConfig, hw: tuple[int, int], device: str = "meta") -> tuple[int, int]:
+def segmentor_macs(model_cfg: MMModelConfig, hw: tuple[int, int], device: str = "meta") -> tuple[int, int]:
     """(params, MACs) of an encoder-decoder segmentor's inference forward (auxiliary head excluded)."""
     from mmseg.registry import MODELS
     from mmseg.utils import register_all_modules
 
     register_all_modules()
-    model = _build(cfg, MODELS, device)
+    model = _build(model_cfg, MODELS, device)
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("auxiliary_head"))
     macs = count_macs(model, torch.rand(1, 3, *hw, device=device), lambda x: model.decode_head(model.extract_feat(x)))
     return params, macs

@@ -14,51 +14,20 @@ from omegaconf.errors import OmegaConfBaseException
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
 from cat.runtime.logger import log_formatter
-from cat.runtime.resume import START_OVER, describe_changes, refuse_fixed_changes, resume_changes
+from cat.runtime.resume import check_resume, describe_changes, refuse_shorter_run
 
 from .backbone import check_pretrained, register_backbones
 from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
-from .schema import check_mm_config
+from .schema import MMConfig, check_mm_config
+from .task import MMTask
 
-__all__ = ["run_mm", "MM_RESUME_FIXED_KEYS", "MM_RESUME_FREE_KEYS"]
-
-# mmengine's resume restores the optimizer and the schedulers' state over the config's (their rates,
-# milestones and ends), so a changed optimizer or schedule would silently not apply: refused, with the model,
-# data, batch, accumulation and seed that make it another run. The run may grow longer (the loop's length is
-# the config's; the restored schedules end where they did), the data may move, the same math may be computed
-# another way.
-MM_RESUME_FIXED_KEYS = ("model.", "data.", "batch_size", "accum_steps", "seed", "schedule.")
-MM_RESUME_FREE_KEYS = (
-    "data.root",
-    "model.pretrained",
-    "model.backbone.lean_attention",
-    "model.backbone.grad_checkpointing",
-    "schedule.epochs",
-    "schedule.iters",
-    "schedule.val_interval",
-)
+__all__ = ["run_mm"]
 
 
-def _task(task: str):
-    if task == "det":
-        from mmdet.utils import register_all_modules
-
-        from .det import DET_METRICS, build_det_config
-
-        return register_all_modules, build_det_config, DET_METRICS
-    if task == "seg":
-        from mmseg.utils import register_all_modules
-
-        from .seg import SEG_METRICS, build_seg_config
-
-        return register_all_modules, build_seg_config, SEG_METRICS
-    raise ConfigError(f"task must be 'det' or 'seg', got {task!r}")
-
-
-def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
+def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
     """Where mmengine will auto-resume: the config differs from the one the run folder's checkpoints were
-    trained with (its ``config.yaml``) only where a resume can take it (:data:`MM_RESUME_FIXED_KEYS`), and
-    the changes are logged. A folder without a checkpoint to resume, or without ``config.yaml``, starts over."""
+    trained with (its ``config.yaml``) only where a resume can take it (:func:`~cat.runtime.resume.check_resume`),
+    and the changes are logged. A folder without a checkpoint to resume, or without ``config.yaml``, starts over."""
     saved, pointer = folder.file("config.yaml"), folder.file(LAST_CHECKPOINT)
     if not (os.path.isfile(pointer) and os.path.isfile(saved)):
         return
@@ -73,9 +42,7 @@ def check_resume_config(cfg: DictConfig, folder: RunFolder) -> None:
             f"{saved} is not the config a run wrote ({str(before)[:200]}); delete it to resume without comparing "
             "configs, or start a new run in another output_dir"
         )
-    current = OmegaConf.to_container(cfg, resolve=True)
-    changed, refused = resume_changes(before, current, MM_RESUME_FIXED_KEYS, MM_RESUME_FREE_KEYS)
-    refuse_fixed_changes(checkpoint, changed, refused)
+    changed = check_resume(checkpoint, before, cfg)
     for key in ("schedule.epochs", "schedule.iters"):
         if key in changed and isinstance(changed[key][0], int) and changed[key][1] < changed[key][0]:
             _refuse_a_schedule_shorter_than_trained(key, changed[key][1], checkpoint)
@@ -110,28 +77,23 @@ def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: s
         # mmengine's meta: the epochs finished (the one under way, in a mid-epoch save) or the iterations run.
         done, begun = (meta["epoch"], name is not None) if by_epoch else (meta["iter"], False)
     if length < done + begun:
-        unit = "epochs" if by_epoch else "iterations"
-        raise ConfigError(
-            f"{key}={length}: {checkpoint} has "
-            + (f"begun epoch {done + 1}" if begun else f"trained {done} {unit}")
-            + f"; a shorter run needs another output_dir (or {START_OVER})"
-        )
+        refuse_shorter_run(f"{key}={length}", checkpoint, done, "epochs" if by_epoch else "iterations", begun)
 
 
-def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
-    """Train (auto-resuming from ``output_dir``) or evaluate; returns what metrics.json holds.
+def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
+    """Train (auto-resuming from ``output_dir``) or evaluate the ``task`` (:data:`~cat.mm.det.DET`,
+    :data:`~cat.mm.seg.SEG`) the composed config ``raw`` describes; returns what metrics.json holds.
 
     Training writes into ``output_dir``, eval into ``output_dir/eval``. On SIGTERM a training run
     saves ``iter_N.pth`` after the running iteration and returns with ``preempted: true``.
     """
-    notes = settle_run_folder(cfg)
-    register_all_modules, build_config, metric_keys = _task(task)
-    check_mm_config(cfg, task)
+    notes = settle_run_folder(raw)
+    cfg = check_mm_config(raw, task.schema)
 
     def body(env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         # cat's process group comes first (run_job): mmengine's own init would call torch.cuda.set_device on CPU.
         install_safe_checkpoint_io()
-        register_all_modules(init_default_scope=True)
+        task.register_modules()
         register_backbones()
         from mmengine.config import Config
         from mmengine.runner import Runner
@@ -139,7 +101,7 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
 
-        mm = build_config(cfg, env, folder.path)
+        mm = task.build_config(cfg, env, folder.path)
         if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
             check_last_checkpoint(folder.path)
             check_resume_config(cfg, folder)
@@ -170,13 +132,13 @@ def run_mm(cfg: DictConfig, task: str) -> dict[str, Any]:
             return {"mode": cfg.mode, "preempted": True, "iteration": stop.iteration, "checkpoint": stop.checkpoint}
         metrics = {
             key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy -> JSON
-            for key, mm_key in metric_keys.items()
+            for key, mm_key in task.metrics.items()
         }
         # runner.iter would build the train loop (and its dataset) in an eval run: step 0 there.
         step = runner.iter if cfg.mode == "train" else 0
         folder.metrics.log({f"test/{k}": v for k, v in metrics.items() if v is not None}, step)
         metrics.update({"mode": cfg.mode, "checkpoint": cfg.checkpoint})
-        folder.log.info("%s %s: %s", task, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
+        folder.log.info("%s %s: %s", task.name, cfg.mode, {k: v for k, v in metrics.items() if v is not None})
         return metrics
 
     return run_job(cfg, body, notes)

@@ -7,19 +7,22 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from cat.errors import ConfigError
 from cat.models import model_arguments
 from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import check_writable
 from cat.runtime.schema import (
+    FIXED,
+    FREE,
     JobConfig,
     SaveConfig,
     key,
     register_schema,
     schema_problems,
     section,
+    typed_config,
 )
 
 from .safe_load import LAST_CHECKPOINT
@@ -41,8 +44,11 @@ class BackboneConfig:
         "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
         "true (every block: least memory) or false (autograd: faster, more memory)",
         choices=("auto", True, False),
+        resume=FREE,  # the same math, computed another way
     )
-    grad_checkpointing: bool = key("recompute each block's activations in the backward (timm's set_grad_checkpointing)")
+    grad_checkpointing: bool = key(
+        "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE
+    )
     kwargs: dict[str, Any] = key("extra model arguments, checked against the model's")
 
 
@@ -50,7 +56,9 @@ class BackboneConfig:
 class MMModelConfig:
     base: str = key("the packaged OpenMMLab config it starts from, e.g. mmdet::mask_rcnn/...py")
     backbone: BackboneConfig = section(BackboneConfig, "cat's backbone in it")
-    pretrained: str | None = key("ImageNet checkpoint of the backbone (train_cls.py output or release format)")
+    pretrained: str | None = key(
+        "ImageNet checkpoint of the backbone (train_cls.py output or release format)", resume=FREE
+    )
     overrides: dict[str, Any] = key("dotted keys into the model config, e.g. {neck.out_channels: 128}")
 
 
@@ -72,13 +80,18 @@ class MMSaveConfig(SaveConfig):
 
 @dataclass
 class MMConfig(JobConfig):
-    model: MMModelConfig = section(MMModelConfig, "the detector or segmentor")
+    # A resume may not change the model, data, batch, accumulation, seed or schedule (FIXED): mmengine's resume
+    # restores the optimizer's and the schedulers' state over the config's (rates, milestones, ends), so a changed
+    # optimizer or schedule would silently not apply. The run may grow longer (the loop's length is the config's;
+    # the restored schedules end where they did), the data may move.
+    model: MMModelConfig = section(MMModelConfig, "the detector or segmentor", resume=FIXED)
     save: MMSaveConfig = section(MMSaveConfig, "checkpoints")
-    batch_size: int = key("images per process and iteration", min=1)
+    batch_size: int = key("images per process and iteration", min=1, resume=FIXED)
     accum_steps: int = key(
         "iterations per optimizer step, gradients accumulated (mmengine's accumulative_counts; schedules count "
         "iterations)",
         min=1,
+        resume=FIXED,
     )
     find_unused_parameters: bool = key("DDP's find_unused_parameters")
     mm: dict[str, Any] = key("extra mmengine config options, dotted keys: {train_cfg.val_interval: 2}")
@@ -88,7 +101,9 @@ class MMConfig(JobConfig):
 class MMDataConfig:
     name: str = key("the dataset's name (coco, toy_coco; ade20k, toy_ade)")
     root: str | None = key(
-        "the dataset folder (COCO: train2017/, val2017/, annotations/; ADE20K: images/, annotations/)"
+        "the dataset folder (COCO: train2017/, val2017/, annotations/; ADE20K: images/, annotations/)",
+        resume=FREE,
+        in_run_name=False,
     )
     classes: list[str] | None = key("a subset of the dataset's classes; null: all (COCO's 80, ADE20K's 150)")
 
@@ -101,9 +116,9 @@ class DetDataConfig(MMDataConfig):
 
 @dataclass
 class DetScheduleConfig:
-    epochs: int = key("training epochs", min=1)
+    epochs: int = key("training epochs", min=1, resume=FREE)
     steps: list[int] = key("epochs after which lr drops 10x", min=1)
-    val_interval: int = key("epochs between evaluations", min=1)
+    val_interval: int = key("epochs between evaluations", min=1, resume=FREE)
     warmup_iters: int = key("linear warm-up iterations", min=0)
     warmup_ratio: float = key("warm-up start lr / lr", min=0, max=1, exclusive_min=True)
     total_batch: int = key("the paper's total batch (lr is for it)", min=1)
@@ -112,8 +127,8 @@ class DetScheduleConfig:
 
 @dataclass
 class DetConfig(MMConfig):
-    data: DetDataConfig = section(DetDataConfig, "the COCO-format dataset")
-    schedule: DetScheduleConfig = section(DetScheduleConfig, "the epoch schedule")
+    data: DetDataConfig = section(DetDataConfig, "the COCO-format dataset", resume=FIXED)
+    schedule: DetScheduleConfig = section(DetScheduleConfig, "the epoch schedule", resume=FIXED)
 
 
 @dataclass
@@ -124,8 +139,8 @@ class SegDataConfig(MMDataConfig):
 
 @dataclass
 class SegScheduleConfig:
-    iters: int = key("training iterations", min=1)
-    val_interval: int = key("iterations between evaluations", min=1)
+    iters: int = key("training iterations", min=1, resume=FREE)
+    val_interval: int = key("iterations between evaluations", min=1, resume=FREE)
     warmup_iters: int = key("linear warm-up iterations", min=0)
     poly_power: float = key("poly decay power", min=0, exclusive_min=True)
     optim: MMOptimConfig = section(MMOptimConfig, "the optimizer")
@@ -133,17 +148,16 @@ class SegScheduleConfig:
 
 @dataclass
 class SegConfig(MMConfig):
-    data: SegDataConfig = section(SegDataConfig, "the ADE20K-format dataset")
-    schedule: SegScheduleConfig = section(SegScheduleConfig, "the iteration schedule")
+    data: SegDataConfig = section(SegDataConfig, "the ADE20K-format dataset", resume=FIXED)
+    schedule: SegScheduleConfig = section(SegScheduleConfig, "the iteration schedule", resume=FIXED)
     tta: bool = key("eval: multi-scale + flip testing")
 
 
 register_schema("det", DetConfig)
 register_schema("seg", SegConfig)
-SCHEMAS = {"det": DetConfig, "seg": SegConfig}
 
 
-def _backbone_kwargs_problems(cfg: DictConfig) -> list[str]:
+def _backbone_kwargs_problems(cfg: MMConfig) -> list[str]:
     backbone = cfg.model.backbone
     try:
         accepted = model_arguments(backbone.name)
@@ -158,16 +172,18 @@ def _backbone_kwargs_problems(cfg: DictConfig) -> list[str]:
     ]
 
 
-def check_mm_config(cfg: DictConfig, task: str) -> None:
-    """Every problem with a detection/segmentation config, before anything is built (ConfigError)."""
-    problems = schema_problems(cfg, SCHEMAS[task])
+def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
+    """Every problem with a detection/segmentation config (``schema``: :class:`DetConfig` or :class:`SegConfig`),
+    before anything is built (ConfigError); the config as its typed object when there is none."""
+    problems = schema_problems(raw, schema)
     if problems:
         raise ConfigError(problems)
+    cfg = typed_config(raw, schema)
     if cfg.mode == "eval" and not cfg.checkpoint:
         problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
     # A resumed training run reads neither: its folder's checkpoint holds the model (cat.mm.config).
-    for name in () if resumes(cfg, LAST_CHECKPOINT) else ("checkpoint", "model.pretrained"):
-        path = OmegaConf.select(cfg, name)
+    starting = {"checkpoint": cfg.checkpoint, "model.pretrained": cfg.model.pretrained}
+    for name, path in () if resumes(cfg, LAST_CHECKPOINT) else starting.items():
         # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
         remote = name == "checkpoint" and isinstance(path, str) and "://" in path
         if isinstance(path, str) and not remote:
@@ -187,3 +203,4 @@ def check_mm_config(cfg: DictConfig, task: str) -> None:
     problems += backbone_problems(cfg.model)
     if problems:
         raise ConfigError(problems)
+    return cfg

@@ -3,9 +3,12 @@ atomic I/O, config checks, seeding and RNG state, mixed precision, console progr
 errors end a run. Imports ``cat.models`` and below only."""
 
 from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for
+from .cells import settle_run_folder
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
+from .entry import hydra_entry, report_user_errors
+from .folder import RunFolder, open_run_folder, run_dir_for
 from .io import atomic_save, atomic_write_json, atomic_write_text, remove_stale_temporaries
-from .job import RunFolder, hydra_entry, open_run_folder, report_user_errors, run_dir_for, run_job, settle_run_folder
+from .job import run_job
 from .rng import capture_rng_state, restore_rng_state, seed_everything
 from .rundir import RunDirLock, check_writable
 from .schema import JobConfig, key, register_schema, schema_problems, section

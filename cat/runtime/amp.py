@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from .schema import AmpConfig
 
 __all__ = ["AMP_DTYPES", "amp_dtype", "autocast_for", "Precision"]
 
@@ -40,9 +41,9 @@ class Precision:
     channels_last: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Any, device: torch.device) -> Precision:
-        """From a config's ``amp.enabled``, ``amp.dtype`` and ``channels_last``."""
-        return cls(device, bool(cfg.amp.enabled), str(cfg.amp.dtype), bool(cfg.get("channels_last", False)))
+    def from_config(cls, amp: AmpConfig, device: torch.device, channels_last: bool = False) -> Precision:
+        """From a config's ``amp`` section (:class:`~cat.runtime.schema.AmpConfig`) and its ``channels_last``."""
+        return cls(device, amp.enabled, amp.dtype, channels_last)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast_for(self.device, self.amp, self.dtype)

@@ -47,9 +47,15 @@ def last_log_line(path: str) -> str | None:
     return "".join(c if c.isprintable() else " " for c in line)
 
 
+# The loggers a run's lines come from, each named for what it logs: the run itself (lifecycle, training,
+# evaluation), its data readers, its metric sinks. Module loggers (``cat.models.loading``) keep their names.
+RUN_LOGGER, DATA_LOGGER, METRICS_LOGGER = "cat.train", "cat.data", "cat.metrics"
+
+
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
-    """The ``cat`` logger: INFO to stdout (and ``log_file``) on rank 0, warnings only elsewhere; records
-    logged with ``extra=FILE_ONLY`` go to ``log_file`` alone."""
+    """The run's log: every ``cat.*`` logger's records at INFO to stdout (and ``log_file``) on rank 0, warnings
+    only elsewhere; records logged with ``extra=FILE_ONLY`` go to ``log_file`` alone. Returns the run's own
+    logger (:data:`RUN_LOGGER`); the handlers sit on the package's root logger, which nothing logs to itself."""
     logger = logging.getLogger("cat")
     logger.setLevel(logging.INFO if is_main else logging.WARNING)
     logger.propagate = False
@@ -64,7 +70,7 @@ def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
     for handler in handlers:
         handler.setFormatter(log_formatter())
         logger.addHandler(handler)
-    return logger
+    return logging.getLogger(RUN_LOGGER)
 
 
 def wandb_api_key_configured() -> bool:

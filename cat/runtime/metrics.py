@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
-from .logger import persistent_run_id, resolve_wandb_mode
+from .logger import METRICS_LOGGER, persistent_run_id, resolve_wandb_mode
 
 __all__ = [
     "METRICS_HISTORY",
@@ -111,7 +111,7 @@ class WandbSink:
 
         if self.auto and self.settings["mode"] == "online" and self._logged_offline(run_id):
             self.settings["mode"] = "offline"
-            logging.getLogger("cat").warning(
+            logging.getLogger(METRICS_LOGGER).warning(
                 "W&B: this run has logged offline before (an earlier start of it could not reach W&B's server, or "
                 "ran offline), so it goes on offline into %s without waiting for the server, for one `wandb sync` "
                 "later (logger.wandb.mode=online tries the server)",
@@ -125,7 +125,7 @@ class WandbSink:
             with contextlib.suppress(Exception):  # W&B's service still holds the failed run's id
                 wandb.teardown()
             self.settings["mode"] = "offline"
-            logging.getLogger("cat").warning(
+            logging.getLogger(METRICS_LOGGER).warning(
                 "W&B could not start the run online (%s: %s); it logs offline into %s instead, for `wandb sync` "
                 "to upload later (logger.wandb.mode=offline skips the attempt, which waits WANDB_INIT_TIMEOUT "
                 "seconds, 90 by default)",
@@ -160,7 +160,7 @@ class WandbSink:
 
     def _stop(self, error: BaseException, step: int | None, started: bool) -> None:
         self.run, self.stopped = None, True
-        logging.getLogger("cat").warning(
+        logging.getLogger(METRICS_LOGGER).warning(
             "W&B stopped %s (%s: %s)%s. The W&B run holds what was logged before; this run goes on without W&B "
             "(metrics.jsonl has every metric), and the next run resumes the W&B run",
             f"at step {step}" if step is not None else "while finishing",

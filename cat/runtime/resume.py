@@ -1,24 +1,28 @@
-"""Whether a run resumes, and what a resumed run may change: the config keys that differ from those its
-checkpoint was trained with, and the refusal of those that would make it another run. Each trainer says
-which keys are fixed."""
+"""Whether a run resumes, and the one rule for what a resumed run may change, which every trainer uses: the
+config keys that differ from those its checkpoint was trained with, and the refusal of those the schema
+declares FIXED (they would make it another run)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from cat.errors import ConfigError
 
 from .rundir import launch_record, read_started_over, relaunch_of
-from .schema import file_problem
+from .schema import FIXED, RECIPE, config_record, file_problem, key_rule
 
 __all__ = [
     "resumes",
     "resume_relaunched_start_over",
     "flatten_config",
-    "resume_changes",
-    "refuse_fixed_changes",
+    "config_changes",
+    "check_resume",
+    "recipe_changes",
+    "refuse_shorter_run",
     "describe_changes",
+    "START_OVER",
 ]
 
 
@@ -79,30 +83,42 @@ def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def resume_changes(
-    saved: dict[str, Any], current: dict[str, Any], fixed: tuple[str, ...], free: tuple[str, ...]
-) -> tuple[dict[str, list], list[str]]:
-    """Config keys that differ from the checkpoint's (``{key: [saved, current]}``), and those of them a
-    resume cannot take: keys starting with one of ``fixed``, except the keys named in ``free``. ``resume`` itself
-    says how the run was launched, not what it trains (a requeued ``resume=false`` run goes on with ``true``)."""
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, list]:
+    """The keys in which two recorded configs differ, ``{dotted key: [saved, current]}``. ``resume`` itself says how
+    the run was launched, not what it trains (a requeued ``resume=false`` run goes on with ``true``): left out."""
     old, new = flatten_config(saved), flatten_config(current)
-    changed = {
+    return {
         k: [old.get(k), new.get(k)] for k in sorted((old.keys() | new.keys()) - {"resume"}) if old.get(k) != new.get(k)
     }
-    return changed, [k for k in changed if k.startswith(fixed) and k not in free]
 
 
-def refuse_fixed_changes(checkpoint: str, changed: dict[str, list], refused: list[str]) -> None:
-    """A ConfigError naming each refused key (with its two values where it is a config key), if any."""
-    if refused:
-        raise ConfigError(
-            [
-                f"cannot resume {checkpoint} with a different {k}"
-                + (f": {changed[k][0]!r} -> {changed[k][1]!r}" if k in changed else "")
-                for k in refused
-            ]
-            + [f"start a new run in another output_dir, or pass {START_OVER}"]
-        )
+def check_resume(checkpoint: str, saved: dict[str, Any], cfg: Any, refused: Sequence[str] = ()) -> dict[str, list]:
+    """The one resume rule of every trainer: the changes from the config ``checkpoint``'s run recorded (``saved``)
+    to the typed config ``cfg``, after refusing (ConfigError, one line each) every change of a key the schema
+    declares FIXED (:func:`~cat.runtime.schema.key`), with the trainer's own ``refused`` lines."""
+    changed = config_changes(saved, config_record(cfg))
+    fixed = [k for k in changed if key_rule(type(cfg), k) == FIXED]
+    lines = [f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in fixed] + list(refused)
+    problems = [f"cannot resume {checkpoint} with a different {line}" for line in lines]
+    if problems:
+        raise ConfigError([*problems, f"start a new run in another output_dir, or pass {START_OVER}"])
+    return changed
+
+
+def recipe_changes(changed: dict[str, list], cfg: Any) -> dict[str, list]:
+    """Of a resume's ``changed`` keys, those of the recipe (RECIPE): they change the training from the resumed step
+    on, so a run with no step left cannot take them."""
+    return {k: v for k, v in changed.items() if key_rule(type(cfg), k) == RECIPE}
+
+
+def refuse_shorter_run(setting: str, checkpoint: str, done: int, unit: str, begun: bool = False) -> None:
+    """The refusal of a run length (``setting``, e.g. ``epochs=3``) below what ``checkpoint`` trained (``done``
+    ``unit``) or began (``begun``: the next one): the record would claim the shorter run."""
+    raise ConfigError(
+        f"{setting}: {checkpoint} has "
+        + (f"begun {unit.removesuffix('s')} {done + 1}" if begun else f"trained {done} {unit}")
+        + f"; a shorter run needs another output_dir (or {START_OVER})"
+    )
 
 
 def describe_changes(changed: dict[str, list]) -> str:

@@ -1,11 +1,14 @@
 """The typed configuration: one dataclass per config section, registered in Hydra's ConfigStore.
 
-A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type, its one-line doc and its
-range or choices live here, next to the field (:func:`key`). :func:`schema_problems` checks a composed
-config against its schema and names every problem on one line each, all at once: types, ranges,
-choices, keys the schema does not know and keys the config lacks. Cat checks after Hydra composes
-rather than putting the schema in Hydra's defaults list, because Hydra stops at the first mistyped
-value with a multi-line report and exit status 1, where cat's jobs end with ``error: ...`` and 2.
+A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type, its one-line doc, its
+range or choices and every other fact about it (what a resume may do with it, whether it names a sweep
+cell, what a run recorded before it existed had) live here, next to the field (:func:`key`).
+:func:`schema_problems` checks a composed config against its schema and names every problem on one line
+each, all at once: types, ranges, choices, keys the schema does not know and keys the config lacks. Cat
+checks after Hydra composes rather than putting the schema in Hydra's defaults list, because Hydra stops at
+the first mistyped value with a multi-line report and exit status 1, where cat's jobs end with
+``error: ...`` and 2. A config that passes becomes the schema's dataclasses (:func:`typed_config`): that
+object is what the code reads, each component its own section.
 
 :class:`JobConfig` holds the keys every job has; classification (``cat.classification.schema``) and
 detection/segmentation (``cat.mm.schema``) extend it.
@@ -13,6 +16,7 @@ detection/segmentation (``cat.mm.schema``) extend it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -20,14 +24,25 @@ import types
 import typing
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 __all__ = [
     "key",
     "section",
+    "FIXED",
+    "FREE",
+    "RECIPE",
+    "typed_config",
+    "typed_section",
+    "config_record",
+    "config_yaml",
+    "key_rule",
+    "run_name_excluded",
+    "absent_defaults",
     "JobConfig",
     "register_schema",
     "schema_of",
@@ -41,6 +56,11 @@ __all__ = [
 ]
 
 _ABSENT = object()
+# What a resume may do with a key (:func:`key`'s ``resume``): change it (applied from the resumed step on),
+# change it as part of the recipe (applied from the resumed step on; a finished run has no step left for it), or
+# nothing: a change makes it another run, and the resume is refused.
+FREE, RECIPE, FIXED = "free", "recipe", "fixed"
+T = TypeVar("T")
 SCHEMA_GROUP = "schema"  # ConfigStore group: schema/cls, schema/det, schema/seg
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -56,6 +76,9 @@ class _Check:
     required: bool = True  # False: a key only some options of its group have (e.g. data.train_split)
     length: tuple[int, int] | None = None  # a string's least and most characters
     forbid: str = ""  # characters a string may not hold
+    resume: str | None = None  # FREE, RECIPE or FIXED; None: its section's
+    in_run_name: bool | None = None  # names a sweep cell's folder; None: its section's (top level: yes)
+    absent_means: Any = _ABSENT  # the value of a run recorded before the key existed
 
     def bounds(self) -> str:
         text = ""
@@ -97,10 +120,20 @@ def key(
     required: bool = True,
     length: tuple[int, int] | None = None,
     forbid: str = "",
+    resume: str | None = None,
+    in_run_name: bool | None = None,
+    absent_means: Any = _ABSENT,
 ) -> Any:
     """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices``,
     ``min``/``max``, or a string's ``length`` (least, most characters) and the characters it may not hold
-    (``forbid``) bound it (for a list, each element)."""
+    (``forbid``) bound it (for a list, each element). ``required=False``: only some options of its group
+    have it (a dataset's keys: :mod:`cat.data.registry` says which).
+
+    ``resume``: what resuming a run with the key changed does (FREE: applied from the resumed step on;
+    RECIPE: the same, refused for a finished run, which has no step left to apply it to; FIXED: refused,
+    it would be another run); None: as its section says (FREE at the top). ``in_run_name=False``: a sweep
+    cell's folder name leaves the key out (where the data is, how many workers read it). ``absent_means``: the
+    value a run recorded before the key existed had, for rebuilding such a run's model from its record."""
     check = _Check(
         doc,
         tuple(choices) if choices is not None else None,
@@ -111,13 +144,17 @@ def key(
         required,
         length,
         forbid,
+        resume,
+        in_run_name,
+        absent_means,
     )
     return field(default=MISSING, metadata={"check": check})
 
 
-def section(schema: type, doc: str) -> Any:
-    """A nested section of keys, typed by the dataclass ``schema``."""
-    return field(default_factory=schema, metadata={"check": _Check(doc)})
+def section(schema: type, doc: str, *, resume: str | None = None, in_run_name: bool | None = None) -> Any:
+    """A nested section of keys, typed by the dataclass ``schema``; ``resume`` and ``in_run_name`` are its keys'
+    unless a key says otherwise (:func:`key`)."""
+    return field(default_factory=schema, metadata={"check": _Check(doc, resume=resume, in_run_name=in_run_name)})
 
 
 @dataclass
@@ -151,13 +188,16 @@ class WandbConfig:
         "auto: online with an API key, else offline (and online falls back to offline when W&B's server is "
         "unreachable); disabled: no W&B (metrics.jsonl is always written)",
         choices=("auto", "online", "offline", "disabled"),
+        in_run_name=False,
     )
     # W&B's limits: another value fails W&B's init, or the sync of an offline run
-    project: str = key("W&B project", length=(1, 128), forbid="/\\#?%:")
-    entity: str | None = key("W&B entity (team or user); null: the key's default")
+    project: str = key("W&B project", length=(1, 128), forbid="/\\#?%:", in_run_name=False)
+    entity: str | None = key("W&B entity (team or user); null: the key's default", in_run_name=False)
     tags: list[str] = key("W&B run tags", length=(1, 64))
     name: str = key("W&B run name (in a multirun the cell's folder name is added: <name>/<the cell's overrides>)")
-    group: str | None = key("W&B run group; null: a multirun's cells are grouped by sweep_name, other runs not")
+    group: str | None = key(
+        "W&B run group; null: a multirun's cells are grouped by sweep_name, other runs not", in_run_name=False
+    )
 
 
 @dataclass
@@ -177,20 +217,25 @@ class JobConfig:
     strict_load: bool = key(
         "checkpoint= (and a backbone's model.pretrained=) must match the model key for key; false: load what fits"
     )
-    seed: int = key("random seed (each rank and epoch derives its own)", min=0)
-    debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)")
-    device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"))
-    amp: AmpConfig = section(AmpConfig, "mixed precision")
-    workers: int = key("data-loading processes per training process", min=0)
+    seed: int = key("random seed (each rank and epoch derives its own)", min=0, resume=FIXED)
+    debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)", in_run_name=False)
+    device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"), in_run_name=False)
+    amp: AmpConfig = section(AmpConfig, "mixed precision", resume=RECIPE)
+    workers: int = key("data-loading processes per training process", min=0, in_run_name=False)
     dist_timeout_s: int = key(
         "seconds a rank waits for the others in a collective before it fails (a lost node ends the job after it); "
         "longer than anything one rank does alone (saving, COCO evaluation)",
         min=1,
+        in_run_name=False,
     )
-    log_interval: int = key("steps between console and metric log lines", min=1)
+    log_interval: int = key("steps between console and metric log lines", min=1, in_run_name=False)
     save: SaveConfig = section(SaveConfig, "checkpoints")
-    sweep_name: str = key("multirun (-m): the sweep's folder, outputs/<task>/sweeps/<sweep_name>/<cell>")
-    cluster: ClusterConfig = section(ClusterConfig, "Slurm resources, read by hydra/launcher=slurm (submitit)")
+    sweep_name: str = key(
+        "multirun (-m): the sweep's folder, outputs/<task>/sweeps/<sweep_name>/<cell>", in_run_name=False
+    )
+    cluster: ClusterConfig = section(
+        ClusterConfig, "Slurm resources, read by hydra/launcher=slurm (submitit)", in_run_name=False
+    )
     logger: LoggerConfig = section(LoggerConfig, "metric sinks besides output_dir/metrics.jsonl")
 
 
@@ -326,6 +371,77 @@ def schema_problems(cfg: DictConfig, schema: type) -> list[str]:
     return mapping_problems(node, schema)
 
 
+def typed_section(schema: type[T], node: dict[str, Any]) -> T:
+    """A plain mapping that :func:`mapping_problems` passed, as the dataclass ``schema`` (sections too); a key
+    only some options have (``required=False``) and that this config lacks is None."""
+    values = {}
+    for name, annotation, _ in _checks(schema):
+        value = node.get(name)
+        values[name] = typed_section(annotation, value) if dataclasses.is_dataclass(annotation) else value
+    return schema(**values)
+
+
+def typed_config(cfg: DictConfig, schema: type[T]) -> T:
+    """``cfg``, composed by Hydra and checked against ``schema`` (:func:`schema_problems` found nothing), as the
+    schema's dataclasses, interpolations resolved: the object every component reads its own section of."""
+    return typed_section(schema, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+
+
+def config_record(cfg: Any) -> dict[str, Any]:
+    """A typed config (or a section of one) as plain data: what a run's checkpoints, ``config.yaml`` and metric
+    sinks record. A key this config's options lack (None in the object) is left out, as the composed config
+    left it out."""
+    record = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None and not f.metadata["check"].required:
+            continue
+        record[f.name] = config_record(value) if dataclasses.is_dataclass(value) else copy.deepcopy(value)
+    return record
+
+
+def config_yaml(cfg: Any) -> str:
+    """``config.yaml``'s text for a typed config."""
+    return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
+
+
+def _key_facts(schema: type, path: str) -> list[_Check]:
+    """The checks of the sections along dotted ``path`` and of its key, outermost first; a path that runs
+    into a mapping (``model.kwargs.depth``) stops at the mapping's key, one the schema lacks where it leaves it."""
+    facts, section_type = [], schema
+    for name in path.split("."):
+        fields = {n: (a, c) for n, a, c in _checks(section_type)} if dataclasses.is_dataclass(section_type) else {}
+        if name not in fields:
+            break
+        section_type, check = fields[name]
+        facts.append(check)
+    return facts
+
+
+def key_rule(schema: type, path: str) -> str:
+    """What a resume may do with the key at dotted ``path`` (FREE, RECIPE or FIXED): its own ``resume``, else
+    its nearest section's; FREE for a key the schema does not declare (one a checkpoint recorded before it
+    was removed)."""
+    rules = [check.resume for check in _key_facts(schema, path) if check.resume is not None]
+    return rules[-1] if rules else FREE
+
+
+def _in_run_name(schema: type, path: str) -> bool:
+    names = [check.in_run_name for check in _key_facts(schema, path) if check.in_run_name is not None]
+    return names[-1] if names else True
+
+
+def run_name_excluded(schema: type) -> list[str]:
+    """The keys a sweep cell's folder name leaves out (``in_run_name=False``), for Hydra's
+    ``override_dirname.exclude_keys``."""
+    return [path for path, _, _ in schema_keys(schema) if not _in_run_name(schema, path)]
+
+
+def absent_defaults(schema: type) -> dict[str, Any]:
+    """The keys of ``schema`` a run recorded before they existed lacks, with the value such a run had."""
+    return {name: check.absent_means for name, _, check in _checks(schema) if check.absent_means is not _ABSENT}
+
+
 def schema_keys(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """Every key of ``schema``: (dotted name, expected type and bounds, doc)."""
     for name, annotation, check in _checks(schema):
@@ -355,7 +471,16 @@ def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
     return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
 
 
+def _unnamed_keys_resolver(schema_path: str) -> list[str]:
+    # ``sweep`` is the config group that picks a sweep preset, not a key: it names no cell either.
+    return [*run_name_excluded(get_class(schema_path)), "sweep"]
+
+
 # ``${cat_keys:${hydra.job.name}}`` in job.yaml's ``hydra.help.template``: ``python train_cls.py
 # --help`` lists the documented keys of ``schema/cls`` with their composed values.
 if not OmegaConf.has_resolver("cat_keys"):
     OmegaConf.register_new_resolver("cat_keys", _help_resolver)
+# ``${cat_unnamed_keys:cat.classification.schema.ClsConfig}`` in a trainer's config: the keys its sweep cells'
+# folder names leave out. The config names its schema's class, which Hydra composes before anything imports it.
+if not OmegaConf.has_resolver("cat_unnamed_keys"):
+    OmegaConf.register_new_resolver("cat_unnamed_keys", _unnamed_keys_resolver)

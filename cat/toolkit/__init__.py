@@ -1,16 +1,14 @@
 """What the tools (and the trainers' throughput mode) share: timing, models named on a command
 line, sample images and figure saving. Nothing here is a tool itself; ``tools/`` holds those."""
 
+from .cli import device_name, non_negative_int, positive_int, toy_dataset_parser
 from .figures import save_figure
 from .images import IMAGE_SUFFIXES, load_images, sample_images, to_model_input
 from .models import (
     add_model_arguments,
     check_model_size,
-    device_name,
     model_from_args,
     model_tool_parser,
-    non_negative_int,
-    positive_int,
 )
 from .timing import (
     interleaved_medians,
@@ -39,6 +37,7 @@ __all__ = [
     "non_negative_int",
     "device_name",
     "check_model_size",
+    "toy_dataset_parser",
     "model_tool_parser",
     "interleaved_medians",
     "median_quartiles",

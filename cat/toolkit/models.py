@@ -21,43 +21,14 @@ from cat.models import (
     parse_model_args,
 )
 
+from .cli import positive_int
+
 __all__ = [
     "add_model_arguments",
     "model_from_args",
     "model_tool_parser",
-    "positive_int",
-    "non_negative_int",
-    "device_name",
     "check_model_size",
 ]
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a size or count, 1 or more."""
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: a count that may be 0 (warm-up iterations)."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return int(text)
-
-
-def device_name(text: str) -> str:
-    """An argparse type: ``cpu``, or ``cuda``/``cuda:N`` where this machine has that GPU."""
-    if text == "cpu":
-        return text
-    kind, _, index = text.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available on this machine")
-    if index and int(index) >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f"{text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return text
 
 
 def check_model_size(name: str, img_size: int, **kwargs: object) -> None:
@@ -141,16 +112,18 @@ def _model_of_run(
     """The model a classification run trained, built by its trainer's builder from the config its checkpoint
     records, with ``state_dict`` loaded."""
     from cat.classification.builders import build_model
-    from cat.classification.schema import input_size, recorded_model_config
+    from cat.classification.checks import recorded_model_config
 
-    cfg = recorded_model_config(trained, args.checkpoint, args.img_size)
-    cfg.model.kwargs = {**cfg.model.kwargs, **overrides}
-    args.model, args.img_size = cfg.model.name, input_size(cfg)[0]
-    check_model_size(args.model, args.img_size, **model_kwargs(cfg.model.drop_path_rate, cfg.model.kwargs))
+    run = recorded_model_config(trained, args.checkpoint, args.img_size)
+    run.model.kwargs = {**run.model.kwargs, **overrides}
+    args.model, args.img_size = run.model.name, run.img_size
+    check_model_size(args.model, args.img_size, **model_kwargs(run.model.drop_path_rate, run.model.kwargs))
     # A folder dataset's run records no class count: its classifier has it.
     head = state_dict.get(f"{get_pretrained_cfg_value(args.model, 'classifier') or 'head'}.weight")
-    num_classes = cfg.data.num_classes or (len(head) if head is not None else 1000)
-    return build_model(cfg, num_classes, args.checkpoint, state_dict=state_dict, trained_config=trained)
+    num_classes = run.num_classes or (len(head) if head is not None else 1000)
+    return build_model(
+        run.model, num_classes, args.img_size, args.checkpoint, state_dict=state_dict, trained_config=trained
+    )
 
 
 def model_tool_parser(description: str, out_help: str, default: str, help: str) -> argparse.ArgumentParser:

@@ -5,12 +5,13 @@ processes, and peak memory."""
 from __future__ import annotations
 
 import resource
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from cat.runtime.clock import synchronize, time_calls
 
 __all__ = [
     "synchronize",
@@ -26,35 +27,6 @@ __all__ = [
     "peak_memory_mib",
     "peak_growth_mib",
 ]
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for the device's queued work (a no-op on CPU), so a clock read means the work is done."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_calls(
-    fn: Callable[[], object], iters: int, warmup: int, device: torch.device | str, per_call: bool = False
-) -> list[float]:
-    """Seconds taken by ``fn`` after ``warmup`` untimed calls: one sample for all ``iters`` calls
-    together, or (``per_call``) one sample per call, each between two synchronisations."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    samples = []
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-        if per_call:
-            synchronize(device)
-            now = time.perf_counter()
-            samples.append(now - start)
-            start = now
-    if not per_call:
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def rotated(names: Sequence[str], k: int) -> list[str]:

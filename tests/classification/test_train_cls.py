@@ -23,7 +23,7 @@ from cat.classification.job import run
 from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
 from cat.models import CheckpointMismatchError
-from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, refusal_line
+from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, refusal_line, typed_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 TINY = [
@@ -68,12 +68,12 @@ def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_builds(experiment):
-    cfg = compose_config("cls", f"experiment={experiment}")
+    cfg = typed_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
     with torch.device("meta"):
         from cat.classification.builders import build_model
 
-        model = build_model(cfg, cfg.data.num_classes)
+        model = build_model(cfg.model, cfg.data.num_classes, cfg.data.img_size)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
@@ -105,9 +105,9 @@ def test_paper_recipe_values():
 
     drop_path = {}
     for experiment in ("ca_deit_t", "ca_deit_s", "ca_deit_b", "deit_s"):
-        cfg = compose_config("cls", f"experiment={experiment}")
+        cfg = typed_config("cls", f"experiment={experiment}")
         with torch.device("meta"):
-            last_block = build_model(cfg, 1000).blocks[-1]
+            last_block = build_model(cfg.model, 1000, cfg.data.img_size).blocks[-1]
         drop_path[experiment] = getattr(last_block.drop_path1, "drop_prob", 0.0)
     assert drop_path == pytest.approx({"ca_deit_t": 0.0, "ca_deit_s": 0.1, "ca_deit_b": 0.4, "deit_s": 0.1})
 
@@ -466,9 +466,9 @@ def test_foreign_shards_train_through_the_trainer_with_their_scan_in_the_run_fol
 # file system's read); it marks the FIFO's path + ".waiting" when one does.
 STUCK_READ = """
 import runpy, sys
-import cat.data
+import cat.data.images
 fifo, after = sys.argv[1], int(sys.argv[2])
-read, calls = cat.data.load_rgb, [0]
+read, calls = cat.data.images.load_rgb, [0]
 def stuck(path, **kwargs):
     calls[0] += 1
     if calls[0] > after:
@@ -476,7 +476,7 @@ def stuck(path, **kwargs):
         with open(fifo, "rb") as f:
             f.read()
     return read(path, **kwargs)
-cat.data.load_rgb = stuck
+cat.data.images.load_rgb = stuck
 sys.argv = ["train_cls.py", *sys.argv[3:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

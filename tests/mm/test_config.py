@@ -12,7 +12,7 @@ import torch
 from cat.errors import ConfigError, DataError
 from cat.runtime.dist import DistEnv
 from cat.runtime.resume import START_OVER
-from tests.conftest import compose_config, refusal_line
+from tests.conftest import as_typed, compose_config, mm_builder, refusal_line, typed_config
 from tests.entry_cases import run_entry_cases
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -22,12 +22,10 @@ pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts
 @pytest.mark.parametrize(("task", "layout"), [("det", "COCO layout"), ("seg", "ADE20K layout")])
 @pytest.mark.parametrize("root", [None, "missing"])
 def test_missing_data_root(task, layout, root, tmp_path):
-    from cat.mm.det import build_det_config
-    from cat.mm.seg import build_seg_config
 
     data_root = "null" if root is None else str(tmp_path / root)
     cfg = compose_config(task, f"data.root={data_root}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled")
-    build = build_det_config if task == "det" else build_seg_config
+    build = mm_builder(task)
     with pytest.raises(DataError, match=layout) as error:
         build(cfg, DistEnv(), str(tmp_path))
     assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)
@@ -42,14 +40,11 @@ def test_relative_data_root_reads_the_data(task, toy_coco, toy_ade, tmp_path, mo
     from mmengine.registry import DATASETS
     from mmseg.utils import register_all_modules as register_seg
 
-    from cat.mm.det import build_det_config
-    from cat.mm.seg import build_seg_config
-
     data = toy_coco if task == "det" else toy_ade
     monkeypatch.chdir(data.parent)
     cfg = compose_config(task, f"data.root={data.name}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled")
     (register_det if task == "det" else register_seg)(init_default_scope=True)
-    mm = (build_det_config if task == "det" else build_seg_config)(cfg, DistEnv(), str(tmp_path))
+    mm = mm_builder(task)(cfg, DistEnv(), str(tmp_path))
     for loader, count in (("train_dataloader", 8), ("val_dataloader", 4), ("test_dataloader", 4)):
         assert len(DATASETS.build(mm[loader].dataset)) == count
         assert mm[loader].dataset.data_root == str(data)
@@ -122,16 +117,20 @@ def test_backbone_levels_must_match_the_heads(task, override, expected, tmp_path
     1-4 reach 0.16. Refused with the indices that fit; an index past the last level is named (it was an
     IndexError). The fitting indices pass, as do UperNet's heads, which name no strides."""
     from cat.mm.schema import check_mm_config
+    from cat.runtime.schema import schema_of
 
     common = [f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]
     with pytest.raises(ConfigError) as refused:
-        check_mm_config(compose_config(task, *common, override), task)
+        check_mm_config(compose_config(task, *common, override), schema_of(task))
     (problem,) = refused.value.problems
     assert problem.startswith("model.backbone.out_indices=") and expected in problem, problem
     if "resnet18" in override:
-        check_mm_config(compose_config(task, *common, override, "model.backbone.out_indices=[1,2,3,4]"), task)
+        check_mm_config(
+            compose_config(task, *common, override, "model.backbone.out_indices=[1,2,3,4]"), schema_of(task)
+        )
     check_mm_config(
-        compose_config("seg", *common, "experiment=toy_upernet_ca_swin", "model.backbone.name=resnet18"), "seg"
+        compose_config("seg", *common, "experiment=toy_upernet_ca_swin", "model.backbone.name=resnet18"),
+        schema_of("seg"),
     )
 
 
@@ -148,15 +147,15 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     length = "schedule.epochs=24" if task == "det" else "schedule.iters=80000"
     folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
     base = compose_config(task, "data.root=/data/a", "logger.wandb.mode=disabled")
-    folder.write_config(base)
+    folder.write_config(as_typed(base, task))
     changed = compose_config(
         task, "data.root=/data/a", "logger.wandb.mode=disabled", "schedule.optim.lr=5e-4", "seed=7", "batch_size=8"
     )
-    check_resume_config(changed, folder)  # no last_checkpoint: nothing to resume
+    check_resume_config(as_typed(changed, task), folder)  # no last_checkpoint: nothing to resume
     (tmp_path / "iter_8.pth").write_bytes(b"")
     (tmp_path / "last_checkpoint").write_text(str(tmp_path / "iter_8.pth"))
     with pytest.raises(ConfigError) as refused:
-        check_resume_config(changed, folder)
+        check_resume_config(as_typed(changed, task), folder)
     assert [line.split(" with a different ")[1] for line in refused.value.problems[:3]] == [
         f"batch_size: {base.batch_size} -> 8",
         f"schedule.optim.lr: {base.schedule.optim.lr!r} -> 0.0005",
@@ -165,7 +164,7 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     assert refused.value.problems[0].startswith(f"cannot resume {tmp_path / 'iter_8.pth'} ")
     free = ("data.root=/data/b", "model.backbone.lean_attention=true", length, "logger.wandb.mode=disabled")
     with caplog.at_level(logging.INFO, logger="test_resume"):
-        check_resume_config(compose_config(task, *free), folder)
+        check_resume_config(typed_config(task, *free), folder)
     assert "data.root: '/data/a' -> '/data/b'" in caplog.text
     assert (
         f"{length.split('=')[0]}: " in caplog.text and "the steps added run at the rate where they ended" in caplog.text
@@ -193,15 +192,15 @@ def test_resume_refuses_a_schedule_shorter_than_trained(task, saved, meta, lengt
     install_safe_checkpoint_io()
     key = "schedule.epochs" if task == "det" else "schedule.iters"
     folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
-    folder.write_config(compose_config(task, "data.root=/data/a", f"{key}=30000"))
+    folder.write_config(typed_config(task, "data.root=/data/a", f"{key}=30000"))
     torch.save({"meta": meta, "state_dict": {}}, tmp_path / saved)
     (tmp_path / "last_checkpoint").write_text(str(tmp_path / saved))
     shorter = compose_config(task, "data.root=/data/a", f"{key}={length}")
     if refusal is None:
-        check_resume_config(shorter, folder)
+        check_resume_config(as_typed(shorter, task), folder)
         return
     with pytest.raises(ConfigError) as refused:
-        check_resume_config(shorter, folder)
+        check_resume_config(as_typed(shorter, task), folder)
     assert refused.value.problems == [
         f"{key}={length}: {tmp_path / saved} {refusal}; a shorter run needs another output_dir (or {START_OVER})"
     ]
@@ -220,10 +219,10 @@ def test_the_schedule_check_reads_a_hostile_checkpoint_safely(tmp_path):
     marker = tmp_path / "MARKER"
     hostile = write_hostile_files(tmp_path / "files", marker)["plain_pickle"]
     folder = RunFolder(str(tmp_path), logging.getLogger("test_resume"), is_main=True)
-    folder.write_config(compose_config("seg", "data.root=/data/a", "schedule.iters=30000"))
+    folder.write_config(typed_config("seg", "data.root=/data/a", "schedule.iters=30000"))
     (tmp_path / "last_checkpoint").write_text(str(hostile))
     with pytest.raises(CheckpointError, match=str(hostile)):
-        check_resume_config(compose_config("seg", "data.root=/data/a", "schedule.iters=3"), folder)
+        check_resume_config(typed_config("seg", "data.root=/data/a", "schedule.iters=3"), folder)
     assert not marker.exists()
 
 
@@ -250,7 +249,9 @@ def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
         (folder / "epoch_1.pth").write_bytes(b"")
         (folder / "last_checkpoint").write_text(str(folder / "epoch_1.pth"))
         with pytest.raises(ConfigError) as refused:
-            check_resume_config(cfg, RunFolder(str(folder), logging.getLogger("test_resume"), is_main=True))
+            check_resume_config(
+                as_typed(cfg, "det"), RunFolder(str(folder), logging.getLogger("test_resume"), is_main=True)
+            )
         (problem,) = refused.value.problems
         assert problem.startswith(f"{folder / 'config.yaml'} is not the config a run wrote ("), (name, problem)
         assert (folder / "config.yaml").read_bytes() == content
@@ -259,7 +260,6 @@ def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
 
 def test_apply_common_settings(toy_coco, tmp_path):
     """What every det/seg job shares, read off the mmengine config cat builds."""
-    from cat.mm.det import build_det_config
 
     cfg = compose_config(
         "det",
@@ -271,7 +271,7 @@ def test_apply_common_settings(toy_coco, tmp_path):
         "accum_steps=4",
         "model.backbone.grad_checkpointing=true",
     )
-    mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+    mm = mm_builder("det")(cfg, DistEnv(), str(tmp_path))
     assert mm.optim_wrapper.accumulative_counts == 4 and mm.model.backbone.grad_checkpointing is True
     assert mm.work_dir == str(tmp_path) and mm.randomness == {"seed": 7, "deterministic": False}
     assert mm.launcher == "none" and mm.resume is True and mm.load_from is None
@@ -285,13 +285,12 @@ def test_apply_common_settings(toy_coco, tmp_path):
 
 def test_amp_on_cpu_says_it_trains_in_float32(toy_coco, tmp_path, caplog, monkeypatch):
     """mmengine's AmpOptimWrapper is CUDA-only: asked for on CPU, the run says so instead of ignoring it."""
-    from cat.mm.det import build_det_config
 
     monkeypatch.setattr(logging.getLogger("cat"), "propagate", True)  # to caplog, whatever ran before
 
     cfg = compose_config("det", f"data.root={toy_coco}", "amp.enabled=true")
     with caplog.at_level(logging.WARNING, logger="cat"):
-        mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+        mm = mm_builder("det")(cfg, DistEnv(), str(tmp_path))
     assert mm.optim_wrapper.type == "OptimWrapper" and "dtype" not in mm.optim_wrapper
     assert "CUDA only; this cpu run trains in float32" in caplog.text
 

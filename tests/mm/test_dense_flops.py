@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 
 from cat.paper import paper_table
-from tests.conftest import compose_config
+from tests.conftest import typed_config
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -56,6 +56,6 @@ def test_meta_count_equals_the_real_forwards(task, experiment, hw):
     from cat.mm.flops import detector_macs, segmentor_macs
 
     count = partial(detector_macs, proposals=50) if task == "det" else segmentor_macs
-    cfg = compose_config(task, f"experiment={experiment}")
-    meta = count(cfg, hw)
-    assert meta == count(cfg, hw, device="cpu") and meta[1] > 0
+    model = typed_config(task, f"experiment={experiment}").model
+    meta = count(model, hw)
+    assert meta == count(model, hw, device="cpu") and meta[1] > 0

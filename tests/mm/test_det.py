@@ -12,7 +12,7 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, compose_config, refusal_line
+from tests.conftest import REPO, compose_config, mm_builder, refusal_line
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
 
@@ -117,7 +117,6 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
     from mmdet.utils import register_all_modules
 
     from cat.mm.backbone import register_backbones
-    from cat.mm.det import build_det_config
 
     register_all_modules()
     register_backbones()
@@ -128,7 +127,7 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
         f"output_dir={tmp_path}",
         "logger.wandb.mode=disabled",
     )
-    mm = build_det_config(cfg, DistEnv(), str(tmp_path))
+    mm = mm_builder("det")(cfg, DistEnv(), str(tmp_path))
     with torch.device("meta"):
         detector = MODELS.build(mm.model)
     assert sum(p.numel() for p in detector.backbone.parameters()) > 5e6
@@ -143,14 +142,13 @@ def test_backbone_lean_attention_switch_reaches_every_attention(lean, toy_coco, 
     from mmdet.utils import register_all_modules
 
     from cat.mm.backbone import register_backbones
-    from cat.mm.det import build_det_config
     from cat.ops import CirculantAttention
 
     register_all_modules()
     register_backbones()
     overrides = [f"data.root={toy_coco}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled"]
     cfg = compose_config("det", "experiment=toy_mask_rcnn_ca_pvt", *overrides, f"model.backbone.lean_attention={lean}")
-    detector = MODELS.build(build_det_config(cfg, DistEnv(), str(tmp_path)).model)
+    detector = MODELS.build(mm_builder("det")(cfg, DistEnv(), str(tmp_path)).model)
     attentions = [m for m in detector.backbone.modules() if isinstance(m, CirculantAttention)]
     assert attentions and all(m.lean is lean for m in attentions)
 
@@ -163,12 +161,11 @@ def test_full_detector_forward_1333x800(experiment, toy_coco, tmp_path):
     from mmdet.utils import register_all_modules
 
     from cat.mm.backbone import register_backbones
-    from cat.mm.det import build_det_config
 
     register_all_modules()
     register_backbones()
     cfg = compose_config("det", f"experiment={experiment}", f"data.root={toy_coco}", f"output_dir={tmp_path}")
-    detector = MODELS.build(build_det_config(cfg, DistEnv(), str(tmp_path)).model).eval()
+    detector = MODELS.build(mm_builder("det")(cfg, DistEnv(), str(tmp_path)).model).eval()
     sample = DetDataSample(
         metainfo={
             "img_shape": (800, 1333),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cat.runtime.dist import DistEnv
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, mm_builder
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 
@@ -25,10 +25,8 @@ def _paper_presets(task: str) -> list[str]:
 
 def _distinct_pipelines(task: str, root, tmp_path) -> dict[str, list[dict]]:
     """The distinct train pipelines the task's paper presets build, keyed by the first preset using each."""
-    from cat.mm.det import build_det_config
-    from cat.mm.seg import build_seg_config
 
-    build = build_det_config if task == "det" else build_seg_config
+    build = mm_builder(task)
     pipelines: dict[str, tuple[str, list[dict]]] = {}
     # The toy sets' own classes (COCO's 80 would filter every toy image out); sizes stay the presets'.
     classes = "[circle,square,triangle]" if task == "det" else "[background,circle,square,triangle]"

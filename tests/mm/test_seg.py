@@ -16,7 +16,7 @@ import torch
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
 from cat.runtime.resume import START_OVER
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, mm_builder
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
 
@@ -218,7 +218,6 @@ def _build(experiment: str, toy_ade, tmp_path):
     from mmseg.utils import register_all_modules
 
     from cat.mm.backbone import register_backbones
-    from cat.mm.seg import build_seg_config
 
     register_all_modules()
     register_backbones()
@@ -229,7 +228,7 @@ def _build(experiment: str, toy_ade, tmp_path):
         f"output_dir={tmp_path}",
         "logger.wandb.mode=disabled",
     )
-    return cfg, build_seg_config(cfg, DistEnv(), str(tmp_path)), MODELS
+    return cfg, mm_builder("seg")(cfg, DistEnv(), str(tmp_path)), MODELS
 
 
 @pytest.mark.parametrize("experiment", SEG_EXPERIMENTS)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from cat.runtime import Precision
+from cat.runtime.schema import AmpConfig
 
 
 def test_from_config_and_cpu_behaviour():
-    cfg = OmegaConf.create({"amp": {"enabled": True, "dtype": "bf16"}, "channels_last": True})
-    precision = Precision.from_config(cfg, torch.device("cpu"))
+    precision = Precision.from_config(AmpConfig(enabled=True, dtype="bf16"), torch.device("cpu"), channels_last=True)
     assert precision == Precision(torch.device("cpu"), True, "bf16", True)
     images = precision.inputs(torch.randn(2, 3, 8, 8))
     assert images.is_contiguous(memory_format=torch.channels_last)

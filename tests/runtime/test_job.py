@@ -14,7 +14,7 @@ import pytest
 from cat.errors import DataError, RunDirLockedError
 from cat.runtime import DistEnv, open_run_folder, run_job
 from cat.runtime.metrics import read_history
-from tests.conftest import REPO, TINY_CLS, compose_config
+from tests.conftest import REPO, TINY_CLS, compose_config, typed_config
 
 
 def test_run_folder_is_created_locked_and_released(tmp_path):
@@ -27,7 +27,7 @@ def test_run_folder_is_created_locked_and_released(tmp_path):
 
 
 def test_run_job_records_metrics_history_and_a_finished_run(tmp_path):
-    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
+    cfg = typed_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
     calls = []
 
     def body(env, folder):
@@ -53,7 +53,7 @@ def test_run_job_records_metrics_history_and_a_finished_run(tmp_path):
     ids=["user error", "bug"],
 )
 def test_run_job_records_why_the_body_failed_and_releases_the_folder(tmp_path, capsys, error, recorded):
-    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
+    cfg = typed_config("cls", *TINY_CLS, f"output_dir={tmp_path}")
 
     def body(env, folder):
         folder.metrics.log({"train/loss": 1.0}, 1)
@@ -165,9 +165,9 @@ LOST_PEER = """
 import os, sys, time
 import torch, torch.distributed as dist
 from cat.runtime import run_job
-from tests.conftest import TINY_CLS, compose_config
+from tests.conftest import TINY_CLS, typed_config
 
-cfg = compose_config("cls", *TINY_CLS, "output_dir=" + sys.argv[1], "dist_timeout_s=3")
+cfg = typed_config("cls", *TINY_CLS, "output_dir=" + sys.argv[1], "dist_timeout_s=3")
 
 def body(env, folder):
     if env.rank == 1:

@@ -154,7 +154,7 @@ def test_help_lists_documented_keys_with_their_values():
 
 def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     """checkpoint= a run's folder (for the best.pth in it) is not 'no such file': both trainers say what is there."""
-    from cat.classification.schema import check_config
+    from cat.classification.checks import check_config
     from cat.errors import ConfigError
     from cat.mm.schema import check_mm_config
     from cat.runtime.schema import file_problem
@@ -179,7 +179,7 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     ]
     pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
     with pytest.raises(ConfigError) as refused:
-        check_mm_config(compose_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}"), "seg")
+        check_mm_config(compose_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}"), schema_of("seg"))
     assert f"model.pretrained={run}: a folder, not a file (it holds best.pth, last.pth: give one)" in (
         refused.value.problems
     )

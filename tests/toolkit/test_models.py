@@ -13,7 +13,7 @@ from cat.classification.job import run
 from cat.errors import CheckpointError, ConfigError
 from cat.models import CheckpointMismatchError, load_checkpoint_file
 from cat.toolkit import model_from_args, model_tool_parser
-from tests.conftest import TINY_CLS, TINY_CONVERTED, compose_config
+from tests.conftest import TINY_CLS, TINY_CONVERTED, compose_config, typed_config
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,8 @@ def tool_args(*args: str):
 @pytest.mark.parametrize("name, overrides", [("ca", []), ("converted", TINY_CONVERTED)])
 def test_a_runs_checkpoint_gives_the_model_it_trained(runs, name, overrides):
     checkpoint = str(runs / name / "best.pth")
-    cfg = compose_config("cls", *TINY_CLS, *overrides)
-    trained = build_model(cfg, 4, checkpoint).eval()
+    cfg = typed_config("cls", *TINY_CLS, *overrides)
+    trained = build_model(cfg.model, 4, cfg.data.img_size, checkpoint).eval()
     x = torch.randn(2, 3, 32, 32)
 
     args = tool_args("--checkpoint", checkpoint)

@@ -1,0 +1,150 @@
+"""Image files as a dataset: the ImageNet layout read as ``data.format=folder`` (``<split>/<class>/*.jpg``,
+through torchvision's ``ImageFolder``), ``zip`` (the authors' ``<split>.zip`` + ``<split>_map.txt``, with
+their ``data.cache_mode``: :mod:`cat.data.packed`) or ``tar`` (shards, streamed: :mod:`cat.data.shards`),
+each image through timm's transform pipeline."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from PIL import Image
+from timm.data import create_transform
+from torch.utils.data import Dataset
+
+from cat.errors import DataError
+
+from .augment import install_timm_augment_fixes
+from .packed import ZipImageDataset
+from .shards import ShardStream
+from .untrusted import check_image_size, decode_image, image_limit, open_regular
+
+__all__ = ["IMAGE_EXTENSIONS", "load_rgb", "build_transform", "image_files_dataset"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def load_rgb(path: str, max_image_mb: float | None = None) -> Image.Image:
+    """An image file as RGB: a regular file of at most ``max_image_mb``; one that cannot be decoded
+    raises a DataError naming it."""
+    with open_regular(path) as f:
+        check_image_size(os.fstat(f.fileno()).st_size, image_limit(max_image_mb), f"image {path}")
+        return decode_image(f, f"image {path}")
+
+
+def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None) -> Dataset:
+    """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
+    rank evaluates its own share)."""
+    name = data.train_split if split == "train" else data.val_split
+    cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
+    transform = build_transform(data, aug, split == "train")
+    return ZipImageDataset(data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb)
+
+
+def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
+    from torchvision.datasets import ImageFolder
+
+    folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
+    if not os.path.isdir(folder):
+        raise DataError(
+            f"dataset split folder not found: {folder} (data.root={data.root}; expected "
+            f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)"
+        )
+    classes = _class_folders(folder)
+    if not classes:
+        loose = sum(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder))
+        raise DataError(
+            f"no class folders in {folder}"
+            + (
+                f" (it holds {loose} images directly, as ImageNet's val archive unpacks: a split needs them sorted "
+                "into one folder per class, e.g. by the devkit's ground-truth labels)"
+                if loose
+                else ""
+            )
+        )
+    train_folder = os.path.join(data.root, data.train_split)
+    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := _class_folders(train_folder)):
+        # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
+        missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
+        raise DataError(
+            f"{folder} and {train_folder} hold different class folders (labels are indices into each split's "
+            f"sorted folders, so they would not agree): not in {data.val_split}: {_some(missing)}; not in "
+            f"{data.train_split}: {_some(extra)}"
+        )
+    for c in classes:
+        has_image = any(
+            f.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
+        )
+        if not has_image:
+            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    if data.num_classes is not None and len(classes) != data.num_classes:
+        raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
+    loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb)
+    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=loader)
+
+
+def _class_folders(folder: str) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+
+
+def _some(names: list[str]) -> str:
+    return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
+
+
+def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
+    """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
+    resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
+    install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
+    train_args = {
+        "auto_augment": aug.auto_augment,
+        "re_prob": aug.reprob,
+        "re_mode": aug.remode,
+        "re_count": aug.recount,
+        "hflip": aug.hflip,
+        "color_jitter": aug.color_jitter,
+    }
+    return create_transform(
+        input_size=data.img_size,
+        is_training=is_train,
+        interpolation=data.interpolation,
+        mean=tuple(data.mean),
+        std=tuple(data.std),
+        crop_pct=data.crop_pct,
+        **(train_args if is_train else {}),
+    )
+
+
+def image_files_dataset(
+    data: Any,
+    aug: Any,
+    split: str,
+    rank: int,
+    world: int,
+    batch_size: int,
+    seed: int,
+    num_classes: int | None,
+    index_dir: str | None,
+) -> Dataset:
+    """The ``split`` of the image files under ``data.root`` in ``data.format`` (see
+    :func:`cat.data.registry.build_dataset` for the rest)."""
+    name = data.train_split if split == "train" else data.val_split
+    if data.format == "zip":
+        return _zip_split(data, aug, split, rank, world, num_classes)
+    if data.format == "tar":
+        transform = build_transform(data, aug, split == "train")
+        return ShardStream(
+            data.root,
+            name,
+            transform,
+            split == "train",
+            rank,
+            world,
+            batch_size,
+            seed,
+            data.shuffle_buffer,
+            num_classes,
+            data.max_image_mb,
+            index_dir,
+        )
+    return _image_folder(data, aug, split)
