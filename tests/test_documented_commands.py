@@ -89,7 +89,7 @@ def test_documented_command_passes_its_check(where, task, overrides, tmp_path):
     if task == "cls":
         from cat.classification.checks import check_config as check
     else:
-        from cat.mm.schema import check_mm_config
+        from cat.mm.checks import check_mm_config
         from cat.runtime.schema import schema_of
 
         def check(cfg):

@@ -17,8 +17,9 @@ from cat.runtime.logger import log_formatter
 from cat.runtime.resume import check_resume, describe_changes, refuse_shorter_run
 
 from .backbone import check_pretrained, register_backbones
+from .checks import check_mm_config
 from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
-from .schema import MMConfig, check_mm_config
+from .schema import MMConfig
 from .task import MMTask
 
 __all__ = ["run_mm"]

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
 from .logger import METRICS_LOGGER, persistent_run_id, resolve_wandb_mode
+from .schema import LoggerConfig, WandbConfig
 
 __all__ = [
     "METRICS_HISTORY",
@@ -73,7 +74,7 @@ class WandbSink:
     finishes its step and saves, and every later call into W&B raises. The run's own record
     (``metrics.jsonl``, the checkpoints) is complete either way, and the next run resumes the W&B run."""
 
-    def __init__(self, wandb_cfg: Any, output_dir: str, config: dict[str, Any]) -> None:
+    def __init__(self, wandb_cfg: WandbConfig, output_dir: str, config: dict[str, Any]) -> None:
         self.settings = {
             "mode": resolve_wandb_mode(wandb_cfg.mode),
             "project": wandb_cfg.project,
@@ -198,7 +199,7 @@ class MetricSinks:
 
 
 def build_metric_sinks(
-    logger_cfg: Any, output_dir: str, config: dict[str, Any], is_main: bool, training: bool
+    logger_cfg: LoggerConfig, output_dir: str, config: dict[str, Any], is_main: bool, training: bool
 ) -> MetricSinks:
     """The sinks ``logger_cfg`` (a config's ``logger`` section) asks for, writing into ``output_dir``:
     the history always, W&B for training runs (an eval's result is one line in its history)."""

@@ -31,6 +31,7 @@ def test_missing_data_root(task, layout, root, tmp_path):
     assert f"data.root={None if root is None else str(tmp_path / root)!r}" in str(error.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["det", "seg"])
 def test_relative_data_root_reads_the_data(task, toy_coco, toy_ade, tmp_path, monkeypatch):
     """The README's toy commands pass data.root relative to the working directory: every split's dataset
@@ -116,7 +117,7 @@ def test_backbone_levels_must_match_the_heads(task, override, expected, tmp_path
     a timm ResNet's first four levels (strides 2-16) trained a toy detector to bbox_mAP_50 0.0 where its levels
     1-4 reach 0.16. Refused with the indices that fit; an index past the last level is named (it was an
     IndexError). The fitting indices pass, as do UperNet's heads, which name no strides."""
-    from cat.mm.schema import check_mm_config
+    from cat.mm.checks import check_mm_config
     from cat.runtime.schema import schema_of
 
     common = [f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]

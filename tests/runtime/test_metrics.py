@@ -107,6 +107,7 @@ print("finished")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["during", "after"])
 def test_a_lost_wandb_service_ends_only_wandb(tmp_path, when):
     proc = subprocess.run(
@@ -147,6 +148,7 @@ print("finished")
 """
 
 
+@pytest.mark.slow
 def test_an_unreachable_wandb_server_leaves_the_run_offline(tmp_path):
     with socket.socket() as s:  # a loopback port nothing listens on: connections are refused
         s.bind(("127.0.0.1", 0))

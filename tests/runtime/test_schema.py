@@ -156,7 +156,7 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     """checkpoint= a run's folder (for the best.pth in it) is not 'no such file': both trainers say what is there."""
     from cat.classification.checks import check_config
     from cat.errors import ConfigError
-    from cat.mm.schema import check_mm_config
+    from cat.mm.checks import check_mm_config
     from cat.runtime.schema import file_problem
 
     run = tmp_path / "run"

@@ -66,6 +66,7 @@ def test_visualize_kernels(run_tool, tmp_path):
     assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "kernels.pdf").is_file()
 
 
+@pytest.mark.slow
 def test_the_model_tools_take_a_training_runs_checkpoint(run_tool, tmp_path):
     """A converted DeiT trained by train_cls.py: its kernels (Fig. 5 of a plug-in model), its ONNX exports (both
     backends) at the one size a timm ViT is built for, and bccb_analysis's refusal of a model without softmax
@@ -360,6 +361,7 @@ def test_make_tables_says_how_a_failed_cell_ended(run_tool, tmp_path):
     assert status.startswith("1 failed (failed, its log ends: error: ") and "non-finite" in status, status
 
 
+@pytest.mark.slow
 def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
     """A stopped cell's metrics.jsonl with junk in it: only real entries count, nothing raises; a
     history that cannot be read at all is one line naming it."""

@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 
+@pytest.mark.slow
 def test_export_ca_deit_tiny_matmul(run_tool, tmp_path):
     path = tmp_path / "ca_deit_tiny.onnx"
     text = run_tool("export_onnx", "--backend", "matmul", "--out", str(path), "--img-size", "64")
@@ -95,6 +96,7 @@ def train_step_row(run_tool, models: list[str], *extra: str) -> dict:
     return row
 
 
+@pytest.mark.slow
 def test_bench_attention_times_whole_training_steps(run_tool):
     models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+autograd", "deit_tiny_patch16_224+converted"]
     row = train_step_row(run_tool, models)
@@ -105,6 +107,7 @@ def test_bench_attention_times_whole_training_steps(run_tool):
         assert 0 < q1 <= median <= q3
 
 
+@pytest.mark.slow
 def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     """--processes: the pairs run in fresh worker processes (each laid out anew in memory) and are pooled."""
     models = ["deit_tiny_patch16_224", "ca_deit_tiny"]
@@ -115,6 +118,7 @@ def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     assert q1 <= median <= q3 and min(by_process) - 1e-12 <= median <= max(by_process) + 1e-12
 
 
+@pytest.mark.slow
 def test_bench_attention_profiles_ops_and_times_each_model_alone_over_fresh_processes(run_tool):
     """--profile-ops: per operator, the converted model's self time against the native one's, pooled over the
     processes. --alone: each model's steps in processes of its own, the ratio of each round's medians."""

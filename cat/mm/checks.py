@@ -1,0 +1,69 @@
+"""The checks of a detection or segmentation config before anything is built: the schema's, then the
+paths, the backbone's arguments and its feature levels against the heads. :func:`check_mm_config` returns
+the config as its typed object."""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from cat.errors import ConfigError
+from cat.models import model_arguments
+from cat.runtime.resume import resumes, starting_file_problem
+from cat.runtime.rundir import check_writable
+from cat.runtime.schema import schema_problems, typed_config
+
+from .safe_load import LAST_CHECKPOINT
+from .schema import MMConfig
+
+__all__ = ["check_mm_config"]
+
+
+def _backbone_kwargs_problems(cfg: MMConfig) -> list[str]:
+    backbone = cfg.model.backbone
+    try:
+        accepted = model_arguments(backbone.name)
+    except ConfigError as error:
+        return [f"model.backbone.name: {problem}" for problem in error.problems]
+    if accepted is None:
+        return []
+    return [
+        f"model.backbone.kwargs.{name}: not an argument of {backbone.name} (accepted: {', '.join(sorted(accepted))})"
+        for name in backbone.kwargs
+        if name not in accepted
+    ]
+
+
+def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
+    """Every problem with a detection/segmentation config (``schema``: :class:`DetConfig` or :class:`SegConfig`),
+    before anything is built (ConfigError); the config as its typed object when there is none."""
+    problems = schema_problems(raw, schema)
+    if problems:
+        raise ConfigError(problems)
+    cfg = typed_config(raw, schema)
+    if cfg.mode == "eval" and not cfg.checkpoint:
+        problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
+    # A resumed training run reads neither: its folder's checkpoint holds the model (cat.mm.config).
+    starting = {"checkpoint": cfg.checkpoint, "model.pretrained": cfg.model.pretrained}
+    for name, path in () if resumes(cfg, LAST_CHECKPOINT) else starting.items():
+        # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
+        remote = name == "checkpoint" and isinstance(path, str) and "://" in path
+        if isinstance(path, str) and not remote:
+            problems += [problem] if (problem := starting_file_problem(cfg, name, path)) else []
+    if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):
+        problems.append(
+            f"data.root={cfg.data.root}: not a folder with the dataset "
+            "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)"
+        )
+    if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
+        problems.append(problem)
+    problems += _backbone_kwargs_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    from .config import backbone_problems  # needs the OpenMMLab stack: only once the keys are valid
+
+    problems += backbone_problems(cfg.model)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
