@@ -34,12 +34,15 @@ from typing import Any
 import yaml
 from hydra.errors import HydraException
 
+import cat.classification.schema  # noqa: F401  (registers schema/cls)
+import cat.mm.schema  # noqa: F401  (registers schema/det and schema/seg: needs none of the OpenMMLab stack)
 from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock, report_user_errors
 from cat.runtime.logger import last_log_line
 from cat.runtime.metrics import METRICS_HISTORY, read_history
 from cat.runtime.rundir import EARLIER_RUNS
+from cat.runtime.schema import schema_of, unnamed_keys
 from cat.toolkit.sweeps import expand_sweep
 
 # The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
@@ -210,6 +213,14 @@ def to_markdown(number: int, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _job_schema(job_name: Any) -> type:
+    """The schema of a cat trainer's job (``train_cls``, ``train_det``, ``train_seg``); a ConfigError otherwise."""
+    name = job_name.removeprefix("train_") if isinstance(job_name, str) else None
+    if name not in ("cls", "det", "seg"):
+        raise ConfigError(f"hydra.job.name={job_name!r} is not a cat trainer's job")
+    return schema_of(name)
+
+
 def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every cell the sweep launched (from ``multirun.yaml``) or has a folder for, with its status:
     finished, stopped (saved on a signal; relaunch the sweep to resume it), running, failed (a
@@ -217,7 +228,10 @@ def sweep_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     try:
         multirun = _read(sweep_dir / "multirun.yaml")["hydra"]
         expected = set(expand_sweep(multirun["overrides"]["task"], (multirun.get("sweeper") or {}).get("params")))
-        unnamed = set(multirun["job"]["config"]["override_dirname"].get("exclude_keys") or [])  # as in folder names
+        # As in the cells' folder names: the list the sweep recorded (none: every override names a cell), or, where
+        # it recorded the trainer's interpolation (computed from the schema), that list from the job's schema.
+        recorded = multirun["job"]["config"]["override_dirname"].get("exclude_keys") or []
+        unnamed = set(unnamed_keys(_job_schema(multirun["job"]["name"])) if isinstance(recorded, str) else recorded)
     except (KeyError, TypeError, AttributeError, HydraException, ConfigError) as error:
         raise DataError(f"{sweep_dir / 'multirun.yaml'} is not a Hydra sweep's record we can read ({error})") from None
     cells = []

@@ -42,6 +42,7 @@ __all__ = [
     "config_yaml",
     "key_rule",
     "run_name_excluded",
+    "unnamed_keys",
     "absent_defaults",
     "JobConfig",
     "register_schema",
@@ -471,9 +472,14 @@ def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
     return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
 
 
+def unnamed_keys(schema: type) -> list[str]:
+    """What a sweep cell's folder name leaves out of its overrides: the keys declared ``in_run_name=False``, and
+    ``sweep``, the config group that picks a sweep preset (no key, and no more a cell's name)."""
+    return [*run_name_excluded(schema), "sweep"]
+
+
 def _unnamed_keys_resolver(schema_path: str) -> list[str]:
-    # ``sweep`` is the config group that picks a sweep preset, not a key: it names no cell either.
-    return [*run_name_excluded(get_class(schema_path)), "sweep"]
+    return unnamed_keys(get_class(schema_path))
 
 
 # ``${cat_keys:${hydra.job.name}}`` in job.yaml's ``hydra.help.template``: ``python train_cls.py
