@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -251,10 +252,12 @@ def schema_of(name: str) -> type:
     return OmegaConf.get_type(node)
 
 
-def _checks(schema: type) -> Iterator[tuple[str, Any, _Check]]:
+@functools.cache
+def _checks(schema: type) -> tuple[tuple[str, Any, _Check], ...]:
+    """Each key of ``schema``: its name, its type, its check. Cached: a schema is a class defined once, and every
+    composition (its folder-name keys), check and conversion walks it."""
     hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        yield f.name, hints[f.name], f.metadata["check"]
+    return tuple((f.name, hints[f.name], f.metadata["check"]) for f in dataclasses.fields(schema))
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -472,10 +475,16 @@ def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
     return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
 
 
+@functools.cache
+def _unnamed_keys(schema: type) -> tuple[str, ...]:
+    return (*run_name_excluded(schema), "sweep")
+
+
 def unnamed_keys(schema: type) -> list[str]:
     """What a sweep cell's folder name leaves out of its overrides: the keys declared ``in_run_name=False``, and
-    ``sweep``, the config group that picks a sweep preset (no key, and no more a cell's name)."""
-    return [*run_name_excluded(schema), "sweep"]
+    ``sweep``, the config group that picks a sweep preset (no key, and no more a cell's name). Hydra asks at
+    every composition: computed once per schema."""
+    return list(_unnamed_keys(schema))
 
 
 def _unnamed_keys_resolver(schema_path: str) -> list[str]:
