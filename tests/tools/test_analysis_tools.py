@@ -287,6 +287,12 @@ def test_make_tables_refuses_broken_and_hostile_run_files(run_tool, tmp_path):
             "job: {config: {override_dirname: {}}}}\n",
             "asks for 10,000,000,000 cells (seed: 100000 x lr: 100000)",
         ),
+        "foreign_job": (  # the interpolation a trainer's config records, naming a job that is no cat trainer's
+            "multirun.yaml",
+            "hydra: {overrides: {task: [seed=0]}, job: {name: os.system, config: {override_dirname: "
+            "{exclude_keys: '${cat_unnamed_keys:os.system}'}}}}\n",
+            "hydra.job.name='os.system' is not a cat trainer's job",
+        ),
         "config_unclosed": ("config.yaml", "model: [unclosed\n", "not valid YAML"),
         "config_model_string": ("config.yaml", "model: ca_deit_tiny\n", "'model' is a str, not a mapping"),
         "config_deep": ("config.yaml", f"model: {deep}\n", "nested too deeply"),
