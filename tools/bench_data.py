@@ -7,6 +7,9 @@ sides, aspect ratios and JPEG qualities drawn around ImageNet train's: ~400x350 
 the DeiT training transform at 224 through a DataLoader of ``--workers`` worker processes:
 
 * ``folder``            cat's ImageFolder reader (``data.format=folder``);
+* ``folder/draft``      the same with ``data.decode_draft=true``: each JPEG decoded at the least scale its
+  random crop allows (the crops timm draws);
+* ``zip/max-side``      the zip reader on a copy packed with ``--max-side`` (default 256): smaller images stored;
 * ``zip/no``, ``zip/part``, ``zip/full``  the zip reader under each ``data.cache_mode``
   (``part`` as rank 0 of ``--world`` ranks: it holds and samples 1/world of the images);
 * ``tar``               the webdataset shard stream (``data.format=tar``) as rank 0 of ``--world``,
@@ -15,7 +18,8 @@ the DeiT training transform at 224 through a DataLoader of ``--workers`` worker 
 
 It reports images/s per worker process, files opened per epoch (an untimed pass over the rank's
 epoch in a fresh copy of the dataset, as a worker process starts, counting ``open`` calls with an
-audit hook) and each rank's cache memory (the bytes the reader holds; on ImageNet-1K train, ~140 GB
+audit hook; for tar beside the shards the rank's span of the epoch touches) and each rank's cache
+memory (the bytes the reader holds; on ImageNet-1K train, ~140 GB
 of JPEGs, ``part`` on 8 ranks holds ~17.5 GB per rank and ``full`` all of it).
 
     python tools/bench_data.py                        # 2,000 images, 100 classes, 1 worker
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import pickle
 import runpy
@@ -41,11 +46,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 
 from cat.data import AugConfig, DataConfig, build_transform
+from cat.data.images import build_decoding
+from cat.data.manifest import read_manifest
 from cat.data.packed import RankShardSampler, ZipImageDataset
 from cat.data.shards import ShardStream
 from cat.toolkit import non_negative_int, positive_int
 
-FORMATS = ("folder", "zip/no", "zip/part", "zip/full", "tar", "timm")
+FORMATS = ("folder", "folder/draft", "zip/no", "zip/max-side", "zip/part", "zip/full", "tar", "timm")
 _OPENED = [0]  # dataset files opened in this process since the audit hook went in
 _COUNTED_UNDER: list[str] = []  # the data folder: opens elsewhere (Python's own imports) do not count
 
@@ -66,10 +73,15 @@ def make_imagenet_like(root: Path, images: int, classes: int, seed: int = 0) -> 
         Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(folder / f"img_{i:06d}.JPEG", quality=quality)
 
 
-def _data_config() -> DataConfig:
+def _data_config(decode_draft: bool = False) -> DataConfig:
     """The ImageNet evaluation and DeiT training settings of the data section that the transform reads."""
     return DataConfig(
-        img_size=224, interpolation="bicubic", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop_pct=0.875
+        img_size=224,
+        interpolation="bicubic",
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        crop_pct=0.875,
+        decode_draft=decode_draft,
     )
 
 
@@ -121,15 +133,22 @@ def build_loader(fmt: str, folder: Path, packed: Path, workers: int, batch: int,
     if fmt == "tar":
         stream = ShardStream(str(packed.parent / "tar"), "train", transform, world=world, batch_size=batch)
         return DataLoader(stream, batch_size=batch, num_workers=workers, drop_last=True), 0
-    if fmt == "folder":
+    if fmt.startswith("folder"):
         from torchvision.datasets import ImageFolder
 
         from cat.data import load_rgb
 
-        dataset, sampler, held = ImageFolder(str(folder / "train"), transform=transform, loader=load_rgb), None, 0
+        data = _data_config(decode_draft=fmt == "folder/draft")
+        draft, transform = build_decoding(data, _deit_aug(), is_train=True)
+        loader = functools.partial(load_rgb, draft=draft)
+        dataset, sampler, held = ImageFolder(str(folder / "train"), transform=transform, loader=loader), None, 0
     else:
         mode = fmt.split("/")[1]
-        dataset = ZipImageDataset(str(packed), "train", transform, cache_mode=mode, rank=0, world=world)
+        if mode == "max-side":
+            root, mode = packed.parent / "zip_max_side", "no"
+        else:
+            root = packed
+        dataset = ZipImageDataset(str(root), "train", transform, cache_mode=mode, rank=0, world=world)
         sampler = RankShardSampler(len(dataset), 0, world) if mode == "part" else None
         held = dataset.cached_bytes()
     loader = DataLoader(
@@ -170,6 +189,8 @@ def measure(args: argparse.Namespace, folder: Path, packed: Path) -> list[dict[s
             "format": fmt,
             "images_per_s_per_worker": statistics.median(samples[fmt]),
             "files_opened_per_epoch": files_opened_per_epoch(loader),
+            # tar: the shards the rank's span of the epoch touches, each to be opened once
+            "rank_shards": loader.dataset.rank_shards() if isinstance(loader.dataset, ShardStream) else None,
             "epoch_images": len(loader.dataset) if isinstance(loader.dataset, IterableDataset) else len(loader.sampler),
             "cache_mb_per_rank": held / 1e6,
         }
@@ -188,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--world", type=positive_int, default=2, help="ranks sharing the set (zip/part holds 1/world)")
     parser.add_argument("--shard-mb", type=float, default=8.0, help="tar: megabytes per shard")
+    parser.add_argument("--max-side", type=positive_int, default=256, help="zip/max-side: the packer's --max-side")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -206,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # the packer's progress is no part of the --json report
             if not (packed / "manifest.json").is_file():
                 pack([str(folder), str(packed), "--splits", "train"])
+            resized = root / "zip_max_side"
+            if "zip/max-side" in args.formats and (read_manifest(str(resized)) or {}).get("max_side") != args.max_side:
+                pack([str(folder), str(resized), "--splits", "train", "--max-side", str(args.max_side)])
             if not (root / "tar" / "manifest.json").is_file():
                 shards = ["--format", "tar", "--shard-mb", str(args.shard_mb)]
                 pack([str(folder), str(root / "tar"), "--splits", "train", *shards])
@@ -215,11 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup = f"{args.images} images, {args.classes} classes, {args.workers} worker(s), batch {args.batch}"
     print(f"{setup}, world {args.world}")
-    print(f"{'format':<10} {'img/s/worker':>13} {'files opened/epoch':>19} {'epoch images':>13} {'cache MB/rank':>14}")
+    print(
+        f"{'format':<10} {'img/s/worker':>13} {'files opened/epoch':>19} {'rank shards':>12} {'epoch images':>13} "
+        f"{'cache MB/rank':>14}"
+    )
     for r in rows:
+        shards = "" if r["rank_shards"] is None else r["rank_shards"]
         print(
             f"{r['format']:<10} {r['images_per_s_per_worker']:>13.1f} {r['files_opened_per_epoch']:>19} "
-            f"{r['epoch_images']:>13} {r['cache_mb_per_rank']:>14.1f}"
+            f"{shards:>12} {r['epoch_images']:>13} {r['cache_mb_per_rank']:>14.1f}"
         )
     return 0
 

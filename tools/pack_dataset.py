@@ -10,6 +10,12 @@
   shards in turn through a bounded shuffle buffer, so shards written class by class would give batches
   of a few classes.
 
+``--max-side N`` stores every image whose longer side exceeds N pixels resized to N (aspect kept, Lanczos;
+a JPEG re-encoded at quality 90, another format as PNG), as fast ImageNet loaders store it: fewer pixels to
+decode at every epoch. The caveat: the random crops are then taken from the smaller image (the same share of
+it, at fewer pixels), so a recipe trained on the full images may lose some accuracy; N = 320-512 is what such
+loaders use at 224. The manifest records N.
+
 Then ``<out>/manifest.json``: the classes, and each file's bytes, image count and sha256 (and a shard's
 count per class). ``train_cls.py data.format=zip|tar data.root=<out>`` reads it; readers check sizes and
 counts against the manifest, ``--verify`` checks every sha256, and of shards every header.
@@ -20,6 +26,7 @@ pack's temporary files are removed when the next pack starts.
 
     python tools/pack_dataset.py /data/imagenet /data/imagenet_zip                  # train and val
     python tools/pack_dataset.py /data/imagenet /data/imagenet_tar --format tar --shard-mb 512
+    python tools/pack_dataset.py /data/imagenet /data/imagenet_zip_384 --max-side 384
     python tools/pack_dataset.py --verify /data/imagenet_zip
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import random
 import stat
@@ -40,10 +48,11 @@ from typing import Any
 from cat.data import IMAGE_EXTENSIONS
 from cat.data.manifest import MANIFEST, read_manifest
 from cat.data.shards import scan_shard
-from cat.data.untrusted import image_limit
+from cat.data.untrusted import decode_image, image_limit
 from cat.errors import DataError
 from cat.runtime import remove_stale_temporaries, report_user_errors
 from cat.runtime.io import atomic_write, atomic_write_json, atomic_write_text
+from cat.toolkit import positive_int
 
 
 def sha256_of(path: Path) -> str:
@@ -122,14 +131,37 @@ def _refusal(path: str, inside: str) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
-def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def image_bytes(path: Path, max_side: int | None) -> bytes:
+    """The bytes to store for the image file ``path``: as it is, or (``max_side``) resized so its longer side is
+    at most ``max_side`` pixels, a JPEG re-encoded as JPEG (quality 90), another format as PNG."""
+    data = path.read_bytes()
+    if max_side is None:
+        return data
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as header:
+        size, fmt = header.size, header.format
+    if max(size) <= max_side:
+        return data
+    scale = max_side / max(size)
+    image = decode_image(data, f"image {path}").resize(
+        (max(1, round(size[0] * scale)), max(1, round(size[1] * scale))), Image.LANCZOS
+    )
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90) if fmt == "JPEG" else image.save(out, "PNG")
+    return out.getvalue()
+
+
+def pack_zip(
+    source: Path, out: Path, split: str, classes: list[str], max_side: int | None = None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     images, refused = split_images(source / split, classes, source)
     archive, listing = out / f"{split}.zip", out / f"{split}_map.txt"
 
     def write_zip(f) -> None:
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as z:
             for member, _ in images:
-                z.write(source / split / member, arcname=member)
+                z.writestr(member, image_bytes(source / split / member, max_side))
 
     atomic_write(str(archive), write_zip)
     atomic_write_text(str(listing), "".join(f"{m}\t{label}\n" for m, label in images))
@@ -141,7 +173,7 @@ def pack_zip(source: Path, out: Path, split: str, classes: list[str]) -> tuple[d
 
 
 def pack_tar(
-    source: Path, out: Path, split: str, classes: list[str], shard_bytes: int, seed: int
+    source: Path, out: Path, split: str, classes: list[str], shard_bytes: int, seed: int, max_side: int | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """``<split>-000000.tar``, ...: ``<key>.<ext>`` + ``<key>.cls`` per image (webdataset's TarWriter),
     a new shard once one holds ``shard_bytes`` of images; images in an order shuffled by ``seed``
@@ -167,7 +199,7 @@ def pack_tar(
             for index in indices:
                 member, label = images[index]
                 extension = Path(member).suffix.lstrip(".").lower()
-                data = (source / split / member).read_bytes()
+                data = image_bytes(source / split / member, max_side)
                 writer.write({"__key__": f"{index:08d}", extension: data, "cls": str(label).encode()})
             writer.close()
 
@@ -255,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-mb", type=float, default=256.0, help="tar: image megabytes per shard")
     parser.add_argument("--seed", type=int, default=0, help="tar: the seed of the order images are written in")
     parser.add_argument(
+        "--max-side", type=positive_int, default=None, help="store images resized to at most this longer side"
+    )
+    parser.add_argument(
         "--verify",
         action="store_true",
         help="check a packed root's files against its manifest (with an output folder: the one just packed)",
@@ -274,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     files: dict[str, dict[str, object]] = {}
     for split in args.splits:
         packed, refused = (
-            pack_zip(args.source, args.out, split, classes)
+            pack_zip(args.source, args.out, split, classes, args.max_side)
             if args.format == "zip"
-            else pack_tar(args.source, args.out, split, classes, int(args.shard_mb * 1e6), args.seed)
+            else pack_tar(args.source, args.out, split, classes, int(args.shard_mb * 1e6), args.seed, args.max_side)
         )
         for entry in refused:
             print(f"refused {entry}", file=sys.stderr)
@@ -286,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         skipped = f" ({len(refused)} refused: listed above)" if refused else ""
         print(f"{split}: {images} images in {len(packed)} file(s), {megabytes:.1f} MB{skipped}")
     order = {"order": f"shuffled, seed {args.seed}"} if args.format == "tar" else {}
-    manifest = {"format": args.format, "classes": classes, **order, "files": files}
+    resized = {"max_side": args.max_side} if args.max_side is not None else {}
+    manifest = {"format": args.format, "classes": classes, **order, **resized, "files": files}
     atomic_write_json(str(args.out / MANIFEST), manifest)
     return report_verified(args.out) if args.verify else 0
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -20,6 +22,7 @@ import cat
 from cat.data import AugConfig, ShardStream, build_dataset
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
+from cat.flops import count_macs
 from cat.models import (
     CheckpointMismatchError,
     extract_state_dict,
@@ -30,7 +33,11 @@ from cat.models import (
 )
 from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
+from cat.runtime.hardware import compute_dtype, peak_tflops
+from cat.runtime.logger import RUN_LOGGER
+from cat.runtime.meter import StepMeter
 from cat.runtime.preemption import worker_context
+from cat.runtime.profiling import ProfileWindow
 from cat.runtime.resume import resumes
 
 from .checkpoints import LAST, recorded_config
@@ -48,6 +55,8 @@ __all__ = [
     "build_train_model",
     "build_train_state",
     "build_train_options",
+    "build_step_meter",
+    "build_profile_window",
     "ResumableSampler",
     "ShardSampler",
 ]
@@ -324,11 +333,14 @@ def build_train_options(
     cfg: ClsConfig,
     env: DistEnv,
     data: TrainData,
-    log_fn: Callable[[dict[str, float], int], None] | None = None,
+    log_fn: Callable[[dict[str, float | None], int], None] | None = None,
     stop_requested: Callable[[], bool] = lambda: False,
+    meter: StepMeter | None = None,
+    profiler: ProfileWindow | None = None,
 ) -> TrainOptions:
     """The loss (soft targets under mixup/cutmix, else label smoothing or plain cross-entropy) and
-    everything else an epoch needs to know: where step metrics go and how a stop is asked for."""
+    everything else an epoch needs to know: where step metrics go, what measures the steps, and how a
+    stop is asked for."""
     mixup_fn = build_mixup(cfg.aug, data.num_classes)
     if mixup_fn is not None:
         criterion: nn.Module = SoftTargetCrossEntropy()
@@ -347,4 +359,36 @@ def build_train_options(
         log_interval=cfg.log_interval,
         stop_requested=stop_requested,
         log_fn=log_fn,
+        meter=meter,
+        profiler=profiler,
     )
+
+
+def build_step_meter(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> StepMeter:
+    """The meter of a training run's interval lines: the model's training FLOPs per image (3 x one forward's,
+    counted at the input size) and the device's peak for the run's dtype, where one is listed."""
+    log = logging.getLogger(RUN_LOGGER)
+    try:
+        flops: float | None = 6.0 * count_macs(model, torch.zeros(1, 3, *cfg.input_size(), device=env.device))
+    except Exception as error:  # a model the counter cannot follow: no FLOP rate rather than a wrong one
+        log.info("no FLOP rate in the log: counting %s's FLOPs failed (%s)", cfg.model.name, error)
+        flops = None
+    dtype = compute_dtype(env.device, cfg.amp.dtype if cfg.amp.enabled else None)
+    peak = peak_tflops(env.device, dtype)
+    if peak is None and env.is_main:
+        where = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "a CPU"
+        log.info("mfu is null: no listed %s peak for %s (cat.runtime.hardware.PEAK_TFLOPS)", dtype, where)
+    formats = "data.format=zip or tar (tools/pack_dataset.py)" if cfg.data.format == "folder" else ""
+    advice = (
+        f"More loader processes per training process (workers={cfg.workers} now, at most the CPU cores per "
+        f"process){', or a packed format: ' + formats if formats else ''}."
+    )
+    return StepMeter(env.device, flops, peak, advice)
+
+
+def build_profile_window(cfg: ClsConfig, env: DistEnv, run_folder: str) -> ProfileWindow | None:
+    """``profile.steps`` of rank 0 (None when off, or on other ranks)."""
+    if cfg.profile.steps is None or not env.is_main:
+        return None
+    first, last = cfg.profile.steps
+    return ProfileWindow(first, last, run_folder, env.device, env.rank, logging.getLogger(RUN_LOGGER), cfg.profile.top)

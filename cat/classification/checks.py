@@ -116,6 +116,17 @@ def _memory_problems(cfg: ClsConfig) -> list[str]:
     ]
 
 
+def _profile_problems(cfg: ClsConfig) -> list[str]:
+    steps = cfg.profile.steps
+    if steps is None:
+        return []
+    if len(steps) != 2 or steps[0] > steps[1]:
+        return [f"profile.steps={steps}: expected [first, last], two step numbers with first <= last, e.g. [20,30]"]
+    if cfg.mode != "train":
+        return [f"profile.steps={steps}: only training is profiled (mode={cfg.mode}); drop it"]
+    return []
+
+
 def _paths_problems(cfg: ClsConfig) -> list[str]:
     problems = []
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -182,7 +193,7 @@ def check_config(cfg: DictConfig) -> ClsConfig:
     typed = typed_config(cfg, ClsConfig)
     if problems := dataset_problems(typed.data):
         raise ConfigError(problems)
-    problems = _paths_problems(typed) + _optimizer_problems(typed) + _augment_problems(typed)
+    problems = _paths_problems(typed) + _optimizer_problems(typed) + _augment_problems(typed) + _profile_problems(typed)
     sizes = _model_kwargs_problems(typed.model)
     problems += sizes or _memory_problems(typed)
     if not sizes:

@@ -21,7 +21,9 @@ from cat.runtime.clock import time_calls
 from cat.runtime.console import StepProgress, progress_bar
 from cat.runtime.dist import DistEnv, all_reduce_sum
 from cat.runtime.logger import RUN_LOGGER
+from cat.runtime.meter import IntervalStats, StepMeter
 from cat.runtime.preemption import StopWhileWaiting, batches_until_stopped
+from cat.runtime.profiling import ProfileWindow
 
 from .state import TrainState
 
@@ -63,7 +65,9 @@ class TrainOptions:
     clip_grad: float | None = None
     log_interval: int = 50
     stop_requested: Callable[[], bool] = lambda: False
-    log_fn: Callable[[dict[str, float], int], None] | None = None
+    log_fn: Callable[[dict[str, float | None], int], None] | None = None
+    meter: StepMeter | None = None  # time, data wait, memory, FLOP rate in each log line; None: loss and lr only
+    profiler: ProfileWindow | None = None  # profile.steps of rank 0
 
 
 @dataclass
@@ -176,6 +180,20 @@ def optimizer_steps(
         yield group
 
 
+def _interval_stats(state: TrainState, opts: TrainOptions) -> IntervalStats | None:
+    """The meter's numbers for the interval ending at this step (every rank calls it at the same steps)."""
+    if opts.meter is None:
+        return None
+    left_in_epoch = opts.steps_per_epoch - state.step_in_epoch
+    epochs_after = opts.num_epochs - state.epoch - 1
+    return opts.meter.interval(left_in_epoch, left_in_epoch + epochs_after * opts.steps_per_epoch, epochs_after + 1)
+
+
+def _interval_name(state: TrainState, opts: TrainOptions) -> str:
+    last = state.step_in_epoch
+    return f"epoch {state.epoch + 1} steps {max(1, last - opts.log_interval + 1)}-{last}"
+
+
 def train_one_epoch(
     state: TrainState,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -201,17 +219,40 @@ def train_one_epoch(
     )
     grace = STOP_WAIT_GRACE_S["one process" if env.world_size == 1 else "several"]
     remaining = opts.steps_per_epoch - state.step_in_epoch
+    log, meter, profiler = logging.getLogger(RUN_LOGGER), opts.meter, opts.profiler
+    batches = batches_until_stopped(batches, grace)
+    if meter is not None:
+        meter.start_pass()
+        batches = meter.timed(batches)
     try:
-        for micro_batches in optimizer_steps(batches_until_stopped(batches, grace), opts.accum_steps, remaining):
+        for micro_batches in optimizer_steps(batches, opts.accum_steps, remaining):
+            step_number = state.global_step(opts.steps_per_epoch) + 1  # 1-based, as metrics.jsonl counts
+            if profiler is not None:
+                profiler.before_step(step_number)
             step = train_step(state, micro_batches, opts)
+            if profiler is not None:
+                profiler.after_step(step_number)
+            if meter is not None:
+                meter.step_done(step.batch)
             steps += 1
             loss_sum += step.loss.double() * step.batch
             seen += step.batch
             lr = state.optimizer.param_groups[0]["lr"]
-            progress.update(lambda loss=step.loss, lr=lr: {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}"})
-            if opts.log_fn is not None and steps % opts.log_interval == 0:
-                step_number = state.global_step(opts.steps_per_epoch)
-                opts.log_fn({"train/loss_step": step.loss.item(), "train/lr": lr}, step_number)
+            due = state.step_in_epoch % opts.log_interval == 0
+            stats = _interval_stats(state, opts) if due else None
+            progress.update(
+                lambda loss=step.loss, lr=lr, stats=stats: {
+                    "loss": f"{loss.item():.4f}",
+                    "lr": f"{lr:.2e}",
+                    **(stats.fields() if stats is not None else {}),
+                }
+            )
+            if due and opts.log_fn is not None:
+                metrics = {"train/loss_step": step.loss.item(), "train/lr": lr}
+                opts.log_fn({**metrics, **(stats.metrics() if stats is not None else {})}, step_number)
+            warning = meter.data_bound_warning(stats, _interval_name(state, opts)) if stats is not None else None
+            if warning is not None and env.is_main:
+                log.warning("%s", warning)
             if step.stop:
                 interrupted = True
                 break
@@ -222,9 +263,7 @@ def train_one_epoch(
                 f"rank {env.rank}: stopped by {stopped} (a read is stuck?); leaving without saving: the last "
                 "checkpoint stands"
             ) from None
-        logging.getLogger(RUN_LOGGER).warning(
-            "stop requested: %s; the wait is abandoned, the finished steps saved", stopped
-        )
+        log.warning("stop requested: %s; the wait is abandoned, the finished steps saved", stopped)
         interrupted = True
     progress.close()
     elapsed = carried.seconds + time.perf_counter() - start

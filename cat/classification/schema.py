@@ -18,6 +18,7 @@ __all__ = [
     "ScheduleConfig",
     "EmaConfig",
     "ThroughputConfig",
+    "ProfileConfig",
     "SCHEDULERS",
 ]
 
@@ -93,6 +94,16 @@ class ThroughputConfig:
 
 
 @dataclass
+class ProfileConfig:
+    steps: list[int] | None = key(
+        "[first, last]: record torch.profiler over these optimizer steps of rank 0 (counted from 1 over the run, "
+        "as metrics.jsonl's step) into output_dir/profile; null: off",
+        min=1,
+    )
+    top: int = key("operators in the log's table of the window's most expensive ones", min=1)
+
+
+@dataclass
 class ClsConfig(JobConfig):
     mode: str = key("train, eval a checkpoint, or measure throughput", choices=("train", "eval", "throughput"))
     # A resume may change anything but what makes it another run (FIXED): the model, the data, the recipe's
@@ -121,6 +132,7 @@ class ClsConfig(JobConfig):
     pin_memory: bool = key("pinned host memory for CUDA input copies")
     deterministic: bool = key("torch.use_deterministic_algorithms (slower; CPU resumes are bit-exact without it)")
     throughput: ThroughputConfig = section(ThroughputConfig, "mode=throughput")
+    profile: ProfileConfig = section(ProfileConfig, "a profiler window (mode=train)", resume=FREE, in_run_name=False)
 
     def input_size_key(self) -> str:
         """The key that sets the input size: throughput.img_size when throughput mode sets one."""

@@ -21,7 +21,14 @@ from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import check_resume, describe_changes, recipe_changes, refuse_shorter_run
 from cat.runtime.schema import config_record
 
-from .builders import build_train_data, build_train_model, build_train_options, build_train_state
+from .builders import (
+    build_profile_window,
+    build_step_meter,
+    build_train_data,
+    build_train_model,
+    build_train_options,
+    build_train_state,
+)
 from .checkpoints import CheckpointManager
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
 from .schema import ClsConfig
@@ -197,11 +204,26 @@ class Trainer:
         self.data = build_train_data(cfg, env, folder.path)
         self.state = build_train_state(cfg, env, self.data, model)
         # SIGTERM (and submitit's signal) asks the loop to finish its step, save and return.
-        self.opts = build_train_options(cfg, env, self.data, folder.metrics.log, stop_requested)
+        self.opts = build_train_options(
+            cfg,
+            env,
+            self.data,
+            folder.metrics.log,
+            stop_requested,
+            meter=build_step_meter(cfg, env, self.state.model),
+            profiler=build_profile_window(cfg, env, folder.path),
+        )
         self.precision = self.opts.precision
         self.checkpoints = _Checkpoints(cfg, env, folder)
 
     def fit(self) -> dict[str, Any]:
+        try:
+            return self._fit()
+        finally:
+            if self.opts.profiler is not None:  # a window the run's end (or a stop) cut short
+                self.opts.profiler.close()
+
+    def _fit(self) -> dict[str, Any]:
         cfg, state, data, checkpoints, log = self.cfg, self.state, self.data, self.checkpoints, self.folder.log
         point = self._resume()
         state.train_model = _wrap_for_training(cfg, self.env, state.model)
@@ -302,10 +324,13 @@ class Trainer:
     def _end_epoch(self, result: EpochResult, started: float) -> None:
         """Evaluate, refuse anything non-finite, advance to the next epoch, save, log."""
         state, data, env = self.state, self.data, self.env
+        evaluating = time.perf_counter()
         metrics = evaluate(state.train_model, data.val_loader, env, self.precision)
         _check_finite(state, self.checkpoints, metrics["loss"])
         if state.ema is not None:
             metrics["ema_top1"] = evaluate(state.ema.module, data.val_loader, env, self.precision)["top1"]
+        if self.opts.meter is not None:  # the time left counts the evaluations to come at this one's time
+            self.opts.meter.eval_done(time.perf_counter() - evaluating)
         is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
         state.best_top1 = metrics["top1"] if is_best else state.best_top1
         state.wall_time_s += time.perf_counter() - started

@@ -48,6 +48,12 @@ class DataConfig:
     )
     train_split: str = key("imagenet/folder: the training folder under root", required=False)
     val_split: str = key("imagenet/folder: the validation folder under root", required=False)
+    decode_draft: bool = key(
+        "imagenet/folder, training: decode each JPEG at the least scale (1/2, 1/4, 1/8) its random crop allows "
+        "(Pillow's draft): the crops timm draws, fewer pixels decoded (faster loading, slightly other pixels)",
+        required=False,
+        resume=FREE,  # how the same crops are decoded, not which
+    )
     crop_pct: float = key(
         "eval: resize to img_size / crop_pct, centre crop", min=0, max=1, exclusive_min=True, required=False
     )

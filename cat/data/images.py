@@ -6,12 +6,18 @@ each image through timm's transform pipeline."""
 from __future__ import annotations
 
 import functools
+import math
 import os
+import random
+from collections.abc import Callable
 from typing import Any
 
+import torchvision.transforms.functional as F
 from PIL import Image
 from timm.data import create_transform
+from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import Dataset
+from torchvision.transforms import Compose
 
 from cat.errors import DataError
 
@@ -20,17 +26,63 @@ from .packed import ZipImageDataset
 from .shards import ShardStream
 from .untrusted import check_image_size, decode_image, image_limit, open_regular
 
-__all__ = ["IMAGE_EXTENSIONS", "load_rgb", "build_transform", "image_files_dataset"]
+__all__ = ["IMAGE_EXTENSIONS", "load_rgb", "build_transform", "DraftCrop", "build_decoding", "image_files_dataset"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def load_rgb(path: str, max_image_mb: float | None = None) -> Image.Image:
+def load_rgb(
+    path: str, max_image_mb: float | None = None, draft: Callable[[Image.Image], Image.Image] | None = None
+) -> Image.Image:
     """An image file as RGB: a regular file of at most ``max_image_mb``; one that cannot be decoded
-    raises a DataError naming it."""
+    raises a DataError naming it. ``draft``: decodes the opened file itself (:class:`DraftCrop`)."""
     with open_regular(path) as f:
         check_image_size(os.fstat(f.fileno()).st_size, image_limit(max_image_mb), f"image {path}")
-        return decode_image(f, f"image {path}")
+        return decode_image(f, f"image {path}", draft)
+
+
+class DraftCrop:
+    """timm's random resized crop, done while decoding (``data.decode_draft``): the crop is drawn from the
+    image's header size exactly as timm draws it (the same calls on the same random state), then a JPEG is
+    decoded at the smallest scale Pillow's ``draft`` offers (1/2, 1/4, 1/8) that still leaves the crop at least
+    its output size, and the crop, its box scaled alike, is resized to the output. The crop's place and size in
+    the image are timm's; only the decoded pixels differ a little (the JPEG's DCT scaling stands in for the first
+    part of the resize). Another format, or a crop too small to draft, gives exactly timm's result."""
+
+    def __init__(self, crop: RandomResizedCropAndInterpolation) -> None:
+        self.crop = crop
+        self.last_scale = 1.0  # the decode scale of the last image (a test's and a benchmark's view)
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        i, j, h, w = self.crop.get_params(image, self.crop.scale, self.crop.ratio)
+        interpolation = self.crop.interpolation
+        if isinstance(interpolation, (tuple, list)):
+            interpolation = random.choice(interpolation)
+        out_h, out_w = self.crop.size
+        full_w, full_h = image.size
+        enough = max(out_w / w, out_h / h)  # the least scale at which the crop still covers the output
+        if enough < 1 and image.format == "JPEG":
+            image.draft("RGB", (math.ceil(full_w * enough), math.ceil(full_h * enough)))
+        self.last_scale = image.size[0] / full_w
+        rgb = image.convert("RGB")
+        if rgb.size == (full_w, full_h):
+            return F.resized_crop(rgb, i, j, h, w, [out_h, out_w], interpolation)
+        fx, fy = rgb.size[0] / full_w, rgb.size[1] / full_h
+        box = (j * fx, i * fy, (j + w) * fx, (i + h) * fy)
+        return rgb.resize((out_w, out_h), F.pil_modes_mapping[interpolation], box=box)
+
+
+def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | None, Any]:
+    """How a file dataset turns an encoded image into a tensor: ``(draft, transform)``. ``draft`` is None unless
+    ``data.decode_draft`` asks for it when training: then it decodes and crops (:class:`DraftCrop`) and
+    ``transform`` is the rest of timm's pipeline."""
+    transform = build_transform(data, aug, is_train)
+    if not (is_train and data.decode_draft):
+        return None, transform
+    first, *rest = transform.transforms
+    if not isinstance(first, RandomResizedCropAndInterpolation):  # timm changed its pipeline: not silently wrong
+        raise TypeError(f"timm's training transform starts with {type(first).__name__}, not its random resized crop")
+    return DraftCrop(first), Compose(rest)
 
 
 def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None) -> Dataset:
@@ -38,8 +90,10 @@ def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_class
     rank evaluates its own share)."""
     name = data.train_split if split == "train" else data.val_split
     cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
-    transform = build_transform(data, aug, split == "train")
-    return ZipImageDataset(data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb)
+    draft, transform = build_decoding(data, aug, split == "train")
+    return ZipImageDataset(
+        data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb, draft=draft
+    )
 
 
 def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
@@ -80,8 +134,9 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
             raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb)
-    return ImageFolder(folder, transform=build_transform(data, aug, split == "train"), loader=loader)
+    draft, transform = build_decoding(data, aug, split == "train")
+    loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
+    return ImageFolder(folder, transform=transform, loader=loader)
 
 
 def _class_folders(folder: str) -> list[str]:
@@ -132,7 +187,7 @@ def image_files_dataset(
     if data.format == "zip":
         return _zip_split(data, aug, split, rank, world, num_classes)
     if data.format == "tar":
-        transform = build_transform(data, aug, split == "train")
+        draft, transform = build_decoding(data, aug, split == "train")
         return ShardStream(
             data.root,
             name,
@@ -146,5 +201,6 @@ def image_files_dataset(
             num_classes,
             data.max_image_mb,
             index_dir,
+            draft,
         )
     return _image_folder(data, aug, split)

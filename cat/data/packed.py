@@ -95,11 +95,13 @@ class ZipImageDataset(Dataset):
         world: int = 1,
         num_classes: int | None = None,
         max_image_mb: float | None = None,
+        draft: Callable[[Image.Image], Image.Image] | None = None,
     ) -> None:
         if cache_mode not in CACHE_MODES:
             raise ValueError(f"cache_mode={cache_mode!r}: expected one of {', '.join(CACHE_MODES)}")
         self.zip_path = os.path.join(root, f"{split}.zip")
         self.transform, self.cache_mode, self.rank, self.world = transform, cache_mode, rank, world
+        self.draft = draft
         if not os.path.lexists(self.zip_path):
             raise DataError(f"no {self.zip_path} (data.format=zip reads <root>/<split>.zip and <split>_map.txt)")
         manifest = read_manifest(root)
@@ -179,7 +181,7 @@ class ZipImageDataset(Dataset):
                 "only its own share: use RankShardSampler)"
             )
         data = self.cache[index] if self.cache_mode != "no" else self._read(index)
-        rgb = decode_image(data, f"{self.samples[index][0]} in {self.zip_path}")
+        rgb = decode_image(data, f"{self.samples[index][0]} in {self.zip_path}", self.draft)
         return (self.transform(rgb) if self.transform is not None else rgb), self.samples[index][1]
 
     def __getstate__(self) -> dict[str, Any]:

@@ -60,6 +60,7 @@ _IMAGE_FILES = DatasetSpec(
         "cache_mode",
         "shuffle_buffer",
         "max_image_mb",
+        "decode_draft",
         "train_split",
         "val_split",
         "crop_pct",

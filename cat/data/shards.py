@@ -18,15 +18,16 @@ What is checked, and when (:mod:`cat.data.untrusted` for the checks every format
 
 Training (:class:`ShardStream`):
 
-* each epoch the shards are put in an order seeded by ``seed`` and the epoch, the same on every rank;
-  rank ``r`` takes every ``world``-th of them from ``r``, and its DataLoader worker ``w`` every
-  ``workers``-th of those from ``w``;
+* each epoch the shards are put in an order seeded by ``seed`` and the epoch, the same on every rank,
+  and their samples, in that order, are one sequence; rank ``r`` takes the ``r``-th span of
+  ``images // world`` of them (rounded down to whole batches), dealt by the shards' counts (the
+  manifest's, or the headers'), not by shard index: every rank takes the same number of steps, as
+  ``DistributedSampler(drop_last=True)`` gives the other formats, and reads each shard its span
+  touches once (a shard on a span's edge is read by both ranks, each its part). The rank's DataLoader
+  workers split its span the same way, by the batches each hands the loader; the last
+  ``images % (world x batch)`` or so samples of the epoch's order are left out, other ones each epoch;
 * samples pass a shuffle buffer of ``buffer`` samples (seeded per epoch, rank and worker), drained
-  at the end of each pass over the rank's shards, so an image does not repeat within a pass, and
-  no more samples are read than the epoch still takes;
-* every rank yields exactly ``images // world`` samples, rounded down to whole batches: a rank whose
-  shards hold fewer starts its shards over, one whose shards hold more stops (so every rank takes
-  the same number of steps, as ``DistributedSampler(drop_last=True)`` gives the other formats);
+  at the span's end, so an image does not repeat within an epoch;
 * a stream is a pure function of (seed, epoch, rank, worker), so a resumed epoch replays it and
   skips what was trained: ``skip`` samples of the rank, split over the workers as the DataLoader
   took their batches (round robin), the workers' roles rotated so the next batch comes from the
@@ -196,6 +197,7 @@ class ShardStream(IterableDataset):
         num_classes: K (labels are 0 ... K-1); None: the manifest's classes, else the labels found.
         max_image_mb: the largest member read (``data.max_image_mb``).
         index_dir: where the header scan of shards without a manifest is cached (the run's folder).
+        draft: decodes each opened image itself (:class:`~cat.data.images.DraftCrop`); None: to RGB.
     """
 
     def __init__(
@@ -212,8 +214,9 @@ class ShardStream(IterableDataset):
         num_classes: int | None = None,
         max_image_mb: float | None = None,
         index_dir: str | None = None,
+        draft: Callable[[Image.Image], Image.Image] | None = None,
     ) -> None:
-        self.limit = image_limit(max_image_mb)
+        self.limit, self.draft = image_limit(max_image_mb), draft
         manifest = read_manifest(root)
         self.shards = shard_paths(root, split)
         names = [os.path.basename(s) for s in self.shards]
@@ -267,20 +270,49 @@ class ShardStream(IterableDataset):
         """The epoch to stream, after ``skip`` samples of this rank (a resumed epoch)."""
         self.epoch, self.skip = epoch, skip
 
-    def _my_shards(self, worker: int, workers: int) -> list[int]:
+    def _order(self) -> list[int]:
+        """The shards in the epoch's order (training: seeded by ``seed`` and the epoch, alike on every rank)."""
         order = list(range(len(self.shards)))
         if self.train:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        mine = order[self.rank :: self.world][worker::workers]
-        if self.train and not mine:
-            raise DataError(
-                f"{len(self.shards)} shards cannot feed {self.world} rank(s) x {workers} worker(s): pack with a "
-                "smaller --shard-mb, or use fewer workers"
-            )
-        return mine
+        return order
 
-    def _shard(self, index: int) -> Iterator[dict[str, Any]]:
-        """Shard ``index``'s samples; one read to its end must find as many as its count says."""
+    def _eval_shards(self, worker: int, workers: int) -> list[int]:
+        """Evaluation: every ``world``-th shard from the rank's, every ``workers``-th of those from the worker's."""
+        return self._order()[self.rank :: self.world][worker::workers]
+
+    def _span(self, role: int, workers: int) -> tuple[int, int]:
+        """The samples (first, end) of the epoch's sequence that the worker in ``role`` of this rank reads."""
+        first = self.rank * self.samples_per_rank + sum(self._quota(r, workers)[0] for r in range(role))
+        return first, first + self._quota(role, workers)[0]
+
+    def _read_span(self, first: int, end: int) -> Iterator[dict[str, Any]]:
+        """Samples ``first`` to ``end`` of the epoch's sequence: each shard they touch opened once, its
+        members before ``first`` passed over undecoded."""
+        start = 0
+        for index in self._order():
+            count = self.counts[index]
+            if start + count > first and start < end:
+                for position, sample in enumerate(self._shard(index, stop=end - start)):
+                    if start + position >= first:
+                        yield sample
+            start += count
+            if start >= end:
+                return
+
+    def rank_shards(self, workers: int = 1) -> int:
+        """How many shards this rank's epoch reads (a shard its workers split, once per worker reading it)."""
+        touched = 0
+        for role in range(workers):
+            first, end = self._span(role, workers)
+            start = 0
+            for index in self._order():
+                touched += start + self.counts[index] > first and start < end
+                start += self.counts[index]
+        return touched
+
+    def _shard(self, index: int, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Shard ``index``'s samples (its first ``stop``); one read to its end must find as many as its count says."""
         path, expected = self.shards[index], self.counts[index]
         found = 0
         for sample in shard_samples(path, self.limit):
@@ -288,27 +320,13 @@ class ShardStream(IterableDataset):
             if found > expected:
                 break
             yield sample
+            if stop is not None and found == stop < expected:  # the rest is another span's
+                return
         if found != expected:
             raise DataError(
                 f"{path} holds {'more than ' if found > expected else ''}{found} samples, {self.source} says "
                 f"{expected}: the shard was replaced or the manifest is stale; re-pack, or re-copy both"
             )
-
-    def _passes(self, shards: list[int], rng: random.Random | None, limit: int) -> Iterator[dict[str, Any]]:
-        """The shards' samples, pass after pass when training (a rank whose shards hold fewer than
-        its quota starts them over), each pass through the shuffle buffer and drained at its end,
-        so within a pass no image repeats, and no pass reads past the ``limit`` samples the stream
-        still needs; one unshuffled pass when evaluating."""
-        total = 0
-        while True:
-            samples = (sample for index in shards for sample in self._shard(index))
-            produced = 0
-            for sample in samples if rng is None else self._shuffled(samples, rng, limit - total):
-                produced += 1
-                yield sample
-            total += produced
-            if not self.train:
-                return
 
     def _shuffled(self, samples: Iterator[dict[str, Any]], rng: random.Random, limit: int) -> Iterator[dict[str, Any]]:
         """``samples`` through the shuffle buffer, reading at most ``limit`` of them."""
@@ -349,23 +367,22 @@ class ShardStream(IterableDataset):
         label = parse_label(sample["cls"], name)
         if label >= self.num_classes:
             raise DataError(f"{name} has label {label}, not one of the {self.num_classes} classes")
-        rgb = decode_image(data, name)
+        rgb = decode_image(data, name, self.draft)
         return (self.transform(rgb) if self.transform is not None else rgb), label
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if not self.train:
-            for sample in self._passes(self._my_shards(worker, workers), None, 0):
-                yield self._decode(sample)
+            for index in self._eval_shards(worker, workers):
+                for sample in self._shard(index):
+                    yield self._decode(sample)
             return
         role = self._role(worker, workers)
         rng = random.Random(hash((self.seed, self.epoch, self.rank, role)))
         quota, skip = self._quota(role, workers)
-        stream = self._passes(self._my_shards(role, workers), rng, quota)
-        for position, sample in enumerate(stream):
-            if position >= quota:
-                return
+        first, end = self._span(role, workers)
+        for position, sample in enumerate(self._shuffled(self._read_span(first, end), rng, quota)):
             if position >= skip:
                 yield self._decode(sample)
 

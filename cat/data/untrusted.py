@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO
 
 from PIL import Image
@@ -90,11 +90,15 @@ def check_image_size(size: int, limit: int, name: str) -> None:
         )
 
 
-def decode_image(data: bytes | BinaryIO, name: str) -> Image.Image:
-    """An encoded image as RGB; anything PIL refuses (truncated, not an image, a pixel bomb) names ``name``."""
+def decode_image(
+    data: bytes | BinaryIO, name: str, draft: Callable[[Image.Image], Image.Image] | None = None
+) -> Image.Image:
+    """An encoded image as RGB; anything PIL refuses (truncated, not an image, a pixel bomb) names ``name``.
+    ``draft``: decodes the opened (not yet decoded) image itself, e.g. at a reduced scale
+    (:class:`~cat.data.images.DraftCrop`)."""
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-            return image.convert("RGB")
+            return draft(image) if draft is not None else image.convert("RGB")
     except Image.UnidentifiedImageError:  # its own text names a file object, not the file
         reason = "not an image PIL can identify"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:

@@ -35,7 +35,7 @@ METRICS_HISTORY = "metrics.jsonl"
 class MetricSink(Protocol):
     """Somewhere a run's scalar metrics go (rank 0 only)."""
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None: ...
 
     def finish(self) -> None: ...
 
@@ -50,10 +50,11 @@ class JsonlSink:
         self.path = path
         self._file: TextIO | None = None
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (open for the run, closed by finish)
-        values = {k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}  # strict JSON: "nan", "inf"
+        # strict JSON: "nan", "inf"; None (not known, e.g. mfu on a CPU) is null
+        values = {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in metrics.items()}
         entry = {"step": step, **values}
         entry.update(step=step, logged_at=round(time.time(), 3))  # ours win a name clash (mmengine logs "time")
         self._file.write(json.dumps(entry) + "\n")
@@ -90,7 +91,7 @@ class WandbSink:
         self.run: Any = None
         self.stopped = False  # W&B failed during this run: nothing more goes to it
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         if self.stopped:
             return
         if self.run is None:
@@ -99,8 +100,8 @@ class WandbSink:
                 self.run = self._start(run_id)
             except Exception as error:  # any W&B failure: the run's own record goes on
                 return self._stop(error, step, started=False)
-        try:
-            self.run.log(dict(metrics), step=step)
+        try:  # an unknown value (None) is left out: W&B plots no gap for it
+            self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
         except Exception as error:
             self._stop(error, step, started=True)
 
@@ -188,7 +189,7 @@ class MetricSinks:
     def __init__(self, sinks: Iterable[MetricSink] = ()) -> None:
         self.sinks = list(sinks)
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
+    def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)
 

@@ -4,14 +4,13 @@ processes, and peak memory."""
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from cat.runtime.clock import synchronize, time_calls
+from cat.runtime.memory import peak_growth_mib, peak_memory_mib, reset_peak_memory
 
 __all__ = [
     "synchronize",
@@ -136,55 +135,3 @@ def op_differences(runs: Sequence[dict[str, dict[str, float]]], baseline: str, n
             }
         )
     return sorted(rows, key=lambda row: -abs(row["diff_ms"]))
-
-
-def reset_peak_memory(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mib(device: torch.device | str) -> float:
-    """CUDA: peak allocated since the last reset; CPU: this process's lifetime peak resident set."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _proc_status_kib(key: str) -> int:
-    """A ``kB`` field of /proc/self/status (VmRSS: resident now; VmHWM: peak resident)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _reset_cpu_peak() -> bool:
-    """Reset this process's peak resident set (Linux: VmHWM) to what it holds now, if the OS can."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return _proc_status_kib("VmHWM") >= 0
-    except (OSError, KeyError, ValueError):
-        return False
-
-
-def peak_growth_mib(fn: Callable[[], object], device: torch.device | str) -> float:
-    """How far one call of ``fn`` raises the peak memory above what was held before it: CUDA's peak
-    allocated, or on CPU the process's peak resident set. On Linux the CPU peak is first reset to
-    the current resident set (``/proc/self/clear_refs``), so earlier peaks (imports, model
-    building) cannot hide the growth; elsewhere ``getrusage``'s lifetime peak is used, so call it
-    in a fresh process, before anything else has raised the peak."""
-    device = torch.device(device)
-    synchronize(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        synchronize(device)
-        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    if _reset_cpu_peak():
-        before = _proc_status_kib("VmRSS")
-        fn()
-        return (_proc_status_kib("VmHWM") - before) / 1024
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    fn()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024

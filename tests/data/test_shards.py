@@ -117,10 +117,18 @@ def test_a_stray_shard_is_named(sharded, tmp_path):
         ShardStream(str(tar), "train")
 
 
-def test_more_ranks_than_shards_is_one_line(sharded):
+def test_ranks_deal_the_epoch_by_count_each_shard_read_once(sharded):
+    """Spans of the epoch's sample sequence, not shards by index: with more ranks than shards, or shards of
+    unequal counts, every rank takes its quota from its own span, the spans never overlap, and a rank opens
+    only the shards its span touches."""
     _, tar = sharded
-    with pytest.raises(DataError, match=r"shards cannot feed 16 rank\(s\) x 1 worker\(s\)"):
-        list(ShardStream(str(tar), "train", batch_size=1, world=16, rank=15))
+    for world in (2, 3, 16):
+        streams = [ShardStream(str(tar), "train", batch_size=1, world=world, rank=r, seed=3) for r in range(world)]
+        taken = [[_pixels(image) for image, _ in stream] for stream in streams]
+        assert all(len(mine) == len(streams[0]) > 0 for mine in taken)
+        flat = [p for mine in taken for p in mine]
+        assert len(set(flat)) == len(flat)  # no image on two ranks, none twice on one
+        assert sum(stream.rank_shards() for stream in streams) <= len(streams[0].shards) + world - 1
 
 
 def _rewrite_shard(tar: Path, name: str, samples: list[dict]) -> None:

@@ -129,6 +129,12 @@ def _started_over_folder(out: Path) -> list[str]:
 
 
 CASES = {
+    # the profiler window (a list the schema types; its shape and order are checked after)
+    "profile_steps_one": (_overrides("profile.steps=[5]"), "profile.steps=[5]: expected [first, last]"),
+    "profile_steps_reversed": (_overrides("profile.steps=[9,3]"), "profile.steps=[9, 3]: expected [first, last]"),
+    "profile_steps_zero": (_overrides("profile.steps=[0,3]"), "profile.steps"),
+    "profile_steps_text": (_overrides("profile.steps=[a,b]"), "profile.steps"),
+    "profile_in_eval": (_overrides("mode=eval", "profile.steps=[1,2]"), "only training is profiled"),
     # the folder's lock
     "lock_list": (_write(".lock", "[]"), "holds '[]', not cat's lock record"),
     "lock_string": (_write(".lock", '"str"'), "not cat's lock record"),

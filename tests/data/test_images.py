@@ -1,0 +1,88 @@
+"""Decoding image files (cat.data.images): the opt-in draft decode against timm's random resized crop."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from skimage import data as samples
+
+from cat.data import AugConfig, DataConfig
+from cat.data.images import DraftCrop, build_decoding, build_transform
+from cat.data.untrusted import decode_image
+
+DATA = DataConfig(
+    img_size=224,
+    interpolation="bicubic",
+    mean=[0.485, 0.456, 0.406],
+    std=[0.229, 0.224, 0.225],
+    crop_pct=0.875,
+    decode_draft=True,
+)
+AUG = AugConfig(auto_augment=None, reprob=0.0, remode="pixel", recount=1, hflip=0.0, color_jitter=None)
+
+
+def _encoded(fmt: str, size: tuple[int, int]) -> bytes:
+    """scikit-image's astronaut photograph at ``size``, encoded."""
+    image = Image.fromarray(samples.astronaut()).resize(size, Image.BICUBIC)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buffer.getvalue()
+
+
+def _both(encoded: bytes, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """timm's crop of the decoded image and the draft decode's, from the same random state; the draft's scale."""
+    draft, _ = build_decoding(DATA, AUG, is_train=True)
+    timm_crop = build_transform(DATA, AUG, is_train=True).transforms[0]
+    random.seed(seed)
+    theirs = timm_crop(decode_image(encoded, "astronaut"))
+    random.seed(seed)
+    ours = decode_image(encoded, "astronaut", draft)
+    return np.asarray(theirs, dtype=np.float64), np.asarray(ours, dtype=np.float64), draft.last_scale
+
+
+def test_without_a_draft_the_crop_is_timms_to_the_bit():
+    """A PNG (no draft) and a JPEG too small to draft: the same crops, the same pixels, for every draw."""
+    for encoded in (_encoded("PNG", (1024, 768)), _encoded("JPEG", (300, 240))):
+        for seed in range(40):
+            theirs, ours, scale = _both(encoded, seed)
+            assert scale == 1.0 and np.array_equal(theirs, ours), seed
+
+
+def test_a_drafted_jpeg_is_timms_crop_at_fewer_pixels():
+    """A large JPEG: where the crop allows, fewer pixels are decoded; the crop is the same place and size (the
+    draws are timm's), so the output differs only as a resize differs from a DCT-scaled decode."""
+    encoded = _encoded("JPEG", (1600, 1200))
+    scales, errors = [], []
+    for seed in range(60):
+        theirs, ours, scale = _both(encoded, seed)
+        scales.append(scale)
+        errors.append(np.abs(theirs - ours).mean())
+    assert min(scales) <= 0.25 and max(scales) == 1.0  # from 1/4 scale to none, as the crops' sizes allow
+    assert max(errors) < 4.0  # mean absolute difference, of 255: the same picture
+    # A mismatched crop (another draw) is far off: the comparison can fail.
+    random.seed(0)
+    other = np.asarray(build_transform(DATA, AUG, True).transforms[0](decode_image(encoded, "x")), dtype=np.float64)
+    assert np.abs(other - _both(encoded, 1)[1]).mean() > 10 * max(errors)
+
+
+def test_the_draft_path_gives_the_pipelines_tensors():
+    draft, rest = build_decoding(DATA, AUG, is_train=True)
+    assert isinstance(draft, DraftCrop)
+    tensor = rest(decode_image(_encoded("JPEG", (800, 600)), "x", draft))
+    assert isinstance(tensor, torch.Tensor) and tensor.shape == (3, 224, 224)
+    # Off, or evaluating: timm's whole pipeline, no draft.
+    assert build_decoding(DataConfig(**{**DATA.__dict__, "decode_draft": False}), AUG, True)[0] is None
+    assert build_decoding(DATA, AUG, is_train=False)[0] is None
+
+
+def test_a_broken_jpeg_is_named_on_the_draft_path_too():
+    from cat.errors import DataError
+
+    draft, _ = build_decoding(DATA, AUG, is_train=True)
+    with pytest.raises(DataError, match="cannot read broken.jpg"):
+        decode_image(_encoded("JPEG", (800, 600))[:2000], "broken.jpg", draft)
