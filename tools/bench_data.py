@@ -10,6 +10,9 @@ the DeiT training transform at 224 through a DataLoader of ``--workers`` worker 
 * ``folder/draft``      the same with ``data.decode_draft=true``: each JPEG decoded at the least scale its
   random crop allows (the crops timm draws);
 * ``zip/max-side``      the zip reader on a copy packed with ``--max-side`` (default 256): smaller images stored;
+* ``zip/max-side/uint8`` the same with ``data.normalize_on_device=true``: the loader stops at uint8 images (the
+  float conversion, normalisation and random erasing run on the training device, not timed here, as timm's
+  prefetcher does);
 * ``zip/no``, ``zip/part``, ``zip/full``  the zip reader under each ``data.cache_mode``
   (``part`` as rank 0 of ``--world`` ranks: it holds and samples 1/world of the images);
 * ``tar``               the webdataset shard stream (``data.format=tar``) as rank 0 of ``--world``,
@@ -52,7 +55,17 @@ from cat.data.packed import RankShardSampler, ZipImageDataset
 from cat.data.shards import ShardStream
 from cat.toolkit import non_negative_int, positive_int
 
-FORMATS = ("folder", "folder/draft", "zip/no", "zip/max-side", "zip/part", "zip/full", "tar", "timm")
+FORMATS = (
+    "folder",
+    "folder/draft",
+    "zip/no",
+    "zip/max-side",
+    "zip/max-side/uint8",
+    "zip/part",
+    "zip/full",
+    "tar",
+    "timm",
+)
 _OPENED = [0]  # dataset files opened in this process since the audit hook went in
 _COUNTED_UNDER: list[str] = []  # the data folder: opens elsewhere (Python's own imports) do not count
 
@@ -73,7 +86,7 @@ def make_imagenet_like(root: Path, images: int, classes: int, seed: int = 0) -> 
         Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(folder / f"img_{i:06d}.JPEG", quality=quality)
 
 
-def _data_config(decode_draft: bool = False) -> DataConfig:
+def _data_config(decode_draft: bool = False, normalize_on_device: bool = False) -> DataConfig:
     """The ImageNet evaluation and DeiT training settings of the data section that the transform reads."""
     return DataConfig(
         img_size=224,
@@ -82,6 +95,7 @@ def _data_config(decode_draft: bool = False) -> DataConfig:
         std=[0.229, 0.224, 0.225],
         crop_pct=0.875,
         decode_draft=decode_draft,
+        normalize_on_device=normalize_on_device,
     )
 
 
@@ -146,6 +160,8 @@ def build_loader(fmt: str, folder: Path, packed: Path, workers: int, batch: int,
         mode = fmt.split("/")[1]
         if mode == "max-side":
             root, mode = packed.parent / "zip_max_side", "no"
+            if fmt.endswith("/uint8"):
+                transform = build_transform(_data_config(normalize_on_device=True), _deit_aug(), is_train=True)
         else:
             root = packed
         dataset = ZipImageDataset(str(root), "train", transform, cache_mode=mode, rank=0, world=world)
@@ -229,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             if not (packed / "manifest.json").is_file():
                 pack([str(folder), str(packed), "--splits", "train"])
             resized = root / "zip_max_side"
-            if "zip/max-side" in args.formats and (read_manifest(str(resized)) or {}).get("max_side") != args.max_side:
+            if (
+                any(f.startswith("zip/max-side") for f in args.formats)
+                and (read_manifest(str(resized)) or {}).get("max_side") != args.max_side
+            ):
                 pack([str(folder), str(resized), "--splits", "train", "--max-side", str(args.max_side)])
             if not (root / "tar" / "manifest.json").is_file():
                 shards = ["--format", "tar", "--shard-mb", str(args.shard_mb)]

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
 from cat.data import AugConfig, ShardStream, build_dataset
+from cat.data.images import build_batch_transform
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
 from cat.flops import count_macs
@@ -359,6 +360,7 @@ def build_train_options(
         log_interval=cfg.log_interval,
         stop_requested=stop_requested,
         log_fn=log_fn,
+        batch_transform=build_batch_transform(cfg.data, cfg.aug, env.device),
         meter=meter,
         profiler=profiler,
     )
@@ -378,12 +380,15 @@ def build_step_meter(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> StepMete
     if peak is None and env.is_main:
         where = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "a CPU"
         log.info("mfu is null: no listed %s peak for %s (cat.runtime.hardware.PEAK_TFLOPS)", dtype, where)
-    formats = "data.format=zip or tar (tools/pack_dataset.py)" if cfg.data.format == "folder" else ""
-    advice = (
-        f"More loader processes per training process (workers={cfg.workers} now, at most the CPU cores per "
-        f"process){', or a packed format: ' + formats if formats else ''}."
-    )
-    return StepMeter(env.device, flops, peak, advice)
+    advice = [f"more loader processes per training process (workers={cfg.workers} now, up to its CPU cores)"]
+    if cfg.data.format == "folder":
+        advice.append("a packed format (data.format=zip or tar, tools/pack_dataset.py)")
+    if cfg.data.format is not None:  # image files: the opt-in decoding options
+        advice.append(
+            "less decoding (data.decode_draft=true, data.normalize_on_device=true, or tools/pack_dataset.py --max-side)"
+        )
+    advice_text = f"Try {'; '.join(advice)}; tools/bench_data.py measures the loader alone."
+    return StepMeter(env.device, flops, peak, advice_text)
 
 
 def build_profile_window(cfg: ClsConfig, env: DistEnv, run_folder: str) -> ProfileWindow | None:

@@ -66,6 +66,7 @@ class TrainOptions:
     log_interval: int = 50
     stop_requested: Callable[[], bool] = lambda: False
     log_fn: Callable[[dict[str, float | None], int], None] | None = None
+    batch_transform: Callable[[Tensor], Tensor] | None = None  # on the device, before mixup (uint8 batches)
     meter: StepMeter | None = None  # time, data wait, memory, FLOP rate in each log line; None: loss and lr only
     profiler: ProfileWindow | None = None  # profile.steps of rank 0
 
@@ -92,6 +93,8 @@ class EpochResult:
 def forward_step(model: nn.Module, images: Tensor, targets: Tensor, opts: TrainOptions) -> tuple[Tensor, int]:
     """The loss of one batch (moved to the device, mixed when the recipe mixes) and its size."""
     images = opts.precision.inputs(images)
+    if opts.batch_transform is not None:
+        images = opts.batch_transform(images)
     targets = targets.to(opts.precision.device, non_blocking=True)
     if opts.mixup_fn is not None:
         images, targets = opts.mixup_fn(images, targets)

@@ -54,6 +54,12 @@ class DataConfig:
         required=False,
         resume=FREE,  # how the same crops are decoded, not which
     )
+    normalize_on_device: bool = key(
+        "imagenet/folder, training: the loader hands over uint8 images and the training device converts, "
+        "normalises and randomly erases them (timm's prefetcher): less CPU per image, 4x fewer bytes to copy",
+        required=False,
+        resume=FREE,  # the same transform, its last steps computed elsewhere
+    )
     crop_pct: float = key(
         "eval: resize to img_size / crop_pct, centre crop", min=0, max=1, exclusive_min=True, required=False
     )

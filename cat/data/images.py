@@ -12,9 +12,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torchvision.transforms.functional as F
 from PIL import Image
 from timm.data import create_transform
+from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import Dataset
 from torchvision.transforms import Compose
@@ -26,7 +28,16 @@ from .packed import ZipImageDataset
 from .shards import ShardStream
 from .untrusted import check_image_size, decode_image, image_limit, open_regular
 
-__all__ = ["IMAGE_EXTENSIONS", "load_rgb", "build_transform", "DraftCrop", "build_decoding", "image_files_dataset"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "load_rgb",
+    "build_transform",
+    "DeviceNormalize",
+    "build_batch_transform",
+    "DraftCrop",
+    "build_decoding",
+    "image_files_dataset",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -166,8 +177,31 @@ def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
         mean=tuple(data.mean),
         std=tuple(data.std),
         crop_pct=data.crop_pct,
+        use_prefetcher=is_train and bool(data.normalize_on_device),  # uint8 out: DeviceNormalize does the rest
         **(train_args if is_train else {}),
     )
+
+
+class DeviceNormalize:
+    """The end of timm's training transform for a batch on the training device (``data.normalize_on_device``),
+    as timm's prefetching loader does it: uint8 images to float, normalised, randomly erased (``aug.reprob``)."""
+
+    def __init__(self, data: Any, aug: Any, device: torch.device) -> None:
+        self.mean = torch.tensor([255 * m for m in data.mean], device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor([255 * s for s in data.std], device=device).view(1, 3, 1, 1)
+        self.erase = (
+            RandomErasing(aug.reprob, mode=aug.remode, max_count=aug.recount, device=device) if aug.reprob > 0 else None
+        )
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.float().sub_(self.mean).div_(self.std)
+        return self.erase(images) if self.erase is not None else images
+
+
+def build_batch_transform(data: Any, aug: Any, device: torch.device) -> DeviceNormalize | None:
+    """What a training batch needs on the device before the model: :class:`DeviceNormalize` when the data
+    section asks for it, else nothing."""
+    return DeviceNormalize(data, aug, device) if getattr(data, "normalize_on_device", None) else None
 
 
 def image_files_dataset(

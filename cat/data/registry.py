@@ -61,6 +61,7 @@ _IMAGE_FILES = DatasetSpec(
         "shuffle_buffer",
         "max_image_mb",
         "decode_draft",
+        "normalize_on_device",
         "train_split",
         "val_split",
         "crop_pct",

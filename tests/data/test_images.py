@@ -12,7 +12,7 @@ from PIL import Image
 from skimage import data as samples
 
 from cat.data import AugConfig, DataConfig
-from cat.data.images import DraftCrop, build_decoding, build_transform
+from cat.data.images import DraftCrop, build_batch_transform, build_decoding, build_transform
 from cat.data.untrusted import decode_image
 
 DATA = DataConfig(
@@ -22,6 +22,7 @@ DATA = DataConfig(
     std=[0.229, 0.224, 0.225],
     crop_pct=0.875,
     decode_draft=True,
+    normalize_on_device=False,
 )
 AUG = AugConfig(auto_augment=None, reprob=0.0, remode="pixel", recount=1, hflip=0.0, color_jitter=None)
 
@@ -86,3 +87,28 @@ def test_a_broken_jpeg_is_named_on_the_draft_path_too():
     draft, _ = build_decoding(DATA, AUG, is_train=True)
     with pytest.raises(DataError, match="cannot read broken.jpg"):
         decode_image(_encoded("JPEG", (800, 600))[:2000], "broken.jpg", draft)
+
+
+def test_uint8_batches_normalised_on_the_device_are_timms_tensors():
+    """data.normalize_on_device: the loader's uint8 image, converted and normalised as a batch, is the tensor timm's
+    whole transform gives from the same random state (random erasing, moved to the batch, aside)."""
+    encoded = _encoded("JPEG", (800, 600))
+    on_device = DataConfig(**{**DATA.__dict__, "decode_draft": False, "normalize_on_device": True})
+    plain = DataConfig(**{**DATA.__dict__, "decode_draft": False})
+    for seed in range(5):
+        random.seed(seed)
+        torch.manual_seed(seed)
+        expected = build_transform(plain, AUG, True)(decode_image(encoded, "x"))
+        random.seed(seed)
+        torch.manual_seed(seed)
+        uint8 = build_transform(on_device, AUG, True)(decode_image(encoded, "x"))
+        assert uint8.dtype == torch.uint8 and uint8.shape == (3, 224, 224)
+        batch = build_batch_transform(on_device, AUG, torch.device("cpu"))(uint8[None])
+        torch.testing.assert_close(batch[0], expected, atol=1e-5, rtol=0)
+    # With random erasing, the batch transform erases (aug.reprob=1: every image has a region of noise).
+    erasing = AugConfig(**{**AUG.__dict__, "reprob": 1.0})
+    batch = build_batch_transform(on_device, erasing, torch.device("cpu"))(
+        torch.full((4, 3, 224, 224), 128, dtype=torch.uint8)
+    )
+    assert all((image != image[0, 0, 0]).any() for image in batch)
+    assert build_batch_transform(plain, AUG, torch.device("cpu")) is None
