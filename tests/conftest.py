@@ -44,6 +44,23 @@ TINY_CONVERTED = [
 ]
 
 
+def quick_few(names: list[str], quick: set[str]) -> list:
+    """``names`` as test parameters, those not in ``quick`` marked slow: the quick tier checks one of each kind
+    (e.g. the smallest model of each family), the full suite every one."""
+    return [name if name in quick else pytest.param(name, marks=pytest.mark.slow) for name in names]
+
+
+# The model of each family the quick tier checks (the full suite checks every registered model).
+QUICK_MODELS = {
+    "ca_deit_tiny",
+    "ca_pvt_tiny",
+    "ca_swin_tiny",
+    "cat_tiny",
+    "pvt_tiny",
+    "deit_small_reweight_patch16_224",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The Slurm tests first: their jobs mostly wait on the cluster, so under xdist they overlap
     the other workers' files instead of running alone at the end."""

@@ -260,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     setup = f"{args.images} images, {args.classes} classes, {args.workers} worker(s), batch {args.batch}"
     print(f"{setup}, world {args.world}")
     print(
-        f"{'format':<10} {'img/s/worker':>13} {'files opened/epoch':>19} {'rank shards':>12} {'epoch images':>13} "
+        f"{'format':<18} {'img/s/worker':>13} {'files opened/epoch':>19} {'rank shards':>12} {'epoch images':>13} "
         f"{'cache MB/rank':>14}"
     )
     for r in rows:
         shards = "" if r["rank_shards"] is None else r["rank_shards"]
         print(
-            f"{r['format']:<10} {r['images_per_s_per_worker']:>13.1f} {r['files_opened_per_epoch']:>19} "
+            f"{r['format']:<18} {r['images_per_s_per_worker']:>13.1f} {r['files_opened_per_epoch']:>19} "
             f"{shards:>12} {r['epoch_images']:>13} {r['cache_mb_per_rank']:>14.1f}"
         )
     return 0

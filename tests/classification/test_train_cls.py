@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,7 +24,9 @@ from cat.classification.job import run
 from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
 from cat.models import CheckpointMismatchError
-from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, refusal_line, typed_config
+from cat.runtime.meter import IntervalStats
+from cat.runtime.metrics import read_history
+from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, quick_few, refusal_line, typed_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 TINY = [
@@ -66,7 +69,9 @@ def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(output_dir / "last.pth", map_location="cpu", weights_only=True)["model"]
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize(
+    "experiment", quick_few(EXPERIMENTS, {"quickstart", "ca_deit_t", "ca_pvt_t", "ca_swin_t", "cat_t", "table5_ca_pre"})
+)
 def test_every_experiment_composes_and_builds(experiment):
     cfg = typed_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
@@ -566,8 +571,22 @@ def test_zip_full_cache_trains_as_the_folder(image_data, uninterrupted_folder, t
 
 @pytest.mark.slow
 def test_wandb_offline_files_and_outputs(tmp_path):
-    metrics = run_train(tmp_path, "epochs=1", "batch_size=16", "logger.wandb.mode=offline", "ema.enabled=true")
+    # With interval rows every 2 steps and a profiler window over steps 2-3.
+    metrics = run_train(
+        tmp_path,
+        "epochs=1",
+        "batch_size=16",
+        "logger.wandb.mode=offline",
+        "ema.enabled=true",
+        "log_interval=2",
+        "profile.steps=[2,3]",
+    )
     assert set(metrics) >= {"top1", "top5", "best_top1", "ema_top1", "epoch", "wall_time_s"}
+    intervals = [row for row in read_history(tmp_path / "metrics.jsonl") if "step_s" in row]
+    assert intervals and all(set(row) >= {f.name for f in dataclasses.fields(IntervalStats)} for row in intervals)
+    assert all(row["mfu"] is None and row["tflops"] > 0 and row["img_s"] > 0 for row in intervals)  # a CPU
+    assert (tmp_path / "profile" / "steps_2-3" / "rank0.pt.trace.json").is_file()
+    assert "profile of steps 2-3 (rank 0)" in (tmp_path / "log.txt").read_text()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     log = (tmp_path / "log.txt").read_text()

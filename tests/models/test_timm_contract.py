@@ -16,6 +16,7 @@ from torchvision.models.feature_extraction import create_feature_extractor as tv
 
 import cat
 import cat.export
+from tests.conftest import QUICK_MODELS, quick_few
 
 OURS = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("cat."))
 # The analogous timm family's forward_features layout.
@@ -48,7 +49,7 @@ def small_input(model: torch.nn.Module, batch: int = 2, size: tuple[int, int] = 
     return torch.randn(batch, model.pretrained_cfg["input_size"][0], *size)
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", quick_few(OURS, QUICK_MODELS))
 def test_pretrained_config_and_head_api(name):
     model = create(name).eval()
     cfg = model.pretrained_cfg
@@ -76,7 +77,7 @@ def test_pretrained_config_and_head_api(name):
         assert model(x).shape == (1, 7) and model.get_classifier().out_features == 7
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", quick_few(OURS, QUICK_MODELS))
 def test_features_only_and_intermediates(name):
     model = create(name, features_only=True).eval()
     x = small_input(model, batch=1)
@@ -104,7 +105,7 @@ def leaf_kwargs() -> dict:
     return {"leaf_modules": get_notrace_modules(), "autowrap_functions": get_notrace_functions()}
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", quick_few(OURS, QUICK_MODELS))
 def test_fx_feature_extraction(name):
     """torchvision's create_feature_extractor (given timm's leaf registry) and timm's own, then
     TorchScript over timm's graph; circulant attention stays one leaf call, and gradients flow
@@ -127,7 +128,7 @@ def test_fx_feature_extraction(name):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", quick_few(OURS, QUICK_MODELS))
 def test_torchscript(name):
     """timm's --torchscript. The FFT attention runs as a Python call inside the scripted module
     (``torch.jit.ignore``), so scripted CA models run but cannot be saved: torch.export serialises."""
@@ -159,6 +160,7 @@ def test_export_puts_every_module_back_in_its_mode():
     assert not model.norm.training and all(m.training for m in model.modules() if m is not model.norm)
 
 
+@pytest.mark.slow  # torch.export and ONNX: seconds per model
 @pytest.mark.parametrize("name", EXPORTED)
 def test_export_and_onnx_at_any_batch_and_resolution(name):
     """One torch.export program and one ONNX model (FFTs as DFT) for every batch and resolution,

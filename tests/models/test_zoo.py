@@ -12,6 +12,7 @@ from cat.layers import parse_attn_pattern
 from cat.models import CheckpointMismatchError, load_backbone_checkpoint
 from cat.models.convert import PluginCirculantAttention
 from cat.ops import CirculantAttention, set_lean_attention
+from tests.conftest import QUICK_MODELS, quick_few
 
 OURS = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("cat."))
 HIERARCHICAL = [n for n in OURS if not n.startswith("ca_deit")]
@@ -35,7 +36,7 @@ def test_registry_holds_the_zoo():
     assert set(OURS) == expected
 
 
-@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("name", quick_few(OURS, QUICK_MODELS))
 def test_forward_backward_small_resolution(name):
     """Every parameter of every model gets a gradient, with the parameter's strides: DDP's gradient buckets
     are views with those strides, and it warns on every run whose gradients differ, even in dimensions of size

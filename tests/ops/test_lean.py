@@ -169,6 +169,7 @@ def test_lean_attention_saves_one_token_map_of_its_own():
     assert plain >= 10 * lean
 
 
+@pytest.mark.slow  # torch.compile: seconds per case
 @pytest.mark.parametrize("batch", [1, 2])  # at batch 1 a channel group's output is a contiguous slice, at 2 strided
 def test_torch_compile_keeps_the_lean_memory_and_traces_inference(batch, monkeypatch):
     """Traced, the lean function's backward recomputation is merged with its forward (AOTAutograd's

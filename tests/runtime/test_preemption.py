@@ -130,6 +130,7 @@ with StopSignals():
 """
 
 
+@pytest.mark.slow  # worker processes and signals, end to end
 def test_workers_outlast_a_stop_meant_for_their_trainer_and_end_on_its_own():
     """Slurm's stop signal reaches the trainer and its DataLoader workers alike: the workers go on
     serving the step the trainer finishes; the trainer's own SIGTERM still ends them, with status 0."""

@@ -30,9 +30,16 @@ def test_every_key_has_a_type_and_a_doc(task):
     assert schema_of(task) is SCHEMAS[task]  # registered in Hydra's ConfigStore as schema/<task>
 
 
-@pytest.mark.parametrize(
-    ("task", "experiment"), [(task, e) for task in sorted(SCHEMAS) for e in _presets(task)], ids=str
-)
+def _preset_cases() -> list:
+    """Every task's presets; the quick tier checks each task's first, the full suite all."""
+    return [
+        (task, e) if k == 0 else pytest.param(task, e, marks=pytest.mark.slow)
+        for task in sorted(SCHEMAS)
+        for k, e in enumerate(_presets(task))
+    ]
+
+
+@pytest.mark.parametrize(("task", "experiment"), _preset_cases(), ids=str)
 def test_every_shipped_preset_conforms(task, experiment):
     """Every key an experiment composes is one the schema knows, of its type and in its range."""
     cfg = compose_config(task, f"experiment={experiment}")

@@ -436,6 +436,7 @@ def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
     assert str(cell / "metrics.jsonl") in line and "cannot be read" in line
 
 
+@pytest.mark.slow  # the tool end to end
 def test_bench_logging_reports_its_rows(run_tool):
     """tools/bench_logging.py, tiny: the A/B rows, the direct cost and the data share, each a number (their
     sizes are the benchmark's to report, not a test's)."""
@@ -446,6 +447,7 @@ def test_bench_logging_reports_its_rows(run_tool):
     assert 0 < share["implied_share"] < 1 and 0 <= share["reported_share"] <= 1
 
 
+@pytest.mark.slow  # the tool end to end
 def test_bench_data_measures_every_format(run_tool, tmp_path):
     """tools/bench_data.py on a tiny generated set: every format loads, the opens and cache sizes
     are what each layout claims (a folder opens every image, a zip reader one file per process, a
