@@ -139,8 +139,7 @@ def image_bytes(path: Path, max_side: int | None) -> bytes:
         return data
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as header:
-        size, fmt = header.size, header.format
+    size, fmt = decode_image(data, f"image {path}", lambda header: (header.size, header.format))
     if max(size) <= max_side:
         return data
     scale = max_side / max(size)

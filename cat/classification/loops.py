@@ -212,17 +212,17 @@ def train_one_epoch(
     loss_sum = torch.tensor(carried.loss_sum, dtype=torch.float64, device=env.device)
     seen, steps, interrupted = carried.images, 0, False
     start = time.perf_counter()
+    log, meter, profiler = logging.getLogger(RUN_LOGGER), opts.meter, opts.profiler
     progress = StepProgress(
         f"epoch {state.epoch + 1}/{opts.num_epochs}",
         opts.steps_per_epoch,
         state.step_in_epoch,
         opts.log_interval,
         env.is_main,
-        logging.getLogger(RUN_LOGGER),
+        log,
     )
     grace = STOP_WAIT_GRACE_S["one process" if env.world_size == 1 else "several"]
     remaining = opts.steps_per_epoch - state.step_in_epoch
-    log, meter, profiler = logging.getLogger(RUN_LOGGER), opts.meter, opts.profiler
     batches = batches_until_stopped(batches, grace)
     if meter is not None:
         meter.start_pass()

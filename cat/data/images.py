@@ -62,7 +62,7 @@ class DraftCrop:
 
     def __init__(self, crop: RandomResizedCropAndInterpolation) -> None:
         self.crop = crop
-        self.last_scale = 1.0  # the decode scale of the last image (a test's and a benchmark's view)
+        self.last_scale = 1.0  # the decode scale of the last image (what a test sees)
 
     def __call__(self, image: Image.Image) -> Image.Image:
         i, j, h, w = self.crop.get_params(image, self.crop.scale, self.crop.ratio)
@@ -201,7 +201,7 @@ class DeviceNormalize:
 def build_batch_transform(data: Any, aug: Any, device: torch.device) -> DeviceNormalize | None:
     """What a training batch needs on the device before the model: :class:`DeviceNormalize` when the data
     section asks for it, else nothing."""
-    return DeviceNormalize(data, aug, device) if getattr(data, "normalize_on_device", None) else None
+    return DeviceNormalize(data, aug, device) if data.normalize_on_device else None
 
 
 def image_files_dataset(

@@ -286,30 +286,29 @@ class ShardStream(IterableDataset):
         first = self.rank * self.samples_per_rank + sum(self._quota(r, workers)[0] for r in range(role))
         return first, first + self._quota(role, workers)[0]
 
+    def _touched(self, first: int, end: int) -> list[tuple[int, int]]:
+        """(shard index, the sequence position of its first sample) of each shard samples ``first`` to ``end`` of
+        the epoch's sequence lie in, in order."""
+        touched, start = [], 0
+        for index in self._order():
+            if start >= end:
+                break
+            if start + self.counts[index] > first:
+                touched.append((index, start))
+            start += self.counts[index]
+        return touched
+
     def _read_span(self, first: int, end: int) -> Iterator[dict[str, Any]]:
         """Samples ``first`` to ``end`` of the epoch's sequence: each shard they touch opened once, its
         members before ``first`` passed over undecoded."""
-        start = 0
-        for index in self._order():
-            count = self.counts[index]
-            if start + count > first and start < end:
-                for position, sample in enumerate(self._shard(index, stop=end - start)):
-                    if start + position >= first:
-                        yield sample
-            start += count
-            if start >= end:
-                return
+        for index, start in self._touched(first, end):
+            for position, sample in enumerate(self._shard(index, stop=end - start), start):
+                if position >= first:
+                    yield sample
 
     def rank_shards(self, workers: int = 1) -> int:
         """How many shards this rank's epoch reads (a shard its workers split, once per worker reading it)."""
-        touched = 0
-        for role in range(workers):
-            first, end = self._span(role, workers)
-            start = 0
-            for index in self._order():
-                touched += start + self.counts[index] > first and start < end
-                start += self.counts[index]
-        return touched
+        return sum(len(self._touched(*self._span(role, workers))) for role in range(workers))
 
     def _shard(self, index: int, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Shard ``index``'s samples (its first ``stop``); one read to its end must find as many as its count says."""

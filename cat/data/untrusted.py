@@ -16,12 +16,14 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from PIL import Image
 
 from cat.errors import DataError
 from cat.runtime.logger import DATA_LOGGER
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_MB",
@@ -90,15 +92,13 @@ def check_image_size(size: int, limit: int, name: str) -> None:
         )
 
 
-def decode_image(
-    data: bytes | BinaryIO, name: str, draft: Callable[[Image.Image], Image.Image] | None = None
-) -> Image.Image:
+def decode_image(data: bytes | BinaryIO, name: str, read: Callable[[Image.Image], T] | None = None) -> T | Image.Image:
     """An encoded image as RGB; anything PIL refuses (truncated, not an image, a pixel bomb) names ``name``.
-    ``draft``: decodes the opened (not yet decoded) image itself, e.g. at a reduced scale
-    (:class:`~cat.data.images.DraftCrop`)."""
+    ``read``: what to make of the opened, not yet decoded image instead: decode it at a reduced scale
+    (:class:`~cat.data.images.DraftCrop`), or read its header alone."""
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-            return draft(image) if draft is not None else image.convert("RGB")
+            return read(image) if read is not None else image.convert("RGB")
     except Image.UnidentifiedImageError:  # its own text names a file object, not the file
         reason = "not an image PIL can identify"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:

@@ -28,6 +28,7 @@ class ProfileWindow:
         self.folder = os.path.join(run_folder, PROFILE_DIR, f"steps_{first}-{last}")
         self.profiler: profile | None = None
         self.done = False
+        self.recorded_from = self.recorded_to = first  # the steps the window holds, once it opens
 
     def before_step(self, step: int) -> None:
         """Step ``step`` (1-based over the run) is about to run."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,20 +12,13 @@ import torch
 from PIL import Image
 from skimage import data as samples
 
-from cat.data import AugConfig, DataConfig
 from cat.data.images import DraftCrop, build_batch_transform, build_decoding, build_transform
 from cat.data.untrusted import decode_image
+from tests.conftest import typed_config
 
-DATA = DataConfig(
-    img_size=224,
-    interpolation="bicubic",
-    mean=[0.485, 0.456, 0.406],
-    std=[0.229, 0.224, 0.225],
-    crop_pct=0.875,
-    decode_draft=True,
-    normalize_on_device=False,
-)
-AUG = AugConfig(auto_augment=None, reprob=0.0, remode="pixel", recount=1, hflip=0.0, color_jitter=None)
+# The shipped ImageNet data section with the draft decode on, and augmentation without RandAugment or erasing.
+_SHIPPED = typed_config("cls", "data=imagenet", "aug=none", "data.decode_draft=true")
+DATA, AUG = _SHIPPED.data, _SHIPPED.aug
 
 
 def _encoded(fmt: str, size: tuple[int, int]) -> bytes:
@@ -77,7 +71,7 @@ def test_the_draft_path_gives_the_pipelines_tensors():
     tensor = rest(decode_image(_encoded("JPEG", (800, 600)), "x", draft))
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (3, 224, 224)
     # Off, or evaluating: timm's whole pipeline, no draft.
-    assert build_decoding(DataConfig(**{**DATA.__dict__, "decode_draft": False}), AUG, True)[0] is None
+    assert build_decoding(replace(DATA, decode_draft=False), AUG, True)[0] is None
     assert build_decoding(DATA, AUG, is_train=False)[0] is None
 
 
@@ -93,8 +87,8 @@ def test_uint8_batches_normalised_on_the_device_are_timms_tensors():
     """data.normalize_on_device: the loader's uint8 image, converted and normalised as a batch, is the tensor timm's
     whole transform gives from the same random state (random erasing, moved to the batch, aside)."""
     encoded = _encoded("JPEG", (800, 600))
-    on_device = DataConfig(**{**DATA.__dict__, "decode_draft": False, "normalize_on_device": True})
-    plain = DataConfig(**{**DATA.__dict__, "decode_draft": False})
+    on_device = replace(DATA, decode_draft=False, normalize_on_device=True)
+    plain = replace(DATA, decode_draft=False)
     for seed in range(5):
         random.seed(seed)
         torch.manual_seed(seed)
@@ -106,7 +100,7 @@ def test_uint8_batches_normalised_on_the_device_are_timms_tensors():
         batch = build_batch_transform(on_device, AUG, torch.device("cpu"))(uint8[None])
         torch.testing.assert_close(batch[0], expected, atol=1e-5, rtol=0)
     # With random erasing, the batch transform erases (aug.reprob=1: every image has a region of noise).
-    erasing = AugConfig(**{**AUG.__dict__, "reprob": 1.0})
+    erasing = replace(AUG, reprob=1.0)
     batch = build_batch_transform(on_device, erasing, torch.device("cpu"))(
         torch.full((4, 3, 224, 224), 128, dtype=torch.uint8)
     )

@@ -3,6 +3,7 @@ each rank's share under cache_mode=part, and damaged or hostile files refused wi
 
 from __future__ import annotations
 
+import io
 import json
 import runpy
 import shutil
@@ -207,3 +208,25 @@ def test_a_split_folder_that_is_not_there_is_named_before_anything_is_written(pa
     out = tmp_path / "out"
     error = run_tool("pack_dataset", str(folder), str(out), "--splits", "train", "test", expect=2, stderr=True)
     assert f"no {folder / 'test'} folder to pack" in error and not out.exists()
+
+
+def test_max_side_resizes_and_names_a_file_that_is_no_image(packed, tmp_path, run_tool):
+    """--max-side: images over the side stored at it (aspect kept, as JPEGs), smaller ones byte for byte; a file
+    posing as an image is one line naming it, and no archive is left half written."""
+    source = tmp_path / "src"
+    shutil.copytree(packed[0], source)
+    big = Image.fromarray(np.random.default_rng(1).integers(0, 255, (90, 120, 3), dtype=np.uint8))
+    big.save(source / "train" / "cat" / "big.jpg", quality=90)
+    assert run_tool("pack_dataset", str(source), str(tmp_path / "small"), "--max-side", "60", "--splits", "train")
+    with zipfile.ZipFile(tmp_path / "small" / "train.zip") as z:
+        resized = Image.open(io.BytesIO(z.read("cat/big.jpg")))
+        assert resized.size == (60, 45) and resized.format == "JPEG"
+        assert z.read("cat/0.jpg") == (source / "train" / "cat" / "0.jpg").read_bytes()  # under 60: as it was
+    assert json.loads((tmp_path / "small" / "manifest.json").read_text())["max_side"] == 60
+    (source / "train" / "dog" / "fake.jpg").write_bytes(b"#!/bin/sh\necho not an image\n")
+    out = tmp_path / "hostile"
+    error = run_tool(
+        "pack_dataset", str(source), str(out), "--max-side", "60", "--splits", "train", expect=2, stderr=True
+    )
+    assert f"cannot read image {source / 'train' / 'dog' / 'fake.jpg'} (not an image PIL can identify)" in error
+    assert not (out / "train.zip").exists() and "Traceback" not in error

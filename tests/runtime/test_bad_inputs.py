@@ -135,6 +135,16 @@ CASES = {
     "profile_steps_zero": (_overrides("profile.steps=[0,3]"), "profile.steps"),
     "profile_steps_text": (_overrides("profile.steps=[a,b]"), "profile.steps"),
     "profile_in_eval": (_overrides("mode=eval", "profile.steps=[1,2]"), "only training is profiled"),
+    "profile_top_zero": (_overrides("profile.top=0"), "profile.top=0: expected an integer >= 1"),
+    # the opt-in decoding keys of image-file datasets
+    "decode_draft_text": (
+        _overrides("data=imagenet", "data.decode_draft=maybe"),
+        "data.decode_draft='maybe': expected true or false",
+    ),
+    "normalize_on_device_number": (
+        _overrides("data=imagenet", "data.normalize_on_device=2"),
+        "data.normalize_on_device=2: expected true or false",
+    ),
     # the folder's lock
     "lock_list": (_write(".lock", "[]"), "holds '[]', not cat's lock record"),
     "lock_string": (_write(".lock", '"str"'), "not cat's lock record"),
