@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import prewarmed
+
 # pytest-xdist's workers (the suite runs on every core): each takes its share of the cores, and so do
 # the processes it starts, so that OpenMP threads do not spin against each other's.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
@@ -181,7 +183,7 @@ def run_tool(capsys):
 
 def _toy_dataset(tmp_path_factory, tool: str, *args: str) -> Path:
     root = tmp_path_factory.mktemp(tool)
-    subprocess.run(
+    prewarmed.run(
         [sys.executable, str(REPO / "tools" / f"make_{tool}.py"), str(root), *(args or ("--train", "8", "--val", "4"))],
         check=True,
         capture_output=True,

@@ -20,6 +20,8 @@ import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+from tests import prewarmed
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +33,7 @@ def run_entry_cases(
     with tempfile.TemporaryDirectory() as tmp:
         spec, results = Path(tmp) / "cases.json", Path(tmp) / "results.json"
         spec.write_text(json.dumps({"script": str(REPO / script), "cases": cases}))
-        proc = subprocess.run(
+        proc = prewarmed.run(
             [sys.executable, "-m", "tests.entry_cases", str(spec), str(results)],
             cwd=REPO,
             env={**os.environ, **(env or {})},

@@ -101,6 +101,7 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
 
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
+        from .validation import LastValidation, test_repeats_validation
 
         mm = task.build_config(cfg, env, folder.path)
         if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
@@ -120,10 +121,20 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
             handler = logging.FileHandler(folder.file("log.txt"))
             handler.setFormatter(log_formatter())
             runner.logger.addHandler(handler)
+        last_validation = LastValidation()
+        runner.register_hook(last_validation)
         try:
             if cfg.mode == "train":
                 runner.train()
-            results = runner.test()
+            repeated = cfg.mode == "train" and test_repeats_validation(mm)
+            results = last_validation.final(runner) if repeated else None
+            if results is None:
+                results = runner.test()
+            else:
+                folder.log.info(
+                    "test: the last validation evaluated the final weights on the test loader's data with its "
+                    "evaluator; its metrics are the test's (no second pass)"
+                )
         except Preempted as stop:
             folder.log.info(
                 "stop requested (signal): saved iteration %d to %s; rerun the same command to resume",

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from cat.runtime.resume import START_OVER
+from tests import prewarmed
 from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 from tests.conftest import REPO
 from tests.entry_cases import run_entry_cases
@@ -38,7 +39,7 @@ def test_eval_and_throughput_leave_the_training_record_untouched(tmp_path):
 def test_sigterm_ends_a_run_with_nothing_to_save_at_once(tmp_path):
     """A stop signal to an evaluation or throughput run ends it (it has no checkpoint to write, and no loop
     that would read the flag a training run reads): status 143, one line saying so, the folder released."""
-    run = subprocess.Popen(
+    run = prewarmed.Popen(
         train_cmd(tmp_path, "mode=throughput", "throughput.iters=100000000", "throughput.warmup=1"),
         cwd=REPO,
         env=env_single_thread(),
@@ -66,7 +67,7 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
     # Epochs of the tiny config take a fraction of a second: the first run is given more than it can
     # finish before it is killed, and the wait is for last.pth (kept from the first save on) rather
     # than an epoch snapshot, which keep_last rotates away within one epoch.
-    first = subprocess.Popen(
+    first = prewarmed.Popen(
         train_cmd(tmp_path, "epochs=100000", "batch_size=8"),
         cwd=REPO,
         env=env_single_thread(),
@@ -203,7 +204,7 @@ def test_bad_value_fails_before_any_data_is_read(bad_value_runs, override, messa
 def test_unwritable_existing_output_dir(tmp_path):
     out = tmp_path / "ro"
     out.mkdir(mode=0o555)
-    proc = subprocess.run(train_cmd(out), cwd=REPO, env=env_single_thread(), capture_output=True, text=True)
+    proc = prewarmed.run(train_cmd(out), cwd=REPO, env=env_single_thread(), capture_output=True, text=True)
     assert proc.returncode == 2 and f"output_dir={out}: cannot write" in proc.stderr
 
 
@@ -239,7 +240,7 @@ def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
 
 
 def test_tool_user_errors_exit_2(tmp_path):
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path / "nonexistent")],
         capture_output=True,
         text=True,

@@ -26,6 +26,7 @@ from cat.errors import ConfigError, DataError
 from cat.models import CheckpointMismatchError
 from cat.runtime.meter import IntervalStats
 from cat.runtime.metrics import read_history
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, quick_few, refusal_line, typed_config
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
@@ -49,7 +50,7 @@ def env_single_thread() -> dict[str, str]:
 
 def train_proc(output_dir: Path, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
     """``train_cls.py`` with ``overrides`` into ``output_dir``, run to its end (any exit status)."""
-    return subprocess.run(
+    return prewarmed.run(
         train_cmd(output_dir, *overrides, nproc=nproc),
         cwd=REPO,
         env=env_single_thread(),
@@ -169,7 +170,7 @@ def test_two_process_gloo_matches_single_process(tmp_path, split, single_process
 def _start_and_signal(output_dir: Path, sig: int, *overrides: str, whole_step: bool = False) -> subprocess.Popen:
     """Start a run and send ``sig`` once its second epoch has been checkpointed: to the trainer, or
     (``whole_step``) to it and every process below it, as Slurm signals a job step."""
-    proc = subprocess.Popen(
+    proc = prewarmed.Popen(
         train_cmd(output_dir, *overrides),
         cwd=REPO,
         env=env_single_thread(),
@@ -378,8 +379,8 @@ def image_data(tmp_path_factory) -> tuple[Path, Path]:
                 pixels = np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(root / "folder" / split / name / f"{i}.jpg", quality=90)
     pack = [sys.executable, str(REPO / "tools" / "pack_dataset.py"), str(root / "folder")]
-    subprocess.run([*pack, str(root / "zip")], check=True)
-    subprocess.run([*pack, str(root / "tar"), "--format", "tar", "--shard-mb", "0.03"], check=True)
+    prewarmed.run([*pack, str(root / "zip")], check=True)
+    prewarmed.run([*pack, str(root / "tar"), "--format", "tar", "--shard-mb", "0.03"], check=True)
     return root / "folder", root / "zip"
 
 
@@ -498,7 +499,7 @@ def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(
     os.mkfifo(tmp_path / "stuck")
     out = tmp_path / "run"
     overrides = [*TINY, f"output_dir={out}", *IMAGE_RUN, *_format("folder", image_data), f"workers={workers}"]
-    proc = subprocess.Popen(
+    proc = prewarmed.Popen(
         [sys.executable, "-c", STUCK_READ, str(tmp_path / "stuck"), "30", *overrides],
         cwd=REPO,
         env=env_single_thread(),

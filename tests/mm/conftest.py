@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests import prewarmed
 from tests.conftest import REPO, descendant_pids
 
 
@@ -17,7 +18,7 @@ def run_entry(script: str, *overrides: str, nproc: int = 1, timeout: int = 900) 
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1" if nproc > 1 else os.environ.get("OMP_NUM_THREADS", "2")}
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [*launcher, str(REPO / script), *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -29,7 +30,7 @@ def stop_like_slurm(script: str, overrides: list[str], log: Path, reached: str) 
     every process below it (its DataLoader workers), as Slurm signals a job step: (the trainer's exit status
     once it ends, its stderr), after asserting it had two workers."""
     with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a full pipe would stall the trainer
-        first = subprocess.Popen(
+        first = prewarmed.Popen(
             [sys.executable, str(REPO / script), *overrides], cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr
         )
         deadline = time.time() + 600

@@ -53,6 +53,28 @@ def test_relative_data_root_reads_the_data(task, toy_coco, toy_ade, tmp_path, mo
         assert Path(mm.val_evaluator.ann_file).is_file() and Path(mm.val_evaluator.ann_file).is_absolute()
 
 
+@pytest.mark.parametrize(
+    ("task", "overrides", "repeats"),
+    [
+        ("det", [], True),
+        ("seg", [], True),
+        ("seg", ["experiment=fpn_ca_pvt_t_40k"], True),
+        ("seg", ["mode=eval", "tta=true"], False),  # the test reads flipped, rescaled images
+    ],
+)
+def test_the_final_test_is_skipped_only_where_it_repeats_the_validation(
+    task, overrides, repeats, toy_coco, toy_ade, tmp_path
+):
+    from cat.mm.validation import test_repeats_validation
+
+    root = toy_coco if task == "det" else toy_ade
+    cfg = compose_config(task, f"data.root={root}", f"output_dir={tmp_path}", "logger.wandb.mode=disabled", *overrides)
+    mm = mm_builder(task)(cfg, DistEnv(), str(tmp_path))
+    assert test_repeats_validation(mm) is repeats
+    mm.test_evaluator["type"] = "Another"
+    assert not test_repeats_validation(mm)
+
+
 BAD_KEYS = [
     ("det", "strict_load=maybe", "strict_load='maybe': expected true or false"),
     ("seg", "strict_load=maybe", "strict_load='maybe': expected true or false"),

@@ -12,6 +12,7 @@ import torch
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
+from tests import prewarmed
 from tests.conftest import REPO, compose_config, mm_builder, refusal_line
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
@@ -186,7 +187,7 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     job step: the trainer still finishes the iteration, and with ``accum_steps`` the rest of the accumulation
     (its gradients are in no checkpoint), and saves it."""
     root = tmp_path_factory.mktemp("coco24")
-    subprocess.run(
+    prewarmed.run(
         [sys.executable, str(REPO / "tools" / "make_toy_coco.py"), str(root), "--train", "24", "--val", "4"],
         check=True,
         capture_output=True,

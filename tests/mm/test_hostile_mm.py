@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from cat.errors import CheckpointError
+from tests import prewarmed
 from tests.conftest import REPO, refusal_line
 from tests.hostile import write_hostile_files
 from tests.mm.conftest import run_entry
@@ -31,7 +32,7 @@ LOOPBACK_URL = "http://127.0.0.1:9/models"  # never contacted: the file is alrea
 
 def _entry(task: str, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     script, experiment = TOY[task]
-    return subprocess.run(
+    return prewarmed.run(
         [sys.executable, str(REPO / script), f"experiment={experiment}", *FAST, *overrides],
         cwd=REPO,
         capture_output=True,
@@ -138,7 +139,7 @@ def cached_hostile(tmp_path) -> tuple[dict[str, str], Path, Path]:
 def test_url_payload_fires_through_torch_hub(cached_hostile):
     env, marker, _ = cached_hostile
     code = f"from mmengine.runner.checkpoint import load_from_http; load_from_http('{LOOPBACK_URL}/evil.pth')"
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, timeout=300)
+    prewarmed.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, timeout=300)
     assert marker.exists()
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
 from cat.runtime.resume import START_OVER
+from tests import prewarmed
 from tests.conftest import REPO, compose_config, mm_builder
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
@@ -74,6 +74,8 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_ade, tmp_path, fpn
     assert sorted({e["step"] for e in history if "loss" in e}) == [1, 2, 3, 4, 5, 6]
     assert [e["step"] for e in history if "mIoU" in e] == [3, 6]
     assert history[-1]["test/mIoU"] == pytest.approx(metrics["mIoU"])
+    # The test took the last validation's metrics (the eval below checks them against a real test pass).
+    assert "its metrics are the test's (no second pass)" in (out / "log.txt").read_text()
     run_entry(
         "train_seg.py",
         f"experiment={experiment}",
@@ -99,7 +101,7 @@ def test_a_requeued_start_over_goes_on_with_its_run(toy_ade, tmp_path, fpn_run):
     (out / ".started_over").write_text(json.dumps(launch))
     args = ["experiment=toy_fpn_ca_pvt", f"data.root={toy_ade}", f"output_dir={out}", "schedule.iters=6", *FAST[1:]]
     env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, str(REPO / "train_seg.py"), *args, "logger.wandb.mode=disabled", "resume=false"],
         cwd=REPO,
         env=env,

@@ -3,7 +3,6 @@ names the file and the refused global, and nothing runs (the payload's marker fi
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import cat
 from cat.classification.job import run
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, compose_config, refusal_line
 from tests.hostile import load_with_pickles_own_build, write_build_on_class, write_build_on_tensor, write_hostile_files
 
@@ -91,7 +91,7 @@ def test_tools(hostile, tool, name, tmp_path, run_tool):
 @pytest.mark.slow
 def test_entry_point_exit_status_and_one_line(hostile, tmp_path):
     files, marker = hostile
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [
             sys.executable,
             str(REPO / "train_cls.py"),
@@ -117,7 +117,7 @@ def test_build_payloads_fire_without_the_build_check(tmp_path):
     write_build_on_class(tmp_path / "class.pth", str(marker))
     # A child process: the payload rewrites the stand-in class for the rest of the process.
     code = f"from tests.hostile import load_with_pickles_own_build as load; load({str(tmp_path / 'class.pth')!r})"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, check=True)
+    prewarmed.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, check=True)
     assert "attacker's text" in Path(f"{marker}.patch").read_text()
     write_build_on_tensor(tmp_path / "tensor.pth")
     tensor = load_with_pickles_own_build(tmp_path / "tensor.pth")["model"]["w"]

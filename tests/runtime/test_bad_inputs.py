@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import prewarmed
 from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS, refusal_line
 from tests.entry_cases import run_entry_cases
 
@@ -293,7 +294,7 @@ def _args(out: Path, overrides: list[str]) -> list[str]:
 
 
 def _run(out: Path, overrides: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return prewarmed.run(
         [sys.executable, str(REPO / "train_cls.py"), *_args(out, overrides)],
         cwd=REPO,
         capture_output=True,
@@ -341,7 +342,7 @@ def test_debug_keeps_the_traceback(tmp_path):
 
 def test_hydra_full_error_keeps_hydras_exception(tmp_path):
     """HYDRA_FULL_ERROR=1 asks for Hydra's own exception, for a refused command line too."""
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, str(REPO / "train_cls.py"), "bogus=1"],
         cwd=REPO,
         capture_output=True,

@@ -14,6 +14,7 @@ import pytest
 from cat.errors import DataError, RunDirLockedError
 from cat.runtime import DistEnv, open_run_folder, run_job
 from cat.runtime.metrics import read_history
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, compose_config, typed_config
 
 
@@ -186,7 +187,7 @@ def test_a_rank_left_waiting_for_a_lost_peer_says_so_in_the_run_log(tmp_path):
         port = probe.getsockname()[1]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
     ranks = [
-        subprocess.Popen(
+        prewarmed.Popen(
             [sys.executable, "-c", LOST_PEER, str(tmp_path / "run")],
             cwd=REPO,
             env={**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank)},

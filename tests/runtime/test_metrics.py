@@ -6,13 +6,13 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
+from tests import prewarmed
 from tests.conftest import REPO
 
 LOGGER = OmegaConf.create(
@@ -110,7 +110,7 @@ print("finished")
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["during", "after"])
 def test_a_lost_wandb_service_ends_only_wandb(tmp_path, when):
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, "-c", SERVICE_ENDS, str(tmp_path), when],
         cwd=REPO,
         capture_output=True,
@@ -157,7 +157,7 @@ def test_an_unreachable_wandb_server_leaves_the_run_offline(tmp_path):
     env.update(WANDB_API_KEY="0" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{port}", WANDB_INIT_TIMEOUT="3")
 
     def start_the_run() -> str:
-        proc = subprocess.run(
+        proc = prewarmed.run(
             [sys.executable, "-c", UNREACHABLE_SERVER, str(tmp_path)],
             cwd=REPO,
             env=env,

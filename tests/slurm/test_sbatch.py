@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import prewarmed
 from tests.classification.test_train_cls import env_single_thread, final_weights
 from tests.conftest import REPO, TINY_CLS
 
@@ -150,7 +151,7 @@ def wait_for_line(path: Path, pattern: str, timeout: float = 300) -> re.Match:
 def local_run(output_dir: Path, args: list[str], nproc: int = 1) -> Path:
     """The same training outside Slurm: one process, or ``nproc`` on this host through torchrun."""
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
-    subprocess.run(
+    prewarmed.run(
         [sys.executable, *launcher, str(REPO / "train_cls.py"), *args, f"output_dir={output_dir}"],
         cwd=REPO,
         env=env_single_thread(),
@@ -341,7 +342,7 @@ def test_lost_node_ends_the_job_in_bounded_time_and_the_requeued_job_resumes(two
 
 def test_slurm_launcher_sweep_cells_on_two_nodes(two_nodes, tmp_path):
     sweep = tmp_path / "sweep"
-    subprocess.run(
+    prewarmed.run(
         [
             sys.executable,
             str(REPO / "train_cls.py"),

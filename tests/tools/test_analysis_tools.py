@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import runpy
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from PIL import Image
 
 from cat.classification.job import run
+from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, TINY_CONVERTED, compose_config
 
 
@@ -188,7 +188,7 @@ def test_benchmark(run_tool, tmp_path):
 
 
 def _train_cls(*overrides: str) -> None:
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, str(REPO / "train_cls.py"), *overrides, "workers=0", "logger.wandb.mode=disabled"],
         cwd=REPO,
         capture_output=True,
@@ -388,7 +388,7 @@ def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_p
 @pytest.mark.slow
 def test_make_tables_says_how_a_failed_cell_ended(run_tool, tmp_path):
     """A real sweep whose cell diverges: the table gives the error its run's log.txt ends with."""
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [
             sys.executable,
             "train_cls.py",
@@ -428,7 +428,7 @@ def test_make_tables_reads_a_hostile_history_safely(run_tool, tmp_path):
     assert "1 stopped (stopped at step 7, top1 12.50)" in run_tool("make_tables", str(tmp_path))
     (cell / "metrics.jsonl").unlink()
     (cell / "metrics.jsonl").mkdir()
-    proc = subprocess.run(
+    proc = prewarmed.run(
         [sys.executable, str(REPO / "tools" / "make_tables.py"), str(tmp_path)], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
+from tests import prewarmed
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -57,7 +58,7 @@ def digit_folder(tmp_path_factory) -> Path:
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return prewarmed.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_script_sees_cat_models_only_through_the_launcher(digit_folder, tmp_path):
