@@ -7,8 +7,11 @@ imports the stack once per pytest worker and forks one child per command. The ch
 own pid, signals, exit status, file descriptors, DataLoader workers below it) set up as ``subprocess`` would start
 it: the command's working directory, environment, standard streams and thread count, fresh random seeds, Python's
 default signal dispositions, and its exit status as the interpreter would give it (``sys.exit``, an uncaught
-exception, an uncaught KeyboardInterrupt). What it skips is the imports, which have no side effect a command can
-see (the stack reads no environment variable at import that a test sets).
+exception, an uncaught KeyboardInterrupt). What it skips is the imports. The one difference a command can see is
+what they register: cat's models in timm's registry, cat's safe globals in torch's, the OpenMMLab registries
+filled. A test of what a fresh interpreter has (a plain script not seeing cat's models, torch refusing an mmengine
+checkpoint without cat's allow-list) uses :mod:`subprocess` itself. (The stack reads no environment variable at
+import that a test sets.)
 
 Launchers stay real processes (``torch.distributed.run``, Slurm, Hydra's launchers start their own): a command
 that is not ``python SCRIPT|-m MODULE|-c CODE`` is passed to :mod:`subprocess` unchanged. ``CAT_TEST_FORK=0``

@@ -53,6 +53,7 @@ def test_relative_data_root_reads_the_data(task, toy_coco, toy_ade, tmp_path, mo
         assert Path(mm.val_evaluator.ann_file).is_file() and Path(mm.val_evaluator.ann_file).is_absolute()
 
 
+@pytest.mark.slow  # the toy datasets' processes
 @pytest.mark.parametrize(
     ("task", "overrides", "repeats"),
     [
