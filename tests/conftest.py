@@ -63,16 +63,6 @@ QUICK_MODELS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker per core, and one more for the whole suite (PYTEST_XDIST_AUTO_NUM_WORKERS still
-    decides). Much of the end-to-end tests' time is waiting (the Slurm jobs, a stopped run's save, a dead peer's
-    timeout); the spare worker keeps the cores busy meanwhile. The quick tier (``-m "not slow"``) waits on nothing."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    return len(os.sched_getaffinity(0)) + ("not slow" not in (config.getoption("markexpr") or ""))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The Slurm tests first: their jobs mostly wait on the cluster, so under xdist they overlap
     the other workers' files instead of running alone at the end."""
