@@ -49,13 +49,6 @@ def run_entry_cases(
     }
 
 
-def _exit_status(code: object, stderr: io.StringIO) -> int:
-    if code is None or isinstance(code, int):
-        return code or 0
-    print(code, file=stderr)  # what the interpreter does with sys.exit("message")
-    return 1
-
-
 def _run_case(script: str, args: list[str]) -> dict[str, object]:
     stdout, stderr = io.StringIO(), io.StringIO()
     sys.argv = [script, *args]
@@ -64,7 +57,7 @@ def _run_case(script: str, args: list[str]) -> dict[str, object]:
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as exit_:
-            status = _exit_status(exit_.code, stderr)
+            status = prewarmed.exit_status(exit_.code, stderr)
         except BaseException:  # what the interpreter prints for an uncaught exception
             traceback.print_exc()
             status = 1

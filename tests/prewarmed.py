@@ -35,7 +35,7 @@ import threading
 import traceback
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 # What the entry points and tools import on their way to a step; a module missing here (no OpenMMLab stack) is
@@ -83,6 +83,14 @@ def _main_of(argv: list[str]) -> tuple[str, str] | None:
 # --- the child ----------------------------------------------------------------------------------------------------
 
 
+def exit_status(code: object, stderr: TextIO) -> int:
+    """The interpreter's exit status for ``SystemExit(code)``, a message printed to ``stderr``."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=stderr)  # what the interpreter does with sys.exit("message")
+    return 1
+
+
 def _child(request: dict[str, Any], fds: list[int]) -> None:
     """Set up as ``subprocess`` would have started ``request['argv']``, run it, and leave with its exit status."""
     for number, fd in enumerate(fds):
@@ -122,12 +130,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
             sys.modules["__main__"] = main
             exec(compile(target, "<string>", "exec"), main.__dict__)
     except SystemExit as exit_:
-        code = exit_.code
-        if code is None or isinstance(code, int):
-            status = code or 0
-        else:
-            print(code, file=sys.stderr)
-            status = 1
+        status = exit_status(exit_.code, sys.stderr)
     except KeyboardInterrupt:  # the interpreter prints it, then ends by SIGINT (status -2 to its parent)
         traceback.print_exc()
         status = -signal.SIGINT

@@ -126,8 +126,8 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
         try:
             if cfg.mode == "train":
                 runner.train()
-            repeated = cfg.mode == "train" and test_repeats_validation(mm)
-            results = last_validation.final(runner) if repeated else None
+            # An evaluation ran no validation: final() is None there.
+            results = last_validation.final(runner) if test_repeats_validation(mm) else None
             if results is None:
                 results = runner.test()
             else:
