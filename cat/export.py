@@ -21,7 +21,15 @@ from torch import Tensor, nn
 
 from cat.runtime.io import atomic_write_bytes
 
-__all__ = ["output_stride", "takes_any_size", "image_shapes", "evaluating", "export_program", "export_onnx"]
+__all__ = [
+    "output_stride",
+    "takes_any_size",
+    "image_shapes",
+    "evaluating",
+    "export_program",
+    "export_onnx",
+    "program_to_onnx",
+]
 
 
 def output_stride(model: nn.Module) -> int:
@@ -74,24 +82,24 @@ def export_onnx(
     opset: int = 20,
     dynamic_size: bool = True,
 ) -> Any:
-    """The ONNX model (an ``onnx.ModelProto``; written to ``path`` if given) of :func:`export_program`
-    by torch's default exporter (needs ``onnxscript``): circulant attention's FFTs become ``DFT`` nodes.
+    """The ONNX model (an ``onnx.ModelProto``; written to ``path`` if given) of :func:`export_program`:
+    :func:`program_to_onnx` of it."""
+    return program_to_onnx(export_program(model, example, dynamic_size=dynamic_size), path, opset)
+
+
+def program_to_onnx(
+    program: torch.export.ExportedProgram, path: str | os.PathLike[str] | None = None, opset: int = 20
+) -> Any:
+    """The ONNX model (an ``onnx.ModelProto``; written to ``path`` if given) of an exported program, by
+    torch's default exporter (needs ``onnxscript``): circulant attention's FFTs become ``DFT`` nodes.
+    A caller that also wants the program exports once and converts it (export is the slow part).
 
     The exporter annotates the outputs of the inverse real DFTs with the one-sided length where the
     two-sided one is meant; onnxruntime plans buffers from such annotations and fails at any other
     resolution than the example's. The intermediate shape annotations are therefore dropped: the
     runtime infers them from the graph when it loads it.
     """
-    with evaluating(model):
-        onnx_program = torch.onnx.export(
-            model,
-            (example,),
-            dynamic_shapes=image_shapes(model, dynamic_size=dynamic_size),
-            dynamo=True,
-            opset_version=opset,
-            verbose=False,
-            optimize=True,
-        )
+    onnx_program = torch.onnx.export(program, dynamo=True, opset_version=opset, verbose=False, optimize=True)
     proto = onnx_program.model_proto
     del proto.graph.value_info[:]
     if path is not None:

@@ -13,9 +13,12 @@ filled. A test of what a fresh interpreter has (a plain script not seeing cat's 
 checkpoint without cat's allow-list) uses :mod:`subprocess` itself. (The stack reads no environment variable at
 import that a test sets.)
 
-Launchers stay real processes (``torch.distributed.run``, Slurm, Hydra's launchers start their own): a command
-that is not ``python SCRIPT|-m MODULE|-c CODE`` is passed to :mod:`subprocess` unchanged. ``CAT_TEST_FORK=0``
-sends every command there.
+Launchers stay real processes (``torch.distributed.run``, Slurm, and the tools that time or measure fresh
+processes start their own): a command that is not ``python [-u] SCRIPT|-m MODULE|-c CODE`` is passed to
+:mod:`subprocess` unchanged. A child started with ``CAT_TEST_FORK_CHILDREN=1`` has ``sys.executable`` set to a shim
+(``SOCKET.python``, standard library only) that has its own ``python`` commands forked by the server as well, with
+the stop signals passed on: the sweeps' submitit cells (submitit's job controller, named by its own pid, stays
+itself). ``CAT_TEST_FORK=0`` sends every command to :mod:`subprocess`.
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import io
 import json
 import os
 import runpy
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import types
 from pathlib import Path
@@ -65,19 +71,26 @@ STACK = (
     "cat.mm.det",
     "cat.mm.seg",
 )
+# The shim a child with CAT_TEST_FORK_CHILDREN=1 runs as sys.executable (set by serve).
+_shim = ""
 # The signals a child takes as a freshly started interpreter does (SIGPIPE ignored is CPython's start-up setting).
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
 
-def _main_of(argv: list[str]) -> tuple[str, str] | None:
-    """``("path"|"module"|"code", target)`` of ``[sys.executable, ...]`` run by the child; None: not forkable."""
+def _main_of(argv: list[str]) -> tuple[str, str, list[str], bool] | None:
+    """``("path"|"module"|"code", target, arguments, unbuffered)`` of ``[sys.executable, [-u], ...]`` run by the
+    child; None: not forkable."""
     if len(argv) < 2 or argv[0] != sys.executable:
         return None
-    if argv[1] in ("-m", "-c"):
-        if len(argv) < 3 or argv[2] == "torch.distributed.run":  # torchrun starts its own workers
+    unbuffered = argv[1] == "-u"
+    options = argv[2:] if unbuffered else argv[1:]
+    if not options:
+        return None
+    if options[0] in ("-m", "-c"):
+        if len(options) < 2 or options[1] == "torch.distributed.run":  # torchrun starts its own workers
             return None
-        return ("module" if argv[1] == "-m" else "code"), argv[2]
-    return None if argv[1].startswith("-") else ("path", argv[1])
+        return ("module" if options[0] == "-m" else "code"), options[1], options[2:], unbuffered
+    return None if options[0].startswith("-") else ("path", options[0], options[1:], unbuffered)
 
 
 # --- the child ----------------------------------------------------------------------------------------------------
@@ -111,8 +124,12 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     random.seed()
     numpy.random.seed()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
-    kind, target = _main_of(request["argv"])
-    rest = request["argv"][3:] if kind != "path" else request["argv"][2:]
+    kind, target, rest, unbuffered = _main_of(request["argv"])
+    if unbuffered:  # python -u
+        unbuffered_stream = lambda fd: io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True)
+        sys.stdout, sys.stderr = unbuffered_stream(1), unbuffered_stream(2)
+    if os.environ.get("CAT_TEST_FORK_CHILDREN") == "1":  # the Python commands it starts through the server too
+        sys.executable = _shim
     status = 0
     try:
         if kind == "path":
@@ -162,9 +179,14 @@ def serve(address: str) -> None:
     """Import :data:`STACK`, then fork a child per request on the socket at ``address`` until the parent is gone.
     A request is one packet: the JSON ``{argv, cwd, env}`` with the child's stdin, stdout and stderr as file
     descriptors; the answers are ``{"pid": ...}`` and, once it ends, ``{"returncode": ...}``."""
+    global _shim
     for name in STACK:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    _shim = address + ".python"
+    with open(_shim, "w") as shim:
+        shim.write(f'#!/bin/sh\nexec {shlex.join([sys.executable, "-S", __file__, "--client", address])} "$@"\n')
+    os.chmod(_shim, 0o755)
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(address)
@@ -240,28 +262,38 @@ def _connect() -> socket.socket:
     return connection
 
 
-def _fd(stream: Any, default: int, stack: contextlib.ExitStack) -> int:
-    """The file descriptor a child's stream gets for ``subprocess``'s ``stream`` argument."""
-    if stream is None:
-        return default
-    if stream == subprocess.DEVNULL:
-        return stack.enter_context(open(os.devnull, "r+b")).fileno()
-    return stream if isinstance(stream, int) else stream.fileno()
-
-
 class ForkedProcess:
-    """A forked child with :class:`subprocess.Popen`'s ``pid``, ``returncode``, ``poll``, ``wait``,
-    ``send_signal``, ``terminate`` and ``kill``."""
+    """A forked child with :class:`subprocess.Popen`'s ``pid``, ``returncode``, ``stdout``/``stderr`` (pipes
+    where asked for), ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate`` and ``kill``."""
 
-    def __init__(self, args: list[str], cwd: Any, env: dict[str, str] | None, stdin: Any, stdout: Any, stderr: Any):
+    def __init__(
+        self, args: list[str], cwd: Any, env: dict[str, str] | None, stdin: Any, stdout: Any, stderr: Any, text: bool
+    ):
         self.args = args
         self.returncode: int | None = None
-        with contextlib.ExitStack() as stack:
-            fds = [_fd(stdin, 0, stack), _fd(stdout, 1, stack), _fd(stderr, 2, stack)]
+        self.stdout = self.stderr = None
+        with contextlib.ExitStack() as stack:  # the child's ends of its streams: closed here once sent
+            fds = [self._fd(stdin, 0, stack, text)]
+            for name, stream, default in (("stdout", stdout, 1), ("stderr", stderr, 2)):
+                fds.append(fds[1] if stream == subprocess.STDOUT else self._fd(stream, default, stack, text, name))
             request = {"argv": list(map(str, args)), "cwd": str(cwd or os.getcwd()), "env": dict(env or os.environ)}
             self._connection = _connect()
             socket.send_fds(self._connection, [json.dumps(request).encode()], fds)
         self.pid = json.loads(self._connection.recv(1 << 16))["pid"]
+
+    def _fd(self, stream: Any, default: int, stack: contextlib.ExitStack, text: bool, name: str = "") -> int:
+        """The file descriptor the child gets for ``subprocess``'s ``stream`` argument; for a PIPE, its write end
+        (the read end becomes this object's ``stdout`` or ``stderr``)."""
+        if stream is None:
+            return default
+        if stream == subprocess.DEVNULL:
+            return stack.enter_context(open(os.devnull, "r+b")).fileno()
+        if stream == subprocess.PIPE:
+            read, write = os.pipe()
+            pipe = io.BufferedReader(io.FileIO(read))
+            setattr(self, name, io.TextIOWrapper(pipe) if text else pipe)
+            return stack.enter_context(open(write, "wb")).fileno()
+        return stream if isinstance(stream, int) else stream.fileno()
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -278,6 +310,27 @@ class ForkedProcess:
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
         return self.returncode
+
+    def communicate(self, input: None = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """Its pipes read to their end, each on a thread of its own (a full one would stall the child), then its exit
+        status awaited: (stdout, stderr) as :meth:`subprocess.Popen.communicate` gives them."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pipes = {name: getattr(self, name) for name in ("stdout", "stderr") if getattr(self, name) is not None}
+        read: dict[str, Any] = {}
+        readers = [
+            threading.Thread(target=lambda name=name, pipe=pipe: read.__setitem__(name, pipe.read()), daemon=True)
+            for name, pipe in pipes.items()
+        ]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        for pipe in pipes.values():
+            pipe.close()
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return read.get("stdout"), read.get("stderr")
 
     def _finish(self, answer: bytes) -> None:
         """The server's last answer: the exit status, or nothing if the server ended first."""
@@ -298,36 +351,37 @@ class ForkedProcess:
 
 
 # What the forked path takes of subprocess's arguments; a call with any other goes to subprocess.
-_POPEN_KEYS = {"cwd", "env", "stdin", "stdout", "stderr"}
+_POPEN_KEYS = {"cwd", "env", "stdin", "stdout", "stderr", "text"}
 _RUN_KEYS = {"cwd", "env", "capture_output", "text", "timeout", "check", "stdout", "stderr"}
 
 
-def _forks(args: Any, kwargs: dict[str, Any], keys: set[str]) -> bool:
+def _forks(args: Any, kwargs: dict[str, Any], keys: set[str], pipes: tuple[str, ...]) -> bool:
+    """Whether the call runs forked: a Python command, arguments in ``keys``, a PIPE only for the ``pipes``."""
     return (
         os.environ.get("CAT_TEST_FORK", "1") != "0"
         and isinstance(args, list)
         and _main_of(list(map(str, args))) is not None
         and set(kwargs) <= keys
-        and subprocess.PIPE not in (kwargs.get("stdin"), kwargs.get("stdout"), kwargs.get("stderr"))
+        and not any(kwargs.get(name) == subprocess.PIPE for name in {"stdin", "stdout", "stderr"} - set(pipes))
     )
 
 
 def Popen(args: Any, **kwargs: Any) -> Any:  # noqa: N802 (subprocess's name)
     """:class:`subprocess.Popen`, a forked child where ``args`` is a Python command this module runs."""
-    if not _forks(args, kwargs, _POPEN_KEYS):
+    if not _forks(args, kwargs, _POPEN_KEYS, pipes=("stdout", "stderr")):
         return subprocess.Popen(args, **kwargs)
     streams = (kwargs.get("stdin"), kwargs.get("stdout"), kwargs.get("stderr"))
-    return ForkedProcess(args, kwargs.get("cwd"), kwargs.get("env"), *streams)
+    return ForkedProcess(args, kwargs.get("cwd"), kwargs.get("env"), *streams, text=bool(kwargs.get("text")))
 
 
 def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
     """:func:`subprocess.run`, a forked child where ``args`` is a Python command this module runs."""
-    if not _forks(args, kwargs, _RUN_KEYS):
+    if not _forks(args, kwargs, _RUN_KEYS, pipes=()):  # its output is captured through files instead
         return subprocess.run(args, **kwargs)
     capture, timeout = kwargs.get("capture_output", False), kwargs.get("timeout")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         streams = (out, err) if capture else (kwargs.get("stdout"), kwargs.get("stderr"))
-        child = ForkedProcess(args, kwargs.get("cwd"), kwargs.get("env"), subprocess.DEVNULL, *streams)
+        child = ForkedProcess(args, kwargs.get("cwd"), kwargs.get("env"), subprocess.DEVNULL, *streams, text=False)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -345,5 +399,32 @@ def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
     return proc
 
 
+def _client(address: str, args: list[str]) -> int:
+    """The shim's side (``SOCKET.python ARGS``, which ``python ARGS`` becomes in a child that sets
+    ``CAT_TEST_FORK_CHILDREN=1``): the command forked by the server on this process's streams, working directory and
+    environment, the stop signals passed on to it, its exit status returned. Runs without site packages (``-S``):
+    only the standard library is imported, so it starts in milliseconds."""
+    if args[:2] == ["-m", "submitit.local._local"]:  # submitit's job controller names the job by its own pid: itself
+        os.execv(sys.executable, [sys.executable, *args])
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    connection.connect(address)
+    request = {"argv": [sys.executable, *args], "cwd": os.getcwd(), "env": dict(os.environ)}
+    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    pid = json.loads(connection.recv(1 << 16))["pid"]
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
+    answer = connection.recv(1 << 16)
+    if not answer:
+        print(f"the prewarmed interpreter ended while {args} ran (pid {pid})", file=sys.stderr)
+        return 1
+    status = json.loads(answer)["returncode"]
+    if status < 0:  # ended by a signal: so does this process
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--client":
+        sys.exit(_client(sys.argv[2], sys.argv[3:]))
     serve(sys.argv[1])

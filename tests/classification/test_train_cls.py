@@ -177,8 +177,6 @@ def _start_and_signal(output_dir: Path, sig: int, *overrides: str, whole_step: b
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # As a shell starts a foreground command: Ctrl-C's signal at its default (a test worker may ignore it).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 300
     while not (output_dir / "epoch_0001.pth").exists():

@@ -170,10 +170,9 @@ def test_export_and_onnx_at_any_batch_and_resolution(name):
     # timm's Swin window stages make torch.export's symbolic shape solver run for minutes per block
     # at a dynamic resolution (padding to windows); CA-Swin is exported at a fixed one, any batch.
     dynamic_size = not name.startswith("ca_swin")
-    program = cat.export.export_program(model, small_input(model), dynamic_size=dynamic_size).module()
-    onnx_model = ort.InferenceSession(
-        cat.export.export_onnx(model, small_input(model), dynamic_size=dynamic_size).SerializeToString()
-    )
+    exported = cat.export.export_program(model, small_input(model), dynamic_size=dynamic_size)
+    onnx_model = ort.InferenceSession(cat.export.program_to_onnx(exported).SerializeToString())
+    program = exported.module()
     for batch, *size in ((3, 64, 128), (1, 128, 64)) if dynamic_size else ((3, 64, 96), (1, 64, 96)):
         x = small_input(model, batch=batch, size=size)
         with torch.no_grad():

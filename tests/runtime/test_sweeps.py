@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -21,30 +20,27 @@ from tests.conftest import REPO
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
 
 # Two models x two seeds of a tiny digits classifier (patch 4 on 32x32, 48 channels, 2 blocks).
-TINY = ["'++model.kwargs={embed_dim:48,depth:2,patch_size:4}'", "logger.wandb.mode=disabled", "workers=0"]
+TINY = ["++model.kwargs={embed_dim:48,depth:2,patch_size:4}", "logger.wandb.mode=disabled", "workers=0"]
 KWARGS = "++model.kwargs={embed_dim:48,depth:2,patch_size:4}"  # as it names the cells
 
 
 def sweep(
     sweep_dir: Path, *overrides: str, wait: bool = True, launcher: str = "submitit_local"
-) -> subprocess.Popen | subprocess.CompletedProcess:
-    command = " ".join(
-        [
-            sys.executable,
-            str(REPO / "train_cls.py"),
-            "-m",
-            f"hydra/launcher={launcher}",
-            *TINY,
-            *overrides,
-            f"hydra.sweep.dir={sweep_dir}",
-        ]
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+) -> prewarmed.ForkedProcess | subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        str(REPO / "train_cls.py"),
+        "-m",
+        f"hydra/launcher={launcher}",
+        *TINY,
+        *overrides,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    # submitit's processes (its controller, each cell) are forked by the prewarmed interpreter too.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CAT_TEST_FORK_CHILDREN": "1"}
     if not wait:
-        return subprocess.Popen(
-            command, shell=True, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    proc = prewarmed.run(shlex.split(command), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        return prewarmed.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = prewarmed.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
