@@ -107,10 +107,8 @@ class Stopped(Exception):
 
     def __init__(self, signum: int | str) -> None:
         if isinstance(signum, str):  # OmegaConf re-raises an error met inside a config access as type(error)(text)
-            name = re.search(r"stopped by (SIG[A-Z0-9]+)", signum)
-            super().__init__(signum)
-            self.signum = int(signal.Signals[name[1]] if name else signal.SIGTERM)
-            return
+            name = re.search(r"stopped by (SIG[A-Z0-9]+)", signum)  # the text then ends in the config key's context
+            signum = int(signal.Signals[name[1]] if name else signal.SIGTERM)
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
 

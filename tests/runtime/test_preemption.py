@@ -89,14 +89,15 @@ def test_ctrl_c_is_a_flag_then_the_next_stops_at_once_and_the_run_exits_130(monk
 def test_a_stop_met_inside_a_config_access_keeps_its_signal():
     """The handler raises Stopped wherever the run is; inside an OmegaConf access, OmegaConf raises it again as
     type(error)(its message and the key): the run still ends as stopped by that signal (it ended with a ValueError
-    from the constructor, exit 1, about once in ten signals on a loaded machine)."""
+    from the constructor, exit 1, about once in ten signals on a loaded machine), and its log line says only that
+    (it had the key's context on five more lines)."""
     from omegaconf import OmegaConf
     from omegaconf._utils import format_and_raise
 
     node = OmegaConf.create({"model": {}})
     with pytest.raises(Stopped) as stopped:
         format_and_raise(node=node, key="model", value=None, msg="stopped by SIGINT", cause=Stopped(signal.SIGINT))
-    assert stopped.value.signum == signal.SIGINT and "full_key: model" in str(stopped.value)
+    assert stopped.value.signum == signal.SIGINT and str(stopped.value) == "stopped by SIGINT"
 
 
 # A trainer with two DataLoader workers: it prints their pids, waits for the stop signal, then takes
