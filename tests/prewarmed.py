@@ -166,10 +166,15 @@ def _leave(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
+    _end_by_signal(status)
+    os._exit(status & 0xFF)
+
+
+def _end_by_signal(status: int) -> None:
+    """For a negative exit status (a command ended by a signal), end this process by that signal too."""
     if status < 0:
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
-    os._exit(status & 0xFF)
 
 
 # --- the server ---------------------------------------------------------------------------------------------------
@@ -253,6 +258,14 @@ class _Server:
 _server: _Server | None = None
 
 
+def _request(connection: socket.socket, argv: list[str], cwd: str, env: Any, fds: list[int]) -> int:
+    """Ask the server on ``connection`` to fork ``argv`` in ``cwd`` with ``env`` and ``fds`` as its standard
+    streams: the child's pid."""
+    request = {"argv": argv, "cwd": cwd, "env": dict(env)}
+    socket.send_fds(connection, [json.dumps(request).encode()], fds)
+    return json.loads(connection.recv(1 << 16))["pid"]
+
+
 def _connect() -> socket.socket:
     global _server
     if _server is None:
@@ -276,10 +289,8 @@ class ForkedProcess:
             fds = [self._fd(stdin, 0, stack, text)]
             for name, stream, default in (("stdout", stdout, 1), ("stderr", stderr, 2)):
                 fds.append(fds[1] if stream == subprocess.STDOUT else self._fd(stream, default, stack, text, name))
-            request = {"argv": list(map(str, args)), "cwd": str(cwd or os.getcwd()), "env": dict(env or os.environ)}
             self._connection = _connect()
-            socket.send_fds(self._connection, [json.dumps(request).encode()], fds)
-        self.pid = json.loads(self._connection.recv(1 << 16))["pid"]
+            self.pid = _request(self._connection, list(map(str, args)), str(cwd or os.getcwd()), env or os.environ, fds)
 
     def _fd(self, stream: Any, default: int, stack: contextlib.ExitStack, text: bool, name: str = "") -> int:
         """The file descriptor the child gets for ``subprocess``'s ``stream`` argument; for a PIPE, its write end
@@ -408,9 +419,7 @@ def _client(address: str, args: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, *args])
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     connection.connect(address)
-    request = {"argv": [sys.executable, *args], "cwd": os.getcwd(), "env": dict(os.environ)}
-    socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
-    pid = json.loads(connection.recv(1 << 16))["pid"]
+    pid = _request(connection, [sys.executable, *args], os.getcwd(), os.environ, [0, 1, 2])
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
     answer = connection.recv(1 << 16)
@@ -418,9 +427,7 @@ def _client(address: str, args: list[str]) -> int:
         print(f"the prewarmed interpreter ended while {args} ran (pid {pid})", file=sys.stderr)
         return 1
     status = json.loads(answer)["returncode"]
-    if status < 0:  # ended by a signal: so does this process
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
+    _end_by_signal(status)
     return status
 
 

@@ -20,8 +20,8 @@ from tests.conftest import REPO
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
 
 # Two models x two seeds of a tiny digits classifier (patch 4 on 32x32, 48 channels, 2 blocks).
-TINY = ["++model.kwargs={embed_dim:48,depth:2,patch_size:4}", "logger.wandb.mode=disabled", "workers=0"]
 KWARGS = "++model.kwargs={embed_dim:48,depth:2,patch_size:4}"  # as it names the cells
+TINY = [KWARGS, "logger.wandb.mode=disabled", "workers=0"]
 
 
 def sweep(
@@ -36,7 +36,7 @@ def sweep(
         *overrides,
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    # submitit's processes (its controller, each cell) are forked by the prewarmed interpreter too.
+    # submitit's cells are forked by the prewarmed interpreter too (its job controller stays a process of its own).
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CAT_TEST_FORK_CHILDREN": "1"}
     if not wait:
         return prewarmed.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
