@@ -61,14 +61,15 @@ def model_cost(name: str, img_size: tuple[int, int], **kwargs: Any) -> tuple[int
     """(parameters, MACs of one forward at ``img_size``) of the timm model ``name``, built on the meta
     device: no memory, no weights, no compute."""
     import cat
-    from cat.models import model_arguments
+    from cat.models import model_arguments, on_meta
 
     accepted = model_arguments(name)
     if accepted is None or "img_size" in accepted:  # models without it (e.g. convnets) take any size
         kwargs = {"img_size": img_size, **kwargs}
     try:
-        with torch.device("meta"):
+        with on_meta():
             model = cat.create_model(name, **kwargs).eval()
+        with torch.device("meta"):
             return sum(p.numel() for p in model.parameters()), count_macs(model, torch.empty(1, 3, *img_size))
     except UserError:
         raise

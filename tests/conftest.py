@@ -165,15 +165,18 @@ def _seed() -> None:
 def run_tool(capsys):
     """Run ``tools/<name>.py`` in this process with ``args``; return its stdout."""
 
-    def run(name: str, *args: str, expect: int = 0, stderr: bool = False) -> str:
-        """``stderr=True``: return what it wrote to stderr instead."""
-        argv = sys.argv
+    def run(name: str, *args: str, expect: int = 0, stderr: bool = False, forked_workers: bool = False) -> str:
+        """``stderr=True``: return what it wrote to stderr instead. ``forked_workers``: the Python processes the
+        tool starts (a bench tool's workers, one per measurement) are forked by the prewarmed server."""
+        argv, executable = sys.argv, sys.executable
         sys.argv = [f"{name}.py", *args]
+        if forked_workers:
+            sys.executable = prewarmed.python()
         try:
             with pytest.raises(SystemExit) as code:
                 runpy.run_path(str(REPO / "tools" / f"{name}.py"), run_name="__main__")
         finally:
-            sys.argv = argv
+            sys.argv, sys.executable = argv, executable
         captured = capsys.readouterr()
         assert code.value.code == expect, captured.err[-2000:]
         return captured.err if stderr else captured.out

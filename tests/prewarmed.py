@@ -15,16 +15,19 @@ import that a test sets.)
 
 Launchers stay real processes (``torch.distributed.run``, Slurm, and the tools that time or measure fresh
 processes start their own): a command that is not ``python [-u] SCRIPT|-m MODULE|-c CODE`` is passed to
-:mod:`subprocess` unchanged. A child started with ``CAT_TEST_FORK_CHILDREN=1`` has ``sys.executable`` set to a shim
-(``SOCKET.python``, standard library only) that has its own ``python`` commands forked by the server as well, with
-the stop signals passed on: the sweeps' submitit cells (submitit's job controller, named by its own pid, stays
-itself). ``CAT_TEST_FORK=0`` sends every command to :mod:`subprocess`.
+:mod:`subprocess` unchanged. The server's shim (``SOCKET.python``, standard library only) has the ``python``
+commands of the process that runs it forked by the server as well, with the stop signals passed on, and the command
+killed with the shim if the shim is killed: torchrun's workers (``PYTHON_EXEC``, the interpreter torchrun starts
+them with, is set to it for a torchrun started here) and, with ``CAT_TEST_FORK_CHILDREN=1`` (``sys.executable`` set to
+it in the child), the sweeps' submitit cells. A command the server does not fork (submitit's job controller, named by
+its own pid; a torchrun) the shim runs as itself. ``CAT_TEST_FORK=0`` sends every command to :mod:`subprocess`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import io
 import json
@@ -73,6 +76,7 @@ STACK = (
 )
 # The shim a child with CAT_TEST_FORK_CHILDREN=1 runs as sys.executable (set by serve).
 _shim = ""
+_TORCHRUN = "torch.distributed.run"
 # The signals a child takes as a freshly started interpreter does (SIGPIPE ignored is CPython's start-up setting).
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM)
 
@@ -87,7 +91,7 @@ def _main_of(argv: list[str]) -> tuple[str, str, list[str], bool] | None:
     if not options:
         return None
     if options[0] in ("-m", "-c"):
-        if len(options) < 2 or options[1] == "torch.distributed.run":  # torchrun starts its own workers
+        if len(options) < 2 or options[1] == _TORCHRUN:  # a launcher: a process of its own
             return None
         return ("module" if options[0] == "-m" else "code"), options[1], options[2:], unbuffered
     return None if options[0].startswith("-") else ("path", options[0], options[1:], unbuffered)
@@ -188,6 +192,10 @@ def serve(address: str) -> None:
     for name in STACK:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    # The stack out of the collector's sight: a child's full collections (mmengine's datasets ask for them) walk
+    # only what the child made, not the million objects of the imports, whose pages then stay shared.
+    gc.collect()
+    gc.freeze()
     _shim = address + ".python"
     with open(_shim, "w") as shim:
         shim.write(f'#!/bin/sh\nexec {shlex.join([sys.executable, "-S", __file__, "--client", address])} "$@"\n')
@@ -198,6 +206,7 @@ def serve(address: str) -> None:
     listener.listen(64)
     listener.settimeout(0.05)  # between requests: reap the children that ended
     running: dict[int, socket.socket] = {}
+    bound: set[int] = set()  # the children of shims
     print("ready", flush=True)
     while os.getppid() == parent:
         with contextlib.suppress(TimeoutError):
@@ -219,13 +228,27 @@ def serve(address: str) -> None:
                 os.close(fd)
             connection.send(json.dumps({"pid": pid}).encode())
             running[pid] = connection
+            if json.loads(message).get("bound"):
+                bound.add(pid)
         for pid in list(running):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
+                bound.discard(pid)
                 connection = running.pop(pid)
                 with contextlib.suppress(OSError):
                     connection.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
                 connection.close()
+            elif pid in bound and _hung_up(running[pid]):
+                os.kill(pid, signal.SIGKILL)  # its shim was killed, as the process the command was would have been
+                bound.discard(pid)
+
+
+def _hung_up(connection: socket.socket) -> bool:
+    """Whether the client at the other end of ``connection`` is gone (it sends nothing after its request)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
 
 
 # --- the client ---------------------------------------------------------------------------------------------------
@@ -258,20 +281,26 @@ class _Server:
 _server: _Server | None = None
 
 
-def _request(connection: socket.socket, argv: list[str], cwd: str, env: Any, fds: list[int]) -> int:
+def _request(
+    connection: socket.socket, argv: list[str], cwd: str, env: Any, fds: list[int], bound: bool = False
+) -> int:
     """Ask the server on ``connection`` to fork ``argv`` in ``cwd`` with ``env`` and ``fds`` as its standard
-    streams: the child's pid."""
-    request = {"argv": argv, "cwd": cwd, "env": dict(env)}
+    streams (``bound``: killed if this client is): the child's pid."""
+    request = {"argv": argv, "cwd": cwd, "env": dict(env), "bound": bound}
     socket.send_fds(connection, [json.dumps(request).encode()], fds)
     return json.loads(connection.recv(1 << 16))["pid"]
 
 
-def _connect() -> socket.socket:
+def _started() -> _Server:
     global _server
     if _server is None:
         _server = _Server()
+    return _server
+
+
+def _connect() -> socket.socket:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    connection.connect(_server.address)
+    connection.connect(_started().address)
     return connection
 
 
@@ -377,10 +406,24 @@ def _forks(args: Any, kwargs: dict[str, Any], keys: set[str], pipes: tuple[str, 
     )
 
 
+def python() -> str:
+    """A ``python`` whose commands the server forks (the shim), for a tool that starts its own Python processes
+    with ``sys.executable``; with ``CAT_TEST_FORK=0``, the interpreter itself."""
+    return sys.executable if os.environ.get("CAT_TEST_FORK", "1") == "0" else _started().address + ".python"
+
+
+def _workers_forked(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for a torchrun command (``python -m torch.distributed.run``), its workers started through the shim
+    (torchrun starts them with ``PYTHON_EXEC``); any other command's unchanged."""
+    if not isinstance(args, list) or list(map(str, args[:3])) != [sys.executable, "-m", _TORCHRUN]:
+        return kwargs
+    return {**kwargs, "env": {"PYTHON_EXEC": python(), **(kwargs.get("env") or os.environ)}}
+
+
 def Popen(args: Any, **kwargs: Any) -> Any:  # noqa: N802 (subprocess's name)
     """:class:`subprocess.Popen`, a forked child where ``args`` is a Python command this module runs."""
     if not _forks(args, kwargs, _POPEN_KEYS, pipes=("stdout", "stderr")):
-        return subprocess.Popen(args, **kwargs)
+        return subprocess.Popen(args, **_workers_forked(args, kwargs))
     streams = (kwargs.get("stdin"), kwargs.get("stdout"), kwargs.get("stderr"))
     return ForkedProcess(args, kwargs.get("cwd"), kwargs.get("env"), *streams, text=bool(kwargs.get("text")))
 
@@ -388,7 +431,7 @@ def Popen(args: Any, **kwargs: Any) -> Any:  # noqa: N802 (subprocess's name)
 def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
     """:func:`subprocess.run`, a forked child where ``args`` is a Python command this module runs."""
     if not _forks(args, kwargs, _RUN_KEYS, pipes=()):  # its output is captured through files instead
-        return subprocess.run(args, **kwargs)
+        return subprocess.run(args, **_workers_forked(args, kwargs))
     capture, timeout = kwargs.get("capture_output", False), kwargs.get("timeout")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         streams = (out, err) if capture else (kwargs.get("stdout"), kwargs.get("stderr"))
@@ -411,15 +454,17 @@ def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
 
 
 def _client(address: str, args: list[str]) -> int:
-    """The shim's side (``SOCKET.python ARGS``, which ``python ARGS`` becomes in a child that sets
-    ``CAT_TEST_FORK_CHILDREN=1``): the command forked by the server on this process's streams, working directory and
-    environment, the stop signals passed on to it, its exit status returned. Runs without site packages (``-S``):
-    only the standard library is imported, so it starts in milliseconds."""
-    if args[:2] == ["-m", "submitit.local._local"]:  # submitit's job controller names the job by its own pid: itself
+    """The shim's side (``SOCKET.python ARGS``, which ``python ARGS`` becomes for torchrun's workers and in a child
+    that sets ``CAT_TEST_FORK_CHILDREN=1``): the command forked by the server on this process's streams, working
+    directory and environment, the stop signals passed on to it, its exit status returned; the server kills it if
+    this process is killed. Runs without site packages (``-S``): only the standard library is imported, so it
+    starts in milliseconds."""
+    # submitit's job controller names the job by its own pid; a command the server does not fork: itself.
+    if args[:2] == ["-m", "submitit.local._local"] or _main_of([sys.executable, *args]) is None:
         os.execv(sys.executable, [sys.executable, *args])
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     connection.connect(address)
-    pid = _request(connection, [sys.executable, *args], os.getcwd(), os.environ, [0, 1, 2])
+    pid = _request(connection, [sys.executable, *args], os.getcwd(), os.environ, [0, 1, 2], bound=True)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
     answer = connection.recv(1 << 16)

@@ -29,9 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import timm
-import torch
 
-import cat  # noqa: F401  (registers cat's models with timm)
+from cat.models import on_meta
 from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, report_user_errors
 from cat.toolkit import positive_int
@@ -60,7 +59,7 @@ def measure(model_name: str, res: int, batches: tuple[int, int], dtype: str) -> 
 
     with ThreadPoolExecutor(2) as pool:
         growth = {f"{v}_{b}": mib for (v, b), mib in zip(jobs, pool.map(run, jobs), strict=True)}
-    with torch.device("meta"):
+    with on_meta():
         params = sum(p.numel() for p in timm.create_model(model_name, img_size=res).parameters())
     return {"params": float(params), **growth}
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from cat.data import DataConfig, build_transform, data_root_problem, dataset_problems, reads_files
 from cat.errors import CheckpointError, ConfigError, UserError
-from cat.models import model_arguments
+from cat.models import model_arguments, on_meta
 from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.resume import resumes, starting_file_problem
@@ -33,8 +33,10 @@ def _model_problems(cfg: ClsConfig) -> list[str]:
     (no memory, no compute) catches sizes the patch grid or windows cannot take."""
     hw = cfg.input_size()
     try:
+        with on_meta():
+            model = build_model(cfg.model, cfg.data.num_classes or 2, hw[0]).eval()
         with torch.device("meta"):
-            build_model(cfg.model, cfg.data.num_classes or 2, hw[0]).eval()(torch.empty(1, 3, *hw))
+            model(torch.empty(1, 3, *hw))
     except ConfigError as error:
         return error.problems
     except UserError as error:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 import cat
-from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file
+from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file, on_meta
 from cat.ops import set_lean_attention
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
@@ -97,12 +96,19 @@ def check_pretrained(model: nn.Module) -> None:
                 extract_state_dict(load_checkpoint_file(module.pretrained), str(module.pretrained))
 
 
+# backbone_features' answers by model and arguments: a job's config check and its config building both ask.
+_FEATURES: dict[str, list[dict[str, Any]]] = {}
+
+
 def backbone_features(model_name: str, **model_kwargs: Any) -> list[dict[str, Any]]:
     """The model's feature levels, timm's ``feature_info``: ``num_chs`` and ``reduction`` (the stride) of each
     map ``forward_intermediates`` can return (built on the meta device: no memory, no weights)."""
-    with torch.device("meta"):
-        model = cat.create_model(model_name, num_classes=0, **model_kwargs)
-    return [dict(level) for level in model.feature_info]
+    key = repr((model_name, sorted(model_kwargs.items())))
+    if key not in _FEATURES:
+        with on_meta():
+            model = cat.create_model(model_name, num_classes=0, **model_kwargs)
+        _FEATURES[key] = [dict(level) for level in model.feature_info]
+    return [dict(level) for level in _FEATURES[key]]
 
 
 def register_backbones() -> None:

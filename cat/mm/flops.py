@@ -16,6 +16,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 
 from cat.flops import count_macs
+from cat.models import on_meta
 
 from .backbone import register_backbones
 from .config import base_with_backbone
@@ -39,7 +40,7 @@ def _build(model: MMModelConfig, registry: Any, device: str) -> torch.nn.Module:
     register_backbones()
     model_cfg = base_with_backbone(model).model
     _roi_align_on_torchvision(model_cfg)
-    with torch.device(device):
+    with on_meta() if device == "meta" else torch.device(device):
         return registry.build(model_cfg).eval()
 
 

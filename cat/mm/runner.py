@@ -96,9 +96,9 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
         install_safe_checkpoint_io()
         task.register_modules()
         register_backbones()
-        from mmengine.config import Config
         from mmengine.runner import Runner
 
+        from .config import RunnerConfig
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
         from .validation import LastValidation, test_repeats_validation
@@ -110,7 +110,7 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
         folder.write_config(cfg)
         # The Runner dumps its config into the run folder (rank 0) under the config's file name, which was the
         # packaged base's (an R50 detector's name beside a CA-PVT run): named for the run instead.
-        mm = Config(mm.to_dict(), cfg_text=mm.text, filename=folder.file("mm_config.py"))
+        mm = RunnerConfig(mm.to_dict(), cfg_text=mm.text, filename=folder.file("mm_config.py"))
         with sinks_for_new_backends(folder.metrics):
             runner = Runner.from_cfg(mm)
         if mm.load_from is not None and cfg.strict_load:  # an evaluation's weights, or those a run starts from

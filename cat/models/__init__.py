@@ -10,6 +10,7 @@ from .factory import (
     load_weights,
     model_arguments,
     model_kwargs,
+    on_meta,
     parse_model_args,
 )
 from .loading import (
@@ -27,6 +28,7 @@ from .loading import (
 __all__ = [
     "convert",
     "create_model",
+    "on_meta",
     "model_arguments",
     "model_kwargs",
     "parse_model_args",

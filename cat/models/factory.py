@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import timm
+import torch
 import yaml
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from cat.errors import ConfigError
 
@@ -29,6 +32,7 @@ from .loading import (
 
 __all__ = [
     "create_model",
+    "on_meta",
     "model_arguments",
     "model_kwargs",
     "parse_model_args",
@@ -128,15 +132,38 @@ def model_kwargs(drop_path_rate: float | None, kwargs: dict[str, Any]) -> dict[s
     return {**kwargs, **({} if drop_path_rate is None else {"drop_path_rate": drop_path_rate})}
 
 
+# The in-place ops weight initialisation fills values with (timm's trunc_normal_: uniform_, erfinv_, mul_, add_,
+# clamp_; torch.nn.init's zeros_, ones_, constant_, normal_): none changes a shape, dtype or flag.
+_VALUE_FILLS = frozenset(
+    {"uniform_", "normal_", "erfinv_", "clamp_", "mul_", "add_", "sub_", "div_", "zero_", "fill_", "copy_"}
+)
+
+
+class _SkipValueFillsOnMeta(TorchFunctionMode):
+    """Value fills of meta tensors as no-ops: a meta tensor holds no values, and its fills run through Python meta
+    kernels, most of the time a model takes to build on the meta device."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if getattr(func, "__name__", None) in _VALUE_FILLS and args and isinstance(args[0], Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules here on the meta device: their parameters' shapes, dtypes and flags, no memory, and no
+    initialisation of the values they do not hold. Run their forward under ``torch.device("meta")``."""
+    with torch.device("meta"), _SkipValueFillsOnMeta():
+        yield
+
+
 @functools.cache
 def model_arguments(name: str) -> frozenset[str] | None:
     """The keyword arguments ``create_model(name, ...)`` accepts: its factory's own and its model
     class's (through its bases while they forward ``**kwargs``); None when one takes anything.
     The class is found by building the model on the meta device (no memory, no compute)."""
     check_model_name(name)
-    import torch
-
-    with torch.device("meta"):
+    with on_meta():
         model = timm.create_model(name)
     accepted = {"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir"}
     for cls in type(model).__mro__:

@@ -307,6 +307,30 @@ def test_apply_common_settings(toy_coco, tmp_path):
     assert "SyncBN" not in str(mm.model)  # plain BN on CPU
 
 
+def test_the_runner_config_is_formatted_once_for_each_content(toy_coco, tmp_path, monkeypatch):
+    """The Runner reads ``pretty_text`` four times a run (and once more per checkpoint): yapf formats it once, to
+    mmengine's own text, and again only when the config has changed."""
+    import copy
+
+    import mmengine.config.config as mm_config
+    from mmengine.config import Config
+
+    from cat.mm.config import RunnerConfig
+
+    built = mm_builder("det")(compose_config("det", f"data.root={toy_coco}"), DistEnv(), str(tmp_path))
+    mm = RunnerConfig(built.to_dict(), cfg_text=built.text, filename=str(tmp_path / "mm_config.py"))
+    plain = Config(built.to_dict(), cfg_text=built.text, filename=str(tmp_path / "mm_config.py")).pretty_text
+    formatted = []
+    format_code = mm_config.FormatCode
+    monkeypatch.setattr(mm_config, "FormatCode", lambda *a, **k: formatted.append(1) or format_code(*a, **k))
+    runners = copy.deepcopy(mm)  # as Runner.from_cfg and Runner.__init__ take it
+    assert isinstance(runners, RunnerConfig)
+    assert [runners.pretty_text for _ in range(4)] == [plain] * 4 and len(formatted) == 1
+    runners.default_hooks.logger.interval = 7
+    assert "interval=7" in runners.pretty_text and len(formatted) == 2
+    assert "interval=7" not in mm.pretty_text  # the copy's change is the copy's
+
+
 def test_amp_on_cpu_says_it_trains_in_float32(toy_coco, tmp_path, caplog, monkeypatch):
     """mmengine's AmpOptimWrapper is CUDA-only: asked for on CPU, the run says so instead of ignoring it."""
 

@@ -170,7 +170,8 @@ def test_a_missing_gpu_is_named():
 
 @pytest.mark.slow
 def test_benchmark(run_tool, tmp_path):
-    text = run_tool("benchmark", "--out", str(tmp_path), "--res", "32", "48", "--iters", "2", "--warmup", "1")
+    args = ("--out", str(tmp_path), "--res", "32", "48", "--iters", "2", "--warmup", "1")
+    text = run_tool("benchmark", *args, forked_workers=True)
     with open(tmp_path / "benchmark.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["res"]) for r in rows] == [

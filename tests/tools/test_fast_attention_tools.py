@@ -74,6 +74,7 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
             "--memory-pairs",
             "ca_deit_tiny+lean:ca_deit_tiny+autograd",
             "--json",
+            forked_workers=True,
         )
     )
     (row,) = result["train_memory"]
@@ -89,11 +90,13 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
 
 
 def train_step_row(run_tool, models: list[str], *extra: str) -> dict:
-    """The one row of bench_attention's training mode at 32^2, batch 2, for ``models`` (the first the baseline)."""
+    """The one row of bench_attention's training mode at 32^2, batch 2, for ``models`` (the first the baseline); the
+    worker processes of ``--processes`` and ``--alone`` forked by the prewarmed server."""
     import json
 
     args = ["--grids", "--train-res", "32", "--train-batches", "2", "--train-models", *models, "--rounds", "1"]
-    result = json.loads(run_tool("bench_attention", *args, "--min-block", "0.001", "--pairs", "3", *extra, "--json"))
+    args += ["--min-block", "0.001", "--pairs", "3", *extra, "--json"]
+    result = json.loads(run_tool("bench_attention", *args, forked_workers=True))
     (row,) = result["train_steps"]
     assert row[f"{models[0]}_paired"] == [1.0, 1.0, 1.0]
     return row
@@ -198,7 +201,11 @@ def test_recipe_memory_estimates_a_row_from_two_measured_batches(run_tool):
     import json
 
     result = json.loads(
-        run_tool("recipe_memory", "--models", "ca_deit_tiny", "--batches", "1", "2", "--recipe-batch", "4", "--json")
+        run_tool(
+            "recipe_memory",
+            *("--models", "ca_deit_tiny", "--batches", "1", "2", "--recipe-batch", "4", "--json"),
+            forked_workers=True,
+        )
     )
     (row,) = result["rows"]
     assert (row["label"], row["img_size"], result["batches"]) == ("CA-DeiT-T", 224, [1, 2])

@@ -1,0 +1,78 @@
+"""The prewarmed children (tests/prewarmed.py): torchrun stays a process of its own and its workers are forked, and
+a shim killed outright takes its forked command with it, as the killed process would have ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import prewarmed
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("CAT_TEST_FORK") == "0", reason="CAT_TEST_FORK=0: every command starts a fresh interpreter"
+)
+# What a rank writes: whether it started with the stack already imported (forked), and its own process.
+RANK_SCRIPT = """
+import json, os, sys
+record = {"forked": "timm" in sys.modules, "pid": os.getpid(), "ppid": os.getppid()}
+with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as f:
+    json.dump(record, f)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_is_its_own_process_and_its_workers_are_forked(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    proc = prewarmed.Popen([*command, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert isinstance(proc, subprocess.Popen)  # torchrun itself: a fresh interpreter
+    assert proc.wait(timeout=300) == 0, proc.stdout.read().decode()[-3000:]
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in ("0", "1")]
+    assert [rank["forked"] for rank in ranks] == [True, True]
+    assert len({rank["pid"] for rank in ranks} | {proc.pid}) == 3
+
+
+def test_a_shim_killed_outright_takes_its_command_with_it(tmp_path):
+    """The shim runs ``python -c`` forked; SIGKILL to the shim (as torchrun's last resort) ends the command too."""
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    starter = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {code!r}]).pid, flush=True)"
+    parent = prewarmed.Popen(
+        [sys.executable, "-c", starter + "; import time; time.sleep(300)"],
+        cwd=REPO,
+        env={**os.environ, "CAT_TEST_FORK_CHILDREN": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        shim = int(parent.stdout.readline())
+        deadline = time.time() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.time() < deadline
+            time.sleep(0.05)
+        command = int(pid_file.read_text())
+        assert command != shim and Path(f"/proc/{command}").exists()
+        os.kill(shim, signal.SIGKILL)
+        while Path(f"/proc/{command}").exists() and _state(command) != "Z":
+            assert time.time() < deadline, "the command outlived its shim"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (Z: ended, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
