@@ -47,6 +47,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import timm
@@ -56,6 +57,7 @@ from timm.layers import Attention
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.errors import ConfigError
+from cat.models import parse_model_args
 from cat.ops import CirculantAttention, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
@@ -152,14 +154,14 @@ def split_variant(spec: str) -> tuple[str, str]:
     return name, variant
 
 
-def build_variant(model_name: str, res: int, device: str) -> torch.nn.Module:
-    """``MODEL[+VARIANT]`` in training mode: as created (circulant attention's policy ``auto``), ``+lean``
-    or ``+autograd`` (:func:`set_lean_attention` True / False), ``+released`` (the released pipeline),
+def build_variant(model_name: str, res: int, device: str, model_args: dict[str, Any]) -> torch.nn.Module:
+    """``MODEL[+VARIANT]`` with ``model_args`` in training mode: as created (circulant attention's policy ``auto``),
+    ``+lean`` or ``+autograd`` (:func:`set_lean_attention` True / False), ``+released`` (the released pipeline),
     ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model)."""
     name, variant = split_variant(model_name)
     torch.manual_seed(0)
     with torch.device(device):
-        model = timm.create_model(name, img_size=res).train()
+        model = timm.create_model(name, img_size=res, **model_args).train()
     if variant == "converted":
         cat.convert(model)
     if variant in ("lean", "autograd"):
@@ -172,9 +174,9 @@ def build_variant(model_name: str, res: int, device: str) -> torch.nn.Module:
     return model
 
 
-def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
+def train_memory(model_name: str, res: int, batch: int, device: str, model_args: dict[str, Any]) -> float:
     """MiB one training forward+backward adds to the peak (call in a fresh process)."""
-    model = build_variant(model_name, res, device)
+    model = build_variant(model_name, res, device, model_args)
     x = torch.randn(batch, 3, res, res, device=device)
 
     def step() -> None:
@@ -184,14 +186,14 @@ def train_memory(model_name: str, res: int, batch: int, device: str) -> float:
 
 
 def train_step_fns(
-    models: list[str], res: int, batch: int, device: str, compiled: bool = False
+    models: list[str], res: int, batch: int, device: str, compiled: bool, model_args: dict[str, Any]
 ) -> dict[str, Callable[[], None]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch; with
     ``compiled`` through ``torch.compile(model)`` (as ``compile=true`` trains), compiled here in two steps."""
     x = torch.randn(batch, 3, res, res, device=device)
     fns = {}
     for name in models:
-        model = build_variant(name, res, device)
+        model = build_variant(name, res, device, model_args)
         forward = torch.compile(model) if compiled else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         target = torch.randint(0, model.num_classes, (batch,), device=device)
@@ -218,7 +220,7 @@ def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
     ``profile_calls`` each model's operator self times per step (:func:`~cat.toolkit.timing.op_self_ms`),
     profiled after the pairs."""
     _heap_shift = torch.empty(spec["index"] * HEAP_SHIFT_BYTES // spec["processes"], dtype=torch.uint8)  # held
-    fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device, spec["compile"])
+    fns = train_step_fns(spec["models"], spec["res"], spec["batch"], device, spec["compile"], spec["model_args"])
     ratios = timing.paired_ratios(fns, spec["pairs"], device)
     return {"ratios": ratios, "ops": timing.op_self_ms(fns, spec["profile_calls"]) if spec["profile_calls"] else None}
 
@@ -226,7 +228,9 @@ def train_pairs_worker(spec: dict, device: str) -> dict[str, dict]:
 def train_alone_worker(spec: dict, device: str) -> float:
     """One --alone worker: the median seconds of ``spec["steps"]`` training steps of the one model ``spec["model"]``,
     alone in this process, after two warm-up steps."""
-    (step,) = train_step_fns([spec["model"]], spec["res"], spec["batch"], device, spec["compile"]).values()
+    (step,) = train_step_fns(
+        [spec["model"]], spec["res"], spec["batch"], device, spec["compile"], spec["model_args"]
+    ).values()
     return float(np.median(timing.time_calls(step, spec["steps"], 2, device, per_call=True)))
 
 
@@ -253,6 +257,7 @@ def pooled_pairs(
     amp: str | None,
     profile_calls: int,
     compiled: bool,
+    model_args: dict[str, Any],
 ) -> dict[str, object]:
     """:func:`train_steps`' pairs in ``processes`` fresh workers, pooled, and with ``profile_calls`` the operator
     differences from the first model (:func:`~cat.toolkit.timing.op_differences`): its row's entries."""
@@ -264,6 +269,7 @@ def pooled_pairs(
         "processes": processes,
         "profile_calls": profile_calls,
         "compile": compiled,
+        "model_args": model_args,
     }
     runs = [
         json.loads(
@@ -285,7 +291,15 @@ def pooled_pairs(
 
 
 def alone_rounds(
-    models: list[str], res: int, batch: int, steps: int, rounds: int, device: str, amp: str | None, compiled: bool
+    models: list[str],
+    res: int,
+    batch: int,
+    steps: int,
+    rounds: int,
+    device: str,
+    amp: str | None,
+    compiled: bool,
+    model_args: dict[str, Any],
 ) -> dict[str, object]:
     """:func:`train_steps`' models alone: ``rounds`` rounds of one fresh process per model (the order rotating),
     each timing ``steps`` steps; per model the ratios of each round's medians, pooled, and its medians by round."""
@@ -293,6 +307,7 @@ def alone_rounds(
     for k in range(rounds):
         for name in timing.rotated(models, k):
             spec = {"model": name, "res": res, "batch": batch, "steps": steps, "compile": compiled}
+            spec["model_args"] = model_args
             cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
             medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
     row: dict[str, object] = {}
@@ -316,6 +331,7 @@ def train_steps(
     profile_calls: int = 0,
     alone_steps: int = 0,
     compiled: bool = False,
+    model_args: dict[str, Any] | None = None,
 ) -> list[dict[str, object]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model, interleaved, per
     resolution; each model's speed relative to the first (its time over theirs), and with ``pairs`` also
@@ -324,11 +340,12 @@ def train_steps(
     also where the time differs, operator by operator). With ``alone_steps`` and ``processes``, also each model
     alone in processes of its own (:func:`alone_rounds`): in one process two models share the allocator, and on
     CPU one model's frees decide whether the other's next step faults pages back in (docs/perf.md, attempt 21).
-    ``compiled``: every model through ``torch.compile``."""
+    ``compiled``: every model through ``torch.compile``; ``model_args``: every model built with them."""
+    model_args = model_args or {}
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
-        fns = train_step_fns(models, res, batch, device, compiled)
+        fns = train_step_fns(models, res, batch, device, compiled, model_args)
         t = timing.interleaved_medians(fns, rounds, min_block_s)
         row: dict[str, object] = {
             "resolution": res,
@@ -339,9 +356,11 @@ def train_steps(
         if processes:
             del fns  # the workers get the machine to themselves
             if pairs:
-                row.update(pooled_pairs(models, res, batch, pairs, processes, device, amp, profile_calls, compiled))
+                row.update(
+                    pooled_pairs(models, res, batch, pairs, processes, device, amp, profile_calls, compiled, model_args)
+                )
             if alone_steps:
-                row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp, compiled))
+                row.update(alone_rounds(models, res, batch, alone_steps, processes, device, amp, compiled, model_args))
         elif pairs:
             row.update({f"{name}_paired": list(v) for name, v in timing.paired_speedups(fns, pairs, device).items()})
         rows.append(row)
@@ -349,12 +368,14 @@ def train_steps(
 
 
 def memory_table(
-    pairs: list[str], resolutions: list[int], batch: int, device: str, amp: str | None = None
+    pairs: list[str], resolutions: list[int], batch: int, device: str, amp: str | None = None, model_arg: tuple = ()
 ) -> list[dict[str, object]]:
-    """Every model of every ``model:baseline`` pair at every resolution, each in a fresh process."""
+    """Every model of every ``model:baseline`` pair at every resolution, each in a fresh process (with the
+    ``--model-arg`` values ``model_arg``)."""
 
     def isolated(model: str, res: int) -> float:
-        cmd = worker_command(device, amp, "--memory-worker", model, str(res), str(batch))
+        extra = [f"--model-arg={pair}" for pair in model_arg]
+        cmd = worker_command(device, amp, "--memory-worker", model, str(res), str(batch), *extra)
         return float(run_worker(cmd, f"the memory of {model} at {res}^2"))
 
     rows = []
@@ -411,10 +432,11 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             args.profile_ops,
             args.alone,
             args.compile,
+            parse_model_args(args.model_arg),
         )
     if args.memory_res:
         result["train_memory"] = memory_table(
-            args.memory_pairs, args.memory_res, args.memory_batch, args.device, args.amp
+            args.memory_pairs, args.memory_res, args.memory_batch, args.device, args.amp, args.model_arg
         )
     return result
 
@@ -532,6 +554,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="MODEL[+VARIANT] for --train-res, the first the baseline",
     )
     parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a model argument (YAML value) every --train-models and --memory-pairs model is built with, e.g. "
+        "--model-arg depth=2; repeatable",
+    )
+    parser.add_argument(
         "--memory-res", type=positive_int, nargs="*", default=[], help="resolutions for the memory mode"
     )
     parser.add_argument(
@@ -595,13 +625,14 @@ def build_parser() -> argparse.ArgumentParser:
 def check_models(args: argparse.Namespace) -> None:
     """Every model the run builds, at every resolution it builds it at, checked before any timing starts: an
     unknown model or variant, or a size a model cannot take, is one line (on the meta device: no compute)."""
-    wanted = [(spec, args.train_res) for spec in args.train_models]
-    wanted += [(name, args.models_res) for name in ("ca_deit_tiny", "deit_tiny_patch16_224")]  # whole_models'
-    wanted += [(spec, args.memory_res) for pair in args.memory_pairs for spec in pair.split(":")]
-    for spec, sizes in wanted:
+    model_args = parse_model_args(args.model_arg)
+    wanted = [(spec, args.train_res, model_args) for spec in args.train_models]
+    wanted += [(name, args.models_res, {}) for name in ("ca_deit_tiny", "deit_tiny_patch16_224")]  # whole_models'
+    wanted += [(spec, args.memory_res, model_args) for pair in args.memory_pairs for spec in pair.split(":")]
+    for spec, sizes, kwargs in wanted:
         name, _ = split_variant(spec)
         for res in sizes:
-            check_model_size(name, res)
+            check_model_size(name, res, **kwargs)
 
 
 def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
@@ -609,7 +640,7 @@ def worker_job(args: argparse.Namespace) -> Callable[[], object] | None:
     flags); None for the tool itself."""
     if args.memory_worker:
         model, res, batch = args.memory_worker
-        return lambda: train_memory(model, int(res), int(batch), args.device)
+        return lambda: train_memory(model, int(res), int(batch), args.device, parse_model_args(args.model_arg))
     if args.train_worker:
         return lambda: json.dumps(train_pairs_worker(json.loads(args.train_worker), args.device))
     if args.alone_worker:

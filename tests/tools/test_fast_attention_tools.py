@@ -117,7 +117,7 @@ def test_bench_attention_times_whole_training_steps(run_tool):
 def test_bench_attention_pools_paired_steps_over_fresh_processes(run_tool):
     """--processes: the pairs run in fresh worker processes (each laid out anew in memory) and are pooled."""
     models = ["deit_tiny_patch16_224", "ca_deit_tiny"]
-    row = train_step_row(run_tool, models, "--processes", "2")
+    row = train_step_row(run_tool, models, "--processes", "2", "--model-arg", "depth=2")  # the workers' too
     median, q1, q3 = row[f"{models[1]}_paired"]
     by_process = row[f"{models[1]}_paired_by_process"]
     assert len(by_process) == 2 and all(m > 0 for m in by_process)
@@ -171,8 +171,14 @@ def test_bench_attention_compiles_every_model_it_trains(run_tool):
     from torch._dynamo.utils import counters
 
     counters.clear()
-    row = train_step_row(run_tool, ["ca_deit_tiny"], "--compile")
+    row = train_step_row(run_tool, ["ca_deit_tiny"], "--compile", "--model-arg", "depth=2")  # compile time: depth
     assert counters["stats"]["unique_graphs"] >= 1 and row["ca_deit_tiny_ms"] > 0
+
+
+def test_bench_attention_refuses_a_model_argument_its_models_do_not_take(run_tool):
+    args = ["--grids", "--train-res", "32", "--train-models", "ca_deit_tiny", "--model-arg", "bogus=1"]
+    err = run_tool("bench_attention", *args, expect=2, stderr=True)
+    assert "ca_deit_tiny does not run at 32x32" in err and "'bogus'" in err and "Traceback" not in err
 
 
 def test_bench_attention_compiles_training_steps_only(run_tool):
