@@ -23,7 +23,8 @@ Models are MODEL[+VARIANT]: as created (circulant attention's lean policy ``auto
 ``+autograd`` (every block through the lean function, or through autograd: ``set_lean_attention``),
 ``+released`` (the released pipeline), ``+checkpointed`` (any model: timm's activation checkpointing,
 what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a softmax model after
-``cat.convert``: the plug-in).
+``cat.convert``: the plug-in). ``--model-arg KEY=VALUE`` builds every one of them with that argument (e.g.
+``depth=2``: a compile's time grows with the depth).
 
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
