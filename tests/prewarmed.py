@@ -196,7 +196,7 @@ def serve(address: str) -> None:
     # only what the child made, not the million objects of the imports, whose pages then stay shared.
     gc.collect()
     gc.freeze()
-    _shim = address + ".python"
+    _shim = _shim_of(address)
     with open(_shim, "w") as shim:
         shim.write(f'#!/bin/sh\nexec {shlex.join([sys.executable, "-S", __file__, "--client", address])} "$@"\n')
     os.chmod(_shim, 0o755)
@@ -213,6 +213,7 @@ def serve(address: str) -> None:
             connection, _ = listener.accept()
             connection.settimeout(None)
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            request = json.loads(message)
             pid = os.fork()
             if pid == 0:  # the child: never back into this loop
                 try:
@@ -220,7 +221,7 @@ def serve(address: str) -> None:
                     for other in running.values():
                         other.close()
                     connection.close()
-                    _child(json.loads(message), fds)
+                    _child(request, fds)
                 finally:
                     traceback.print_exc()
                     os._exit(1)
@@ -228,7 +229,7 @@ def serve(address: str) -> None:
                 os.close(fd)
             connection.send(json.dumps({"pid": pid}).encode())
             running[pid] = connection
-            if json.loads(message).get("bound"):
+            if request["bound"]:
                 bound.add(pid)
         for pid in list(running):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -241,6 +242,11 @@ def serve(address: str) -> None:
             elif pid in bound and _hung_up(running[pid]):
                 os.kill(pid, signal.SIGKILL)  # its shim was killed, as the process the command was would have been
                 bound.discard(pid)
+
+
+def _shim_of(address: str) -> str:
+    """The shim of the server at ``address``: a ``python`` whose commands that server forks."""
+    return address + ".python"
 
 
 def _hung_up(connection: socket.socket) -> bool:
@@ -409,7 +415,7 @@ def _forks(args: Any, kwargs: dict[str, Any], keys: set[str], pipes: tuple[str, 
 def python() -> str:
     """A ``python`` whose commands the server forks (the shim), for a tool that starts its own Python processes
     with ``sys.executable``; with ``CAT_TEST_FORK=0``, the interpreter itself."""
-    return sys.executable if os.environ.get("CAT_TEST_FORK", "1") == "0" else _started().address + ".python"
+    return sys.executable if os.environ.get("CAT_TEST_FORK", "1") == "0" else _shim_of(_started().address)
 
 
 def _workers_forked(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

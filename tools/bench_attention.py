@@ -307,8 +307,14 @@ def alone_rounds(
     medians: dict[str, list[float]] = {name: [] for name in models}
     for k in range(rounds):
         for name in timing.rotated(models, k):
-            spec = {"model": name, "res": res, "batch": batch, "steps": steps, "compile": compiled}
-            spec["model_args"] = model_args
+            spec = {
+                "model": name,
+                "res": res,
+                "batch": batch,
+                "steps": steps,
+                "compile": compiled,
+                "model_args": model_args,
+            }
             cmd = worker_command(device, amp, "--alone-worker", json.dumps(spec))
             medians[name].append(float(run_worker(cmd, f"{name} alone at {res}^2 (round {k})")))
     row: dict[str, object] = {}
