@@ -27,19 +27,20 @@ CLS_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment
 SWEEP_SIZE = 32  # the transforms' output size here: the ops do not depend on it
 
 
-def _recipes() -> dict[str, object]:
+@pytest.fixture(scope="module")
+def recipes() -> dict[str, object]:
     """The distinct train recipes (``data`` + ``aug`` nodes) that the shipped cls experiments select
-    for a file dataset (data=folder: the augmentation applies to folders only), keyed by the aug."""
-    recipes = {}
+    for a file dataset (data=folder: the augmentation applies to folders only), keyed by the first
+    experiment that selects each. Composed when a test here runs, not at collection: every pytest worker
+    collects every file, and composing the 31 experiments takes seconds."""
+    found = {}
     for experiment in CLS_EXPERIMENTS:
         cfg = compose_config("cls", f"experiment={experiment}", "data=folder", f"data.img_size={SWEEP_SIZE}")
         if cfg.aug.auto_augment is None and cfg.aug.mixup == 0 and cfg.aug.cutmix == 0:
             continue  # the quick-start's aug=none
-        recipes.setdefault(repr(sorted(cfg.aug.items())), (experiment, cfg))
-    return {experiment: cfg for experiment, cfg in recipes.values()}
-
-
-RECIPES = _recipes()
+        found.setdefault(repr(sorted(cfg.aug.items())), (experiment, cfg))
+    assert found, "no shipped classification recipe with augmentation"
+    return dict(found.values())
 
 
 def _images(rng: np.random.Generator, count: int, size: tuple[int, int] | None = None) -> list[Image.Image]:
@@ -66,10 +67,9 @@ def _rand_augment(transform) -> RandAugment:
     return found[0]
 
 
-def test_shipped_recipes_found():
-    # DeiT/PVT/Swin/CAT and CA presets all select aug=deit today; the test covers whatever they select.
-    assert RECIPES, "no shipped classification recipe with augmentation"
-    for cfg in RECIPES.values():
+def test_shipped_recipes_found(recipes):
+    # DeiT/PVT/Swin/CAT and CA presets all select aug=deit today; the tests cover whatever they select.
+    for cfg in recipes.values():
         assert cfg.aug.auto_augment.startswith("rand-")
 
 
@@ -109,68 +109,68 @@ def test_install_registers_the_fix_for_every_posterize_op():
         assert copy.deepcopy(op).aug_fn is posterize
 
 
-@pytest.mark.parametrize("experiment", sorted(RECIPES))
-def test_every_op_at_every_magnitude(experiment):
-    """A deterministic sweep: each op of the recipe's RandAugment, forced on, at magnitudes 0 to the
+def test_every_op_at_every_magnitude(recipes):
+    """A deterministic sweep: each op of each recipe's RandAugment, forced on, at magnitudes 0 to the
     policy's upper bound in steps of 0.25 (every level threshold of timm's ops lies on that grid)."""
-    cfg = RECIPES[experiment]
-    rand_augment = _rand_augment(build_transform(cfg.data, cfg.aug, is_train=True))
     images = _images(np.random.default_rng(1), 3, size=(SWEEP_SIZE, SWEEP_SIZE))
     failures = []
-    for op in rand_augment.ops:
-        upper = op.magnitude_max or 10.0
-        for magnitude in np.arange(0.0, upper + 1e-9, 0.25):
-            fixed = copy.copy(op)
-            fixed.prob, fixed.magnitude_std, fixed.magnitude = 1.0, 0.0, float(magnitude)
-            for image in images:
-                try:
-                    out = fixed(image)
-                except Exception as error:  # collected: the message lists every failing op
-                    failures.append(f"{op.name} m={magnitude}: {type(error).__name__}: {error}")
-                    break
-                assert isinstance(out, Image.Image) and out.mode == "RGB" and out.size == image.size, op.name
+    for experiment, cfg in recipes.items():
+        rand_augment = _rand_augment(build_transform(cfg.data, cfg.aug, is_train=True))
+        assert len(rand_augment.ops) == 15, experiment  # timm's increasing RandAugment set: the sweep sees them all
+        for op in rand_augment.ops:
+            upper = op.magnitude_max or 10.0
+            for magnitude in np.arange(0.0, upper + 1e-9, 0.25):
+                fixed = copy.copy(op)
+                fixed.prob, fixed.magnitude_std, fixed.magnitude = 1.0, 0.0, float(magnitude)
+                for image in images:
+                    try:
+                        out = fixed(image)
+                    except Exception as error:  # collected: the message lists every failing op
+                        failures.append(f"{experiment}: {op.name} m={magnitude}: {type(error).__name__}: {error}")
+                        break
+                    assert isinstance(out, Image.Image) and out.mode == "RGB" and out.size == image.size, (
+                        experiment,
+                        op.name,
+                    )
     assert not failures, "\n".join(failures)
-    assert len(rand_augment.ops) == 15  # timm's increasing RandAugment set: the sweep saw them all
 
 
-@pytest.mark.parametrize("experiment", sorted(RECIPES))
-def test_train_transform_random_draws(experiment):
-    """The whole train transform (random resized crop, flip, RandAugment, colour jitter, normalise,
+def test_train_transform_random_draws(recipes):
+    """Each recipe's whole train transform (random resized crop, flip, RandAugment, colour jitter, normalise,
     random erasing) on 3,000 images of random sizes: tensors of the right shape, dtype and values."""
-    cfg = RECIPES[experiment]
-    transform = build_transform(cfg.data, cfg.aug, is_train=True)
-    random.seed(0)
-    torch.manual_seed(0)
-    rng = np.random.default_rng(2)
-    for image in _images(rng, 3000):
-        out = transform(image)
-        assert out.shape == (3, SWEEP_SIZE, SWEEP_SIZE) and out.dtype == torch.float32
-        assert torch.isfinite(out).all()
-    val = build_transform(cfg.data, cfg.aug, is_train=False)(_images(rng, 1)[0])
-    assert val.shape == (3, SWEEP_SIZE, SWEEP_SIZE)
+    for experiment, cfg in recipes.items():
+        transform = build_transform(cfg.data, cfg.aug, is_train=True)
+        random.seed(0)
+        torch.manual_seed(0)
+        rng = np.random.default_rng(2)
+        for image in _images(rng, 3000):
+            out = transform(image)
+            assert out.shape == (3, SWEEP_SIZE, SWEEP_SIZE) and out.dtype == torch.float32, experiment
+            assert torch.isfinite(out).all(), experiment
+        val = build_transform(cfg.data, cfg.aug, is_train=False)(_images(rng, 1)[0])
+        assert val.shape == (3, SWEEP_SIZE, SWEEP_SIZE), experiment
 
 
-@pytest.mark.parametrize("experiment", sorted(RECIPES))
-def test_mixup_cutmix_draws(experiment):
-    """The recipe's mixup/cutmix over 500 batches: both branches drawn, mixed targets that are
+def test_mixup_cutmix_draws(recipes):
+    """Each recipe's mixup/cutmix over 500 batches: both branches drawn, mixed targets that are
     distributions with the label smoothing floor."""
-    cfg = RECIPES[experiment]
     num_classes = 10
-    mixup = build_mixup(cfg.aug, num_classes)
-    assert mixup is not None
-    torch.manual_seed(0)
-    np.random.seed(0)
-    used_cutmix = set()
-    for _ in range(500):
-        x = torch.randn(8, 3, SWEEP_SIZE, SWEEP_SIZE)
-        y = torch.randint(0, num_classes, (8,))
-        mixed, target = mixup(x.clone(), y)  # timm mixes in place
-        assert mixed.shape == x.shape and mixed.dtype == x.dtype and torch.isfinite(mixed).all()
-        assert target.shape == (8, num_classes)
-        torch.testing.assert_close(target.sum(1), torch.ones(8))
-        assert target.min() >= cfg.aug.smoothing / num_classes - 1e-6
-        used_cutmix.add(_is_box_mix(x, mixed))
-    assert used_cutmix == {True, False}, "500 batches should draw both mixup and cutmix"
+    for experiment, cfg in recipes.items():
+        mixup = build_mixup(cfg.aug, num_classes)
+        assert mixup is not None, experiment
+        torch.manual_seed(0)
+        np.random.seed(0)
+        used_cutmix = set()
+        for _ in range(500):
+            x = torch.randn(8, 3, SWEEP_SIZE, SWEEP_SIZE)
+            y = torch.randint(0, num_classes, (8,))
+            mixed, target = mixup(x.clone(), y)  # timm mixes in place
+            assert mixed.shape == x.shape and mixed.dtype == x.dtype and torch.isfinite(mixed).all(), experiment
+            assert target.shape == (8, num_classes), experiment
+            torch.testing.assert_close(target.sum(1), torch.ones(8), msg=experiment)
+            assert target.min() >= cfg.aug.smoothing / num_classes - 1e-6, experiment
+            used_cutmix.add(_is_box_mix(x, mixed))
+        assert used_cutmix == {True, False}, f"{experiment}: 500 batches should draw both mixup and cutmix"
 
 
 def _is_box_mix(x: torch.Tensor, mixed: torch.Tensor) -> bool:
