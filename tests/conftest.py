@@ -64,6 +64,7 @@ QUICK_MODELS = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the suite also runs without the plugin
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """One worker more than the cores (``-n auto``; ``--maxprocesses`` still caps it): a good part of the suite
     waits rather than computes (the Slurm file on its jobs, the signal tests on their runs). With a worker per
