@@ -109,30 +109,32 @@ def test_install_registers_the_fix_for_every_posterize_op():
         assert copy.deepcopy(op).aug_fn is posterize
 
 
-def test_every_op_at_every_magnitude(recipes):
-    """A deterministic sweep: each op of each recipe's RandAugment, forced on, at magnitudes 0 to the
-    policy's upper bound in steps of 0.25 (every level threshold of timm's ops lies on that grid)."""
-    images = _images(np.random.default_rng(1), 3, size=(SWEEP_SIZE, SWEEP_SIZE))
+def _op_failures(op, images: list[Image.Image]) -> list[str]:
+    """``op`` forced on at magnitudes 0 to its policy's upper bound in steps of 0.25, on each image: what raised
+    (each image's output checked: an RGB image of the input's size)."""
     failures = []
+    for magnitude in np.arange(0.0, (op.magnitude_max or 10.0) + 1e-9, 0.25):
+        fixed = copy.copy(op)
+        fixed.prob, fixed.magnitude_std, fixed.magnitude = 1.0, 0.0, float(magnitude)
+        for image in images:
+            try:
+                out = fixed(image)
+            except Exception as error:  # collected: the message lists every failing op
+                failures.append(f"{op.name} m={magnitude}: {type(error).__name__}: {error}")
+                break
+            assert isinstance(out, Image.Image) and out.mode == "RGB" and out.size == image.size, op.name
+    return failures
+
+
+def test_every_op_at_every_magnitude(recipes):
+    """A deterministic sweep: each op of each recipe's RandAugment, forced on, at every magnitude its policy
+    can draw (every level threshold of timm's ops lies on the 0.25 grid :func:`_op_failures` steps)."""
+    images = _images(np.random.default_rng(1), 3, size=(SWEEP_SIZE, SWEEP_SIZE))
     for experiment, cfg in recipes.items():
         rand_augment = _rand_augment(build_transform(cfg.data, cfg.aug, is_train=True))
         assert len(rand_augment.ops) == 15, experiment  # timm's increasing RandAugment set: the sweep sees them all
-        for op in rand_augment.ops:
-            upper = op.magnitude_max or 10.0
-            for magnitude in np.arange(0.0, upper + 1e-9, 0.25):
-                fixed = copy.copy(op)
-                fixed.prob, fixed.magnitude_std, fixed.magnitude = 1.0, 0.0, float(magnitude)
-                for image in images:
-                    try:
-                        out = fixed(image)
-                    except Exception as error:  # collected: the message lists every failing op
-                        failures.append(f"{experiment}: {op.name} m={magnitude}: {type(error).__name__}: {error}")
-                        break
-                    assert isinstance(out, Image.Image) and out.mode == "RGB" and out.size == image.size, (
-                        experiment,
-                        op.name,
-                    )
-    assert not failures, "\n".join(failures)
+        failures = [failure for op in rand_augment.ops for failure in _op_failures(op, images)]
+        assert not failures, f"{experiment}:\n" + "\n".join(failures)
 
 
 def test_train_transform_random_draws(recipes):
