@@ -138,6 +138,15 @@ def descendant_pids(pid: int) -> list[int]:
     return found
 
 
+def run_folder(path: Path) -> Path:
+    """``path`` made as a cat run's folder (its marker written), for a test that puts a run's files there by hand."""
+    from cat.runtime.rundir import RUN_MARKER
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / RUN_MARKER).write_text('{"cat_run": 1}\n')
+    return path
+
+
 def compose_config(task: str, *overrides: str):
     """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
     from hydra import compose, initialize_config_dir

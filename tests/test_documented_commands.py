@@ -65,7 +65,8 @@ def _cells(overrides: list[str], stand_in: Path) -> list[list[str]]:
     for override in overrides:
         key, _, value = override.partition("=")
         if key in PATH_KEYS:
-            value = str(stand_in / ("checkpoint.pth" if key in ("checkpoint", "model.pretrained") else "folder"))
+            stand_ins = {"checkpoint": "checkpoint.pth", "model.pretrained": "checkpoint.pth", "output_dir": "run"}
+            value = str(stand_in / stand_ins.get(key, "folder"))
         values = value.split(",") if "," in value and not re.search(r"[\[{(]", value) else [value]
         axes.append([f"{key}={v}" for v in values])
     return [[*cell, "logger.wandb.mode=disabled"] for cell in itertools.product(*axes)]

@@ -18,7 +18,7 @@ import torch
 
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
-from cat.runtime.io import atomic_save
+from cat.runtime.io import atomic_save, open_owned, refuse_planted, temporary_path
 
 __all__ = ["CheckpointManager", "LAST", "recorded_config"]
 
@@ -37,11 +37,13 @@ def epoch_snapshots(folder: str) -> list[str]:
 
 def _snapshot(src: str, dst: str) -> None:
     """Atomically make ``dst`` a copy of ``src`` (a hard link where the filesystem allows)."""
-    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{os.getpid()}.tmp")
+    refuse_planted(dst)
+    tmp = temporary_path(dst)  # unguessable, and created exclusively: nothing planted there is written through
     try:
         os.link(src, tmp)
     except OSError:
-        shutil.copyfile(src, tmp)
+        with open(src, "rb") as source, open(open_owned(tmp, "x"), "wb") as copy:
+            shutil.copyfileobj(source, copy)
     os.replace(tmp, dst)
 
 

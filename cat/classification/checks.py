@@ -18,7 +18,7 @@ from cat.models import model_arguments, on_meta
 from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.resume import resumes, starting_file_problem
-from cat.runtime.rundir import check_writable
+from cat.runtime.rundir import output_dir_problems
 from cat.runtime.schema import absent_defaults, mapping_problems, schema_problems, typed_config, typed_section
 
 from .builders import build_model
@@ -142,8 +142,7 @@ def _paths_problems(cfg: ClsConfig) -> list[str]:
     # Throughput runs the model on random images: it reads no dataset, so it needs no data.root.
     if cfg.mode != "throughput" and (problem := data_root_problem(cfg.data)) is not None:
         problems.append(problem)
-    if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
-        problems.append(problem)
+    problems += output_dir_problems(cfg.output_dir, [cfg.data.root], run_dir_for(cfg.output_dir, cfg.mode))
     if cfg.logger.wandb.mode != "disabled" and (problem := run_id_problem(run_dir_for(cfg.output_dir, cfg.mode))):
         problems.append(problem)
     return problems

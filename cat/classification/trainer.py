@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
+from cat.runtime.io import open_append
 from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import check_resume, describe_changes, recipe_changes, refuse_shorter_run
 from cat.runtime.schema import config_record
@@ -101,7 +102,7 @@ def record_config(cfg: ClsConfig, folder: RunFolder, changed: dict[str, list] | 
     folder.write_config(cfg)
     if changed and folder.is_main:
         entry = {"epoch": epoch, "step_in_epoch": step, "changed": changed, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-        with open(folder.file("config_changes.jsonl"), "a") as f:
+        with open_append(folder.file("config_changes.jsonl")) as f:
             f.write(json.dumps(entry) + "\n")
 
 

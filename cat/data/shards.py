@@ -53,6 +53,7 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from cat.errors import DataError
+from cat.runtime.io import atomic_write_json
 
 from .manifest import MANIFEST, TAR_SAMPLE_MIN_BYTES, check_against_manifest, read_manifest
 from .untrusted import (
@@ -167,10 +168,7 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
         found.append({"images": entry["images"], "labels": {int(k): v for k, v in entry["labels"].items()}})
     if cache_path is not None and changed:  # a disposable cache: a torn write is rescanned, never trusted
         os.makedirs(index_dir, exist_ok=True)
-        temporary = f"{cache_path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(cached, f)
-        os.replace(temporary, cache_path)
+        atomic_write_json(cache_path, cached)
     return found
 
 

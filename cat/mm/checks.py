@@ -10,8 +10,9 @@ from omegaconf import DictConfig
 
 from cat.errors import ConfigError
 from cat.models import model_arguments
+from cat.runtime.folder import run_dir_for
 from cat.runtime.resume import resumes, starting_file_problem
-from cat.runtime.rundir import check_writable
+from cat.runtime.rundir import output_dir_problems
 from cat.runtime.schema import schema_problems, typed_config
 
 from .safe_load import LAST_CHECKPOINT
@@ -56,8 +57,7 @@ def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
             f"data.root={cfg.data.root}: not a folder with the dataset "
             "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)"
         )
-    if (problem := check_writable(cfg.output_dir, "output_dir")) is not None:
-        problems.append(problem)
+    problems += output_dir_problems(cfg.output_dir, [cfg.data.root], run_dir_for(cfg.output_dir, cfg.mode))
     problems += _backbone_kwargs_problems(cfg)
     if problems:
         raise ConfigError(problems)

@@ -20,6 +20,8 @@ def released_circulant_attention(attn: CirculantAttention, x: Tensor, hw: tuple[
     t = F.silu(F.linear(x, attn.gate[0].weight, attn.gate[0].bias))
     X = torch.fft.rfft2(x.view(B, H, W, C), dim=(1, 2), norm="ortho")
     qkv = F.linear(torch.view_as_real(X).transpose(-1, -2), attn.qkv.weight)
+    if qkv.dtype == torch.bfloat16:  # bf16 autocast: view_as_complex takes no bfloat16 (the FFTs run in float32)
+        qkv = qkv.float()
     q, k, v = torch.view_as_complex(qkv.transpose(-1, -2).contiguous()).chunk(3, dim=-1)
     logits = torch.fft.irfft2(torch.conj(q) * k, s=(H, W), dim=(1, 2), norm="ortho")
     weights = logits.reshape(B, N, C).softmax(dim=1).view(B, H, W, C)

@@ -15,10 +15,10 @@ from cat.errors import OutputError, UserError
 
 from .cells import write_overrides
 from .dist import DistEnv, barrier, broadcast_object
-from .io import atomic_write_text
+from .io import atomic_write_text, owned_subfolder
 from .logger import setup_logging
 from .metrics import MetricSinks
-from .rundir import RunDirLock
+from .rundir import RunDirLock, run_folder_problem
 from .schema import config_yaml
 
 __all__ = ["RunFolder", "open_run_folder", "run_dir_for"]
@@ -62,18 +62,26 @@ class RunFolder:
                 self.lock.release()
 
 
-def open_run_folder(output_dir: str, env: DistEnv, start_over: bool = False, notes: Sequence[str] = ()) -> RunFolder:
-    """Create and lock ``output_dir`` (rank 0), clean what killed writers left, set up ``log.txt`` and log
-    ``notes`` in it; ``start_over`` (a training run with ``resume=false``) first moves an earlier run's files
-    into ``earlier_runs/<time>/``.
+def open_run_folder(
+    output_dir: str, env: DistEnv, mode: str = "train", start_over: bool = False, notes: Sequence[str] = ()
+) -> RunFolder:
+    """Create (or take: new, empty or a cat run's) and lock the folder a run of ``mode`` writes in
+    (:func:`run_dir_for`; rank 0), clean what killed writers left, set up ``log.txt`` and log ``notes`` in it;
+    ``start_over`` (a training run with ``resume=false``) first moves an earlier run's files into
+    ``earlier_runs/<time>/``.
 
     All ranks get rank 0's absolute path (even if ``output_dir`` interpolates a timestamp) and the
-    same error if the folder is held by another run.
+    same error if the folder is held by another run, or is not a run's to take.
     """
-    path = broadcast_object(os.path.abspath(output_dir))
+    path = broadcast_object(os.path.abspath(run_dir_for(output_dir, mode)))
     lock, error = None, None
     if env.is_main:
         try:
+            if mode != "train":  # eval/ in a run folder: the run folder's own, a folder, never a link out of it
+                if (problem := run_folder_problem(output_dir)) is not None:
+                    raise OutputError(problem)
+                os.makedirs(output_dir, exist_ok=True)
+                owned_subfolder(path)
             lock = RunDirLock(path).acquire()
             if start_over and (kept := lock.set_aside_earlier_run()) is not None:
                 lock.notes.append(

@@ -1,20 +1,28 @@
-"""Atomic file writes: a reader (or a run killed at any moment) sees the old file or the whole new one.
+"""Writes in a folder cat owns (a run folder, the packer's output): atomic, and never through what someone planted.
 
-Each write goes to a hidden temporary file in the target's folder (``.NAME.XXXX.tmp``), is flushed
-to disk and renamed over the target; :func:`remove_stale_temporaries` clears what a killed writer
-left, and is called once a run holds its output folder.
+An atomic write goes to a temporary file in the target's folder, created exclusively under an unguessable name
+(:func:`temporary_path`: ``.cat-tmp-<16 hex digits>-NAME``), is flushed to disk and renamed over the target; a
+reader (or a run killed at any moment) sees the old file or the whole new one. :func:`remove_stale_temporaries`
+clears exactly those names, what a killed writer left, once a run holds its folder. Every file cat appends to or
+reads back is opened by :func:`open_owned`: a symbolic link, FIFO, folder or device at its name is refused by name
+(not followed, never blocked on), and so is one at a name an atomic write replaces; a subfolder cat writes in is
+made or checked by :func:`owned_subfolder`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import io
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import stat
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -27,9 +35,102 @@ __all__ = [
     "atomic_write_json",
     "atomic_save",
     "remove_stale_temporaries",
+    "temporary_path",
+    "open_owned",
+    "open_append",
+    "read_owned",
+    "owned_subfolder",
+    "refuse_planted",
 ]
 
-_TMP_SUFFIX = ".tmp"
+_TEMPORARY_PREFIX = ".cat-tmp-"
+_TEMPORARY_NAME = re.compile(r"\.cat-tmp-[0-9a-f]{16}-.+", re.DOTALL)
+_OPEN_FLAGS = {
+    "r": os.O_RDONLY,
+    "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+}
+
+
+def temporary_path(path: str) -> str:
+    """A fresh temporary name beside ``path`` (``.cat-tmp-<16 hex digits>-NAME``): what only cat's writers make,
+    and so what :func:`remove_stale_temporaries` may delete."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f"{_TEMPORARY_PREFIX}{secrets.token_hex(8)}-{name}")
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _planted(path: str, kind: str) -> OutputError:
+    return OutputError(
+        f"{path} is {kind}, not a regular file: cat writes its files itself and never through or into what is "
+        "planted at their names; remove it (nothing was written)"
+    )
+
+
+def open_owned(path: str, mode: str = "r") -> int:
+    """A descriptor of ``path``, a regular file, opened to read (``r``), append (``a``, created if absent) or
+    create (``x``, exclusively). A symbolic link at the name is not followed and a FIFO never blocks: either, a
+    folder or a device is an OutputError naming it, before anything is read or written."""
+    flags = _OPEN_FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EEXIST) and os.path.lexists(path):
+            raise _planted(path, _kind(os.lstat(path).st_mode)) from None
+        raise OutputError(f"cannot open {path} ({error.strerror or error})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _planted(path, _kind(info.st_mode))
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def open_append(path: str) -> TextIO:
+    """``path`` opened to append text (:func:`open_owned`); a character the text cannot encode is written escaped,
+    so appending never raises on what a run logs (a file name that is not UTF-8)."""
+    return open(open_owned(path, "a"), "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+
+
+def read_owned(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``, a regular file (:func:`open_owned`)."""
+    with open(open_owned(path), "rb") as f:
+        return f.read(limit)
+
+
+def refuse_planted(path: str) -> None:
+    """An OutputError where something other than a regular file stands at ``path`` (a name cat is about to
+    replace or write): a symbolic link, FIFO, folder or device."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _planted(path, _kind(mode))
+
+
+def owned_subfolder(path: str) -> str:
+    """``path``, a folder cat writes in (``profile/``, ``eval/``): made if absent, refused (OutputError) if a
+    symbolic link, or anything but a folder, stands there. Returns ``path``."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISDIR(mode):
+        raise OutputError(
+            f"{path} is {_kind(mode)}, not a folder: cat writes in folders it made, never through a link; remove it"
+        )
+    return path
 
 
 def _fsync_dir(folder: str) -> None:
@@ -40,18 +141,13 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=_TMP_SUFFIX)
+    refuse_planted(path)
+    tmp = temporary_path(path)
+    fd = open_owned(tmp, "x")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # an ordinary file's mode (mkstemp makes it private)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -104,11 +200,12 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def remove_stale_temporaries(folder: str) -> list[str]:
-    """Delete the temporary files killed writers left in ``folder``; returns their paths."""
+    """Delete the temporary files killed writers left in ``folder``: regular files named exactly as
+    :func:`temporary_path` names them, nothing else; returns their paths."""
     stale = [
         entry.path
         for entry in os.scandir(folder)
-        if entry.name.startswith(".") and entry.name.endswith(_TMP_SUFFIX) and entry.is_file(follow_symlinks=False)
+        if _TEMPORARY_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
     ]
     for path in stale:
         os.unlink(path)

@@ -14,7 +14,7 @@ from cat.errors import OutputError, UserError
 
 from .dist import DistEnv, describe_hosts, init_distributed
 from .entry import user_error_message
-from .folder import RunFolder, open_run_folder, run_dir_for
+from .folder import RunFolder, open_run_folder
 from .io import atomic_write_json
 from .logger import FILE_ONLY
 from .metrics import build_metric_sinks
@@ -38,7 +38,7 @@ def run_job(cfg: Any, body: JobBody, notes: Sequence[str] = ()) -> dict[str, Any
     cell). The config must already be checked."""
     env = init_distributed(cfg.device, cfg.dist_timeout_s)
     folder = open_run_folder(
-        run_dir_for(cfg.output_dir, cfg.mode), env, start_over=cfg.mode == "train" and not cfg.resume, notes=notes
+        cfg.output_dir, env, cfg.mode, start_over=cfg.mode == "train" and not cfg.resume, notes=notes
     )
     try:
         finished = _finished_record(cfg, folder)

@@ -8,8 +8,11 @@ import os
 import re
 import secrets
 import sys
+from typing import TextIO
 
 from cat.errors import OutputError
+
+from .io import open_append, open_owned, read_owned
 
 __all__ = [
     "FILE_ONLY",
@@ -52,6 +55,14 @@ def last_log_line(path: str) -> str | None:
 RUN_LOGGER, DATA_LOGGER, METRICS_LOGGER = "cat.train", "cat.data", "cat.metrics"
 
 
+class _RunLogHandler(logging.FileHandler):
+    """``log.txt``, opened as every file a run appends to (:func:`cat.runtime.io.open_append`): never through a
+    link or into a FIFO, and what it cannot encode written escaped rather than lost to a logging error."""
+
+    def _open(self) -> TextIO:
+        return open_append(self.baseFilename)
+
+
 def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
     """The run's log: every ``cat.*`` logger's records at INFO to stdout (and ``log_file``) on rank 0, warnings
     only elsewhere; records logged with ``extra=FILE_ONLY`` go to ``log_file`` alone. Returns the run's own
@@ -66,7 +77,7 @@ def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
     console.addFilter(lambda record: not getattr(record, "file_only", False))
     handlers: list[logging.Handler] = [console]
     if is_main and log_file:
-        handlers.append(logging.FileHandler(log_file))
+        handlers.append(_RunLogHandler(log_file))
     for handler in handlers:
         handler.setFormatter(log_formatter())
         logger.addHandler(handler)
@@ -101,8 +112,9 @@ def run_id_problem(output_dir: str) -> str | None:
     if not os.path.lexists(path):
         return None
     try:
-        with open(path, "rb") as f:
-            text = f.read(256).decode("ascii").strip()
+        text = read_owned(path, 256).decode("ascii").strip()
+    except OutputError as error:
+        return str(error)
     except (OSError, UnicodeDecodeError) as error:
         return f"{path} cannot be read ({type(error).__name__}); delete it to start a new W&B run"
     if _RUN_ID.fullmatch(text) is None:
@@ -118,10 +130,9 @@ def persistent_run_id(output_dir: str) -> str:
     path = os.path.join(output_dir, RUN_ID_FILE)
     if not os.path.lexists(path):
         os.makedirs(output_dir, exist_ok=True)
-        with open(path, "w") as f:
+        with open(open_owned(path, "x"), "w") as f:
             f.write(secrets.token_hex(4))
     problem = run_id_problem(output_dir)
     if problem is not None:
         raise OutputError(problem)
-    with open(path) as f:
-        return f.read().strip()
+    return read_owned(path, 256).decode("ascii").strip()

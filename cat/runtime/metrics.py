@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
+from .io import open_append
 from .logger import METRICS_LOGGER, persistent_run_id, resolve_wandb_mode
 from .schema import LoggerConfig, WandbConfig
 
@@ -52,7 +53,7 @@ class JsonlSink:
 
     def log(self, metrics: Mapping[str, float | None], step: int) -> None:
         if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (open for the run, closed by finish)
+            self._file = open_append(self.path)  # open for the run, closed by finish
         # strict JSON: "nan", "inf"; None (not known, e.g. mfu on a CPU) is null
         values = {k: (v if v is None or math.isfinite(v) else str(v)) for k, v in metrics.items()}
         entry = {"step": step, **values}

@@ -10,6 +10,8 @@ import os
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from .io import owned_subfolder, refuse_planted
+
 __all__ = ["PROFILE_DIR", "ProfileWindow"]
 
 PROFILE_DIR = "profile"  # in the run folder: one subfolder per window (a TensorBoard "run")
@@ -29,6 +31,9 @@ class ProfileWindow:
         self.profiler: profile | None = None
         self.done = False
         self.recorded_from = self.recorded_to = first  # the steps the window holds, once it opens
+        for folder in (os.path.dirname(self.folder), self.folder):  # a file or link there: refused before step 1
+            if os.path.lexists(folder):
+                owned_subfolder(folder)
 
     def before_step(self, step: int) -> None:
         """Step ``step`` (1-based over the run) is about to run."""
@@ -49,8 +54,10 @@ class ProfileWindow:
             return
         profiler, self.profiler, self.done = self.profiler, None, True
         profiler.stop()
-        os.makedirs(self.folder, exist_ok=True)
+        for folder in (os.path.dirname(self.folder), self.folder):  # never a link out of the run folder
+            owned_subfolder(folder)
         path = os.path.join(self.folder, f"rank{self.rank}.pt.trace.json")
+        refuse_planted(path)
         profiler.export_chrome_trace(path)
         sort_by = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort_by, row_limit=self.top)

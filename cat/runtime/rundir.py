@@ -1,4 +1,12 @@
-"""A run's output folder: checked writable, held exclusively, cleaned of killed writers' leftovers.
+"""A run's output folder: owned by the run that made it, checked writable, held exclusively, cleaned of killed
+writers' leftovers.
+
+A run folder is known by the marker (``.cat-run``) the run writes when it makes the folder (or takes a new or empty
+one): its identity (host, pid, user, time, launch). Only such a folder is locked, cleaned or started over
+(:func:`run_folder_problem`); any other folder that holds anything is refused before a file in it is touched, and so
+are the folders no run may own (:func:`output_dir_problems`: ``/``, ``$HOME``, the checkout, the current directory,
+a folder of runs, the data). A folder a run made before markers existed is recognised by what such a run left
+(``config.yaml`` with a cat job's keys, beside its log, metrics or checkpoint) and marked when a run takes it.
 
 Only one live run may write a folder. The holder is recorded in ``.lock`` (host, pid, process start
 time, Slurm job id); a second run fails at once naming the holder. A lock left by a run that died
@@ -16,17 +24,25 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from typing import Any
+
+import yaml
 
 from cat.errors import OutputError, RunDirLockedError
 
-from .io import atomic_write_json, remove_stale_temporaries
+from .io import atomic_write_json, read_owned, refuse_planted, remove_stale_temporaries
 
 __all__ = [
     "RunDirLock",
     "check_writable",
+    "is_run_folder",
+    "run_folder_problem",
+    "output_dir_problems",
+    "RUN_MARKER",
     "LOCK_NAME",
     "EARLIER_RUNS",
     "STARTED_OVER",
@@ -36,6 +52,7 @@ __all__ = [
 ]
 
 LOCK_NAME = ".lock"
+RUN_MARKER = ".cat-run"  # written by the run that makes (or takes a new, empty) folder: the folder is a cat run's
 EARLIER_RUNS = "earlier_runs"  # where a run started over with resume=false keeps the folder's earlier run
 STARTED_OVER = ".started_over"  # the launch that started the folder's run over (resume=false)
 _LAUNCH_KEYS = {"slurm_job_id": str, "slurm_restarts": int, "torchelastic_run_id": str, "torchelastic_restarts": int}
@@ -74,10 +91,154 @@ def relaunch_of(record: dict[str, Any], now: dict[str, Any]) -> bool:
 
 
 def _json_head(path: str) -> tuple[str, Any]:
-    """The first 4 KiB of a small JSON record cat keeps in a run folder, and its value (ValueError if it is none)."""
-    with open(path, "rb") as f:
-        text = f.read(4096).decode("utf-8", errors="replace")
+    """The first 4 KiB of a small JSON record cat keeps in a run folder, and its value (ValueError if it is none;
+    OutputError if a link, FIFO or folder stands at its name)."""
+    text = read_owned(path, 4096).decode("utf-8", errors="replace")
     return text, json.loads(text)
+
+
+# What a run made before markers existed leaves beside its config.yaml: a log, metrics, a checkpoint.
+_EARLIER_RUN_FILES = ("log.txt", "metrics.jsonl", "metrics.json", "last.pth", "last_checkpoint")
+_JOB_KEYS = frozenset({"mode", "output_dir", "seed", "resume", "model"})  # in every cat job's config.yaml
+_MODE_FOLDERS = ("eval", "throughput")  # where a run folder's other modes write (cat.runtime.folder.run_dir_for)
+
+
+def _marked(folder: str) -> bool:
+    """Whether ``folder`` holds cat's run marker (a symbolic link or FIFO there is an OutputError naming it)."""
+    path = os.path.join(folder, RUN_MARKER)
+    if not os.path.lexists(path):
+        return False
+    try:
+        record = _json_head(path)[1]
+    except ValueError:
+        record = None
+    if not (isinstance(record, dict) and record.get("cat_run") == 1):
+        raise OutputError(f"{path} is not cat's run marker; remove it if {folder} is not a cat run's folder")
+    return True
+
+
+def _made_before_markers(folder: str) -> bool:
+    """Whether ``folder`` is a run folder from before markers: a ``config.yaml`` with a cat job's keys beside what
+    such a run leaves, or a folder holding nothing but runs of other modes (an ``eval/``)."""
+    config = os.path.join(folder, "config.yaml")
+    with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, OutputError):
+        if os.path.isfile(config) and any(os.path.lexists(os.path.join(folder, n)) for n in _EARLIER_RUN_FILES):
+            recorded = yaml.safe_load(read_owned(config, 1 << 20).decode("utf-8"))
+            return isinstance(recorded, dict) and recorded.keys() >= _JOB_KEYS
+    entries = os.listdir(folder)
+    return bool(entries) and all(
+        name in _MODE_FOLDERS and is_run_folder(os.path.join(folder, name)) for name in entries
+    )
+
+
+def is_run_folder(folder: str) -> bool:
+    """Whether ``folder`` is a cat run's: it holds the run marker, or was made by a run before markers."""
+    return os.path.isdir(folder) and (_marked(folder) or _made_before_markers(folder))
+
+
+def _entries(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except NotADirectoryError:
+        raise OutputError(f"output_dir={folder} is a file, not a folder") from None
+
+
+def run_folder_problem(folder: str, key: str = "output_dir") -> str | None:
+    """None where a run may take ``folder``: new, empty, or a cat run's (:func:`is_run_folder`); else the one
+    line that refuses it. Nothing in a folder that is not a run's is moved, deleted, locked or written."""
+    if not os.path.exists(folder):
+        return None
+    try:
+        entries = _entries(folder)
+        if not entries or is_run_folder(folder):
+            return None
+    except OSError as error:
+        return f"{key}={folder}: cannot be read ({error.strerror or error})"
+    except OutputError as error:
+        return str(error)
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    return (
+        f"{key}={folder} holds files that are not a cat run's ({len(entries)} entries, e.g. {shown}); "
+        "choose an empty or new folder"
+    )
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def output_dir_problems(output_dir: str, data_roots: Iterable[str | None] = (), mode_dir: str = "") -> list[str]:
+    """What forbids ``output_dir`` as a run's folder, one line each: empty, ``/``, ``$HOME``, the checkout or a
+    folder holding either, the current directory or a folder of runs where it is no run's own, a folder inside a
+    dataset (``data_roots``), one that is not a run's (:func:`run_folder_problem`), or one that cannot be written.
+    ``mode_dir``: the folder the run writes in, where it is not ``output_dir`` (``eval/``), checked as one too."""
+    if not output_dir.strip():
+        return [
+            "output_dir is empty (an unset shell variable?): give the run a folder, e.g. output_dir=outputs/cls/my_run"
+        ]
+    real = os.path.realpath(output_dir)
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    for place, what in (
+        (os.path.realpath(os.path.expanduser("~")), "your home folder"),
+        (checkout, "the cat checkout"),
+        (os.sep, "the filesystem's root"),
+    ):
+        if _is_within(place, real):
+            held = "is" if place == real else "holds"
+            return [
+                f"output_dir={output_dir} {held} {what} ({place}), not a run's folder: give the run a folder of its own"
+            ]
+    for root in filter(None, data_roots):
+        if _is_within(real, os.path.realpath(root)):
+            return [f"output_dir={output_dir} is inside data.root={root}: a run never writes into its dataset"]
+    if os.path.isdir(real) and not is_run_folder(real):
+        if real == os.path.realpath(os.getcwd()):
+            return [f"output_dir={output_dir} is the current directory, not a cat run's folder: give the run its own"]
+        with contextlib.suppress(OSError, OutputError):
+            runs = [name for name in _entries(real)[:1000] if _child_run(os.path.join(real, name))]
+            if runs:
+                return [
+                    f"output_dir={output_dir} holds other runs' folders ({', '.join(runs[:3])}): give this run a "
+                    f"folder of its own, e.g. output_dir={os.path.join(output_dir, 'my_run')}"
+                ]
+    for folder in (output_dir, *([mode_dir] if mode_dir and mode_dir != output_dir else [])):
+        if (problem := run_folder_problem(folder)) is not None:
+            return [problem]
+    problem = check_writable(output_dir)
+    return [problem] if problem is not None else []
+
+
+# The files a run keeps in its folder's top level (besides checkpoints and its own bookkeeping): a folder at one
+# of these names is refused with the planted links and FIFOs, before the run starts rather than at its first write.
+RUN_FILES = (
+    "log.txt",
+    "metrics.jsonl",
+    "metrics.json",
+    "config.yaml",
+    "overrides.yaml",
+    "config_changes.jsonl",
+    "wandb_run_id.txt",
+    "last.pth",
+    "best.pth",
+    LOCK_NAME,
+    STARTED_OVER,
+    RUN_MARKER,
+)
+
+
+def refuse_planted_entries(folder: str) -> None:
+    """An OutputError naming the first entry of a run folder that no run writes there: a symbolic link, FIFO,
+    socket or device (cat makes none of them), or a folder at the name of one of :data:`RUN_FILES`. Checked as a
+    run takes its folder, so a planted name ends it in one line before anything is written through it."""
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and entry.name not in RUN_FILES):
+            continue
+        refuse_planted(entry.path)
+
+
+def _child_run(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path) and is_run_folder(path)
 
 
 def read_started_over(folder: str) -> dict[str, Any] | None:
@@ -87,8 +248,8 @@ def read_started_over(folder: str) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     try:
-        record = None if os.path.islink(path) else _json_head(path)[1]
-    except (OSError, ValueError):  # a folder, unreadable, no JSON
+        record = _json_head(path)[1]
+    except (OSError, ValueError, OutputError):  # a link, FIFO or folder, unreadable, no JSON
         record = None
     if not (
         isinstance(record, dict)
@@ -206,7 +367,12 @@ class RunDirLock:
         return holder
 
     def acquire(self) -> RunDirLock:
+        """Take the folder: refused (OutputError) unless it is new, empty or a cat run's (:func:`run_folder_problem`);
+        marked as this run's where it has no marker yet; cleaned of what killed writers left."""
+        if (problem := run_folder_problem(self.folder)) is not None:
+            raise OutputError(problem)
         os.makedirs(self.folder, exist_ok=True)
+        refuse_planted_entries(self.folder)
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -231,11 +397,26 @@ class RunDirLock:
             with os.fdopen(fd, "w") as f:
                 json.dump(self._record(), f)
             self.held = True
+            self._mark()
             self.notes += [
                 f"removed {path}, left by a writer that was killed" for path in remove_stale_temporaries(self.folder)
             ]
             return self
         raise RunDirLockedError(f"could not take the lock {self.path}: other runs keep racing for it")
+
+    def _mark(self) -> None:
+        """Write the run marker where the folder has none: a new or empty folder, or one a run made before markers."""
+        if _marked(self.folder):
+            return
+        if set(os.listdir(self.folder)) - {LOCK_NAME}:
+            self.notes.append(
+                f"{self.folder}: a run folder from before run markers; marked as a cat run's ({RUN_MARKER})"
+            )
+        record = {k: v for k, v in self._record().items() if k != "since"}
+        atomic_write_json(
+            os.path.join(self.folder, RUN_MARKER),
+            {"cat_run": 1, "made": time.strftime("%Y-%m-%d %H:%M:%S"), "uid": os.getuid(), **record, **launch_record()},
+        )
 
     def set_aside_earlier_run(self) -> str | None:
         """Start the held folder over (``resume=false``): move everything in it but the lock into
@@ -245,7 +426,7 @@ class RunDirLock:
         assert self.held, "set_aside_earlier_run needs the lock"
         # The launch record is the start over's own bookkeeping: replaced below, not kept.
         entries = sorted(
-            name for name in os.listdir(self.folder) if name not in (LOCK_NAME, EARLIER_RUNS, STARTED_OVER)
+            name for name in os.listdir(self.folder) if name not in (LOCK_NAME, RUN_MARKER, EARLIER_RUNS, STARTED_OVER)
         )
         target = None
         if entries:

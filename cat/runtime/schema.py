@@ -211,7 +211,7 @@ class LoggerConfig:
 class JobConfig:
     """The keys every cat job (train_cls.py, train_det.py, train_seg.py) has, with one meaning each."""
 
-    name: str = key("run name: names output_dir and the W&B run")
+    name: str = key("run name: names output_dir and the W&B run", length=(1, 255))
     mode: str = key("train, or eval a checkpoint", choices=("train", "eval"))
     output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
     checkpoint: str | None = key("eval: the weights to evaluate; training: the weights a run starts from")

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from cat.runtime.io import temporary_path
 from cat.runtime.resume import START_OVER
 from tests import prewarmed
 from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
@@ -89,12 +90,15 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
     finally:
         first.kill()
         first.wait()
-    (tmp_path / ".last.pth.abc123.tmp").write_bytes(b"partial")  # what a writer killed mid-save leaves
+    leftover = Path(temporary_path(str(tmp_path / "last.pth")))
+    leftover.write_bytes(b"partial")  # what a writer killed mid-save leaves
+    (tmp_path / ".notes.tmp").write_text("the user's")  # a name cat's writers never make: kept
     # A fresh run there (resume=false: the killed run has trained more epochs than this one asks for).
     proc = train_proc(tmp_path, "epochs=1", "batch_size=8", "resume=false", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"its process {first.pid} is gone" in proc.stdout and ".last.pth.abc123.tmp" in proc.stdout
-    assert not list(tmp_path.glob(".*.tmp")) and not (tmp_path / ".lock").exists()
+    assert f"its process {first.pid} is gone" in proc.stdout and f"removed {leftover}" in proc.stdout
+    assert not leftover.exists() and not (tmp_path / ".lock").exists()
+    assert (tmp_path / ".notes.tmp").read_text() == "the user's"
 
 
 def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):

@@ -18,6 +18,7 @@ from torchvision.datasets import ImageFolder
 
 from cat.data.shards import ShardStream
 from cat.errors import DataError
+from cat.runtime.io import temporary_path
 from tests.conftest import REPO
 
 
@@ -192,7 +193,7 @@ def test_a_failed_pack_leaves_whole_files_only_and_a_killed_packs_leftovers_go(s
     for fmt in ("tar", "zip"):
         out = tmp_path / fmt
         out.mkdir()
-        leftover = out / (".train-000003.tar.k1ll3d.tmp" if fmt == "tar" else ".train.zip.k1ll3d.tmp")
+        leftover = Path(temporary_path(str(out / ("train-000003.tar" if fmt == "tar" else "train.zip"))))
         leftover.write_bytes(b"\0" * 4096)
         with pytest.raises(SystemExit) as code:
             pack([str(source), str(out), "--format", fmt, "--shard-mb", "0.0015"])
@@ -200,7 +201,7 @@ def test_a_failed_pack_leaves_whole_files_only_and_a_killed_packs_leftovers_go(s
         assert code.value.code == 2 and "val has classes ['a', 'b', 'c', 'zebra']" in captured.err
         assert f"removed {leftover}, left by a pack that was killed" in captured.out
         left = sorted(p.name for p in out.iterdir())
-        assert not [n for n in left if n.endswith(".tmp") or n.startswith(".")], left
+        assert not [n for n in left if n.startswith(".")], left
         assert "manifest.json" not in left and left
         for name in left:
             if name.endswith(".tar"):

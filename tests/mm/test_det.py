@@ -200,7 +200,7 @@ def test_sigterm_saves_the_iteration_and_the_rerun_resumes_there(tmp_path_factor
     assert stopped["preempted"] is True and stopped["iteration"] in (4, 8)  # the end of an accumulation
     saved = out / f"iter_{stopped['iteration']}.pth"
     assert saved.is_file() and (out / "last_checkpoint").read_text() == str(saved)
-    assert not list(out.glob(".*.tmp"))
+    assert not list(out.glob(".cat-tmp-*"))
     proc = run_entry(
         "train_det.py", f"data.root={root}", f"output_dir={out}", "schedule.epochs=1", "accum_steps=4", *FAST
     )

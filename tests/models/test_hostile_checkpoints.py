@@ -13,7 +13,7 @@ from cat.classification.job import run
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from tests import prewarmed
-from tests.conftest import REPO, TINY_CLS, compose_config, refusal_line
+from tests.conftest import REPO, TINY_CLS, compose_config, refusal_line, run_folder
 from tests.hostile import load_with_pickles_own_build, write_build_on_class, write_build_on_tensor, write_hostile_files
 
 HOSTILE = [
@@ -68,7 +68,7 @@ def test_train_cls_checkpoint(hostile, name, mode, tmp_path):
 @pytest.mark.parametrize("name", HOSTILE)
 def test_train_cls_resume(hostile, name, tmp_path):
     files, marker = hostile
-    (tmp_path / "last.pth").write_bytes(files[name].read_bytes())
+    (run_folder(tmp_path) / "last.pth").write_bytes(files[name].read_bytes())
     (tmp_path / "epoch_0001.pth").write_bytes(b"")
     with pytest.raises(CheckpointError) as err:
         run(compose_config("cls", *TINY, f"output_dir={tmp_path}"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests import prewarmed
-from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS, refusal_line
+from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS, refusal_line, run_folder
 from tests.entry_cases import run_entry_cases
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -29,7 +29,7 @@ RUN_RECORD = {"log.txt", "overrides.yaml"}
 
 def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:
     def setup(out: Path) -> list[str]:
-        out.mkdir(parents=True, exist_ok=True)
+        run_folder(out)
         data = content.encode() if isinstance(content, str) else content
         (out / name).write_bytes(data)
         return []
@@ -38,13 +38,13 @@ def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:
 
 
 def _lock_link(out: Path) -> list[str]:
-    out.mkdir(parents=True)
+    run_folder(out)
     (out / ".lock").symlink_to(out / "gone")
     return []
 
 
 def _lock_folder(out: Path) -> list[str]:
-    (out / ".lock").mkdir(parents=True)
+    (run_folder(out) / ".lock").mkdir()
     return []
 
 
@@ -56,7 +56,7 @@ def _dangling_output(out: Path) -> list[str]:
 
 def _last(payload: Callable[[], object]) -> Callable[[Path], list[str]]:
     def setup(out: Path) -> list[str]:
-        out.mkdir(parents=True)
+        run_folder(out)
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(50_000)  # pickling a 5,000-deep config recurses
         try:
@@ -71,7 +71,7 @@ def _last(payload: Callable[[], object]) -> Callable[[Path], list[str]]:
 def _release_last(out: Path) -> list[str]:
     if not (OFFICIAL_CA_DEIT / "small_p8_64.pth").is_file():
         pytest.skip("../shared/fixtures/official_ca_deit is not present")
-    out.mkdir(parents=True)
+    run_folder(out)
     (out / "last.pth").write_bytes((OFFICIAL_CA_DEIT / "small_p8_64.pth").read_bytes())
     return []
 
@@ -90,20 +90,20 @@ def _training_entries(**extra: object) -> dict:
 
 
 def _checkpoint_list(out: Path) -> list[str]:
-    out.mkdir(parents=True)
+    run_folder(out)
     torch.save([1, 2, 3], out / "list.pth")
     return ["mode=eval", f"checkpoint={out / 'list.pth'}"]
 
 
 def _checkpoint_without_ema(out: Path) -> list[str]:
-    out.mkdir(parents=True)
+    run_folder(out)
     torch.save({"model": {"w": torch.zeros(2)}}, out / "without_ema.pth")
     return [f"checkpoint={out / 'without_ema.pth'}", "checkpoint_ema=true"]
 
 
 def _finished(metrics: bytes, config: bytes) -> Callable[[Path], list[str]]:
     def setup(out: Path) -> list[str]:
-        out.mkdir(parents=True)
+        run_folder(out)
         (out / "metrics.json").write_bytes(metrics)
         (out / "config.yaml").write_bytes(config)
         return []
@@ -125,7 +125,7 @@ def _with(setup: Callable[[Path], list[str]], *overrides: str) -> Callable[[Path
 
 
 def _started_over_folder(out: Path) -> list[str]:
-    (out / ".started_over").mkdir(parents=True)
+    (run_folder(out) / ".started_over").mkdir()
     return []
 
 
@@ -152,8 +152,8 @@ CASES = {
     "lock_pid_text": (_write(".lock", '{"pid": "abc"}'), "not cat's lock record"),
     "lock_pid_huge": (_write(".lock", '{"pid": 1e30}'), "not cat's lock record"),
     "lock_pid_null": (_write(".lock", '{"pid": null}'), "not cat's lock record"),
-    "lock_dangling_link": (_lock_link, ".lock is a symbolic link, not cat's lock file"),
-    "lock_folder": (_lock_folder, ".lock is a folder or special file"),
+    "lock_dangling_link": (_lock_link, ".lock is a symbolic link, not a regular file"),
+    "lock_folder": (_lock_folder, ".lock is a folder, not a regular file"),
     "output_dir_dangling_link": (_dangling_output, "a symbolic link to"),
     # what a resume reads
     "last_list": (_last(lambda: [1, 2]), "holds a list, not a training checkpoint"),
@@ -355,7 +355,7 @@ def test_hydra_full_error_keeps_hydras_exception(tmp_path):
 
 def test_folder_named_like_a_temporary_is_left_alone(tmp_path):
     out = tmp_path / "run"
-    (out / ".x.tmp").mkdir(parents=True)
+    (run_folder(out) / ".x.tmp").mkdir()
     (out / ".x.tmp" / "keep").write_text("mine")
     proc = _run(out, [])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,7 +15,7 @@ from cat.errors import DataError, RunDirLockedError
 from cat.runtime import DistEnv, open_run_folder, run_job
 from cat.runtime.metrics import read_history
 from tests import prewarmed
-from tests.conftest import REPO, TINY_CLS, compose_config, typed_config
+from tests.conftest import REPO, TINY_CLS, compose_config, run_folder, typed_config
 
 
 def test_run_folder_is_created_locked_and_released(tmp_path):
@@ -73,13 +73,20 @@ def test_run_job_records_why_the_body_failed_and_releases_the_folder(tmp_path, c
 def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
     """resume=false: the earlier run's files move into earlier_runs/<time>/, each start over its own, so none of them
     (a snapshot, a metric history, a W&B run id) mixes with the new run's; an empty folder moves nothing."""
+    run_folder(tmp_path)
     for name, text in (("last.pth", "a"), ("metrics.jsonl", "{}"), ("wandb_run_id.txt", "abc")):
         (tmp_path / name).write_text(text)
     (tmp_path / "eval").mkdir()
     kept = []
     for _ in range(2):
         folder = open_run_folder(str(tmp_path), DistEnv(), start_over=True)
-        assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".started_over", "earlier_runs", "log.txt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            ".cat-run",
+            ".lock",
+            ".started_over",
+            "earlier_runs",
+            "log.txt",
+        ]
         folder.close()
         kept = sorted((tmp_path / "earlier_runs").iterdir())
     first, second = kept  # the second start over kept the first's log.txt, in a folder of its own
@@ -126,7 +133,7 @@ def test_a_relaunch_of_a_run_started_over_goes_on_with_it(tmp_path, monkeypatch,
     requeue; a new launch, even by hand inside the same Slurm allocation, starts over as asked."""
     from cat.runtime import settle_run_folder
 
-    (tmp_path / "last.pth").write_text("the earlier run")
+    (run_folder(tmp_path) / "last.pth").write_text("the earlier run")
     _launch(monkeypatch, **started_by)
     open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
     (tmp_path / "last.pth").write_text("this launch's run")

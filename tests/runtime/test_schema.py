@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from cat.classification.schema import ClsConfig
 from cat.mm.schema import DetConfig, SegConfig
 from cat.runtime.schema import key, schema_help, schema_keys, schema_of, schema_problems, section
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, compose_config, run_folder
 
 SCHEMAS = {"cls": ClsConfig, "det": DetConfig, "seg": SegConfig}
 
@@ -169,6 +169,7 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     assert file_problem("checkpoint", str(run)) == f"checkpoint={run}: a folder, not a file"
+    run_folder(run)
     for name in ("last.pth", "best.pth", "log.txt"):
         (run / name).write_bytes(b"")
     assert file_problem("checkpoint", str(run / "best.pth")) is None

@@ -1,0 +1,241 @@
+"""A run touches only what it owns: the folders a run may take (new, empty, or marked as a cat run's), those it
+refuses outright, the temporaries it deletes, and the names it never writes through (links, FIFOs, folders)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cat.errors import OutputError
+from cat.runtime import DistEnv, open_run_folder
+from cat.runtime.io import atomic_write_text, open_append, remove_stale_temporaries, temporary_path
+from cat.runtime.rundir import RUN_MARKER, is_run_folder, output_dir_problems
+from tests import prewarmed
+from tests.conftest import REPO, TINY_CLS, refusal_line
+from tests.entry_cases import run_entry_cases
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` (links not followed) with its content's hash: what a refused run must leave."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink():
+            found[str(path.relative_to(folder))] = f"-> {os.readlink(path)}"
+        elif path.is_file():
+            found[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            found[str(path.relative_to(folder))] = "<dir>" if path.is_dir() else "<special>"
+    return found
+
+
+def _checkout_like(folder: Path) -> Path:
+    """A folder holding a user's work: a file and a ``.git`` folder."""
+    (folder / ".git" / "objects").mkdir(parents=True)
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "thesis.tex").write_text("\\section{Results}\n")
+    return folder
+
+
+def _legacy_run(folder: Path) -> Path:
+    """A run folder as runs made them before markers: config.yaml with a job's keys, a log, a checkpoint."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("name: run\nmode: train\noutput_dir: x\nseed: 0\nresume: true\nmodel: {}\n")
+    (folder / "log.txt").write_text("[2026-01-01 00:00:00] train mode\n")
+    (folder / "last.pth").write_bytes(b"checkpoint")
+    return folder
+
+
+def test_a_new_or_empty_folder_is_taken_and_marked(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "new" / "run", tmp_path / "empty"):
+        assert output_dir_problems(str(folder)) == []
+        open_run_folder(str(folder), DistEnv()).close()
+        marker = json.loads((folder / RUN_MARKER).read_text())
+        assert marker["cat_run"] == 1 and marker["pid"] == os.getpid() and is_run_folder(str(folder))
+
+
+def test_a_folder_that_is_not_a_runs_is_refused_and_left_as_it_was(tmp_path):
+    work = _checkout_like(tmp_path / "work")
+    before = _tree(work)
+    [problem] = output_dir_problems(str(work))
+    assert problem == (
+        f"output_dir={work} holds files that are not a cat run's (2 entries, e.g. .git, thesis.tex); "
+        "choose an empty or new folder"
+    )
+    for start_over in (False, True):
+        with pytest.raises(OutputError, match="not a cat run's"):
+            open_run_folder(str(work), DistEnv(), start_over=start_over)
+    assert _tree(work) == before
+
+
+def test_a_run_folder_from_before_markers_resumes_and_is_marked(tmp_path):
+    run = _legacy_run(tmp_path / "run")
+    assert output_dir_problems(str(run)) == [] and is_run_folder(str(run))
+    folder = open_run_folder(str(run), DistEnv())
+    folder.close()
+    assert (run / RUN_MARKER).is_file() and (run / "last.pth").read_bytes() == b"checkpoint"
+    assert "a run folder from before run markers" in (run / "log.txt").read_text()
+    # A config.yaml alone, or one without a job's keys beside a log: not a run's.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.yaml").write_text("lr: 0.1\n")
+    (other / "log.txt").write_text("mine\n")
+    assert not is_run_folder(str(other)) and output_dir_problems(str(other))
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["empty", "root", "home", "checkout", "above the checkout", "cwd", "folder of runs", "data root", "inside data"],
+)
+def test_folders_no_run_may_own_are_refused_outright(tmp_path, monkeypatch, where):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    data = tmp_path / "imagenet"
+    (data / "train").mkdir(parents=True)
+    runs = tmp_path / "outputs" / "cls"
+    for name in ("a", "b"):
+        open_run_folder(str(runs / name), DistEnv()).close()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    output_dir, expected = {
+        "empty": ("", "output_dir is empty (an unset shell variable?)"),
+        "root": ("/", "output_dir=/ holds your home folder"),
+        "home": (str(home), f"output_dir={home} is your home folder"),
+        "checkout": (str(REPO), f"output_dir={REPO} is the cat checkout"),
+        "above the checkout": (str(REPO.parent), f"output_dir={REPO.parent} holds the cat checkout"),
+        "cwd": (".", "output_dir=. is the current directory, not a cat run's folder"),
+        "folder of runs": (str(runs), f"output_dir={runs} holds other runs' folders (a, b)"),
+        "data root": (str(data), f"output_dir={data} is inside data.root={data}"),
+        "inside data": (str(data / "train" / "run"), f"output_dir={data / 'train' / 'run'} is inside data.root"),
+    }[where]
+    [problem] = output_dir_problems(output_dir, [None, str(data)])
+    assert problem.startswith(expected), problem
+
+
+def test_only_temporaries_cat_named_are_deleted(tmp_path):
+    ours = Path(temporary_path(str(tmp_path / "last.pth")))
+    ours.write_bytes(b"torn")
+    users = [".notes.tmp", ".last.pth.abc123.tmp", ".cat-tmp-xyz-last.pth", "draft.tmp"]
+    for name in users:
+        (tmp_path / name).write_text("mine")
+    (tmp_path / ".cat-tmp-0123456789abcdef-dir").mkdir()  # the shape, but a folder: not ours
+    assert remove_stale_temporaries(str(tmp_path)) == [str(ours)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*users, ".cat-tmp-0123456789abcdef-dir"])
+
+
+def _plant(path: Path, kind: str, outside: Path) -> None:
+    if kind == "symlink out":
+        path.symlink_to(outside)
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+
+
+KINDS = ("symlink out", "FIFO", "folder")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["log.txt", "metrics.jsonl", "config_changes.jsonl", "wandb_run_id.txt"])
+def test_appending_never_follows_or_blocks(tmp_path, kind, name):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's\n")
+    _plant(tmp_path / name, kind, outside)
+    with pytest.raises(OutputError, match=f"{name} is a (symbolic link|FIFO|folder), not a regular file"):
+        open_append(str(tmp_path / name))
+    assert outside.read_text() == "the user's\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["config.yaml", "metrics.json", "last.pth", "overrides.yaml"])
+def test_replacing_never_takes_a_planted_name(tmp_path, kind, name):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's\n")
+    _plant(tmp_path / name, kind, outside)
+    with pytest.raises(OutputError, match=f"{name} is a (symbolic link|FIFO|folder), not a regular file"):
+        atomic_write_text(str(tmp_path / name), "new")
+    assert outside.read_text() == "the user's\n" and os.path.lexists(tmp_path / name)
+
+
+# Every name a run writes in its folder, as a run meets it: each planted as a link out of the folder, a FIFO or a
+# folder ends the run in one line before anything is written, and what the link points to is untouched.
+RUN_NAMES = [
+    "log.txt",
+    "metrics.jsonl",
+    "metrics.json",
+    "config_changes.jsonl",
+    "config.yaml",
+    "overrides.yaml",
+    "wandb_run_id.txt",
+    ".started_over",
+    ".lock",
+    "last.pth",
+    "best.pth",
+    "profile",
+    "eval",
+]
+
+
+def _train(out: Path, *overrides: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return prewarmed.run(
+        [sys.executable, str(REPO / "train_cls.py"), *TINY_CLS, "epochs=1", f"output_dir={out}", *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_a_planted_name_in_a_run_folder_ends_the_run_in_one_line(tmp_path):
+    base = tmp_path / "base"
+    assert _train(base).returncode == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("the user's\n")
+    cases, folders = {}, {}
+    for name in RUN_NAMES:
+        for kind in KINDS:
+            out = tmp_path / "cases" / f"{name}-{kind}".replace(" ", "_")
+            shutil.copytree(base, out, symlinks=True)
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                path.unlink()
+            # eval/ and profile/ are folders a run makes: a link to a folder outside is what is planted there
+            folder_name = name in ("profile", "eval")
+            _plant(
+                path,
+                "symlink out" if folder_name and kind == "folder" else kind,
+                outside / ("" if folder_name else "file"),
+            )
+            overrides = ["mode=eval", f"checkpoint={out / 'last.pth'}"] if name == "eval" else ["profile.steps=[1,1]"]
+            cases[f"{name} as {kind}"] = [*TINY_CLS, "epochs=2", f"output_dir={out}", *overrides]
+            folders[f"{name} as {kind}"] = (path, _tree(out))
+    runs = run_entry_cases("train_cls.py", cases)
+    for case, (path, before) in folders.items():
+        line = refusal_line(runs[case])
+        assert str(path) in line, (case, line)
+        assert _tree(path.parent) == before, case
+    assert (outside / "file").read_text() == "the user's\n" and sorted(os.listdir(outside)) == ["file"]
+
+
+@pytest.mark.slow
+def test_an_empty_output_dir_moves_nothing(tmp_path):
+    """``output_dir=$OUT`` with OUT unset: refused, and every byte of the folder it was run from is where it was."""
+    work = _checkout_like(tmp_path / "work")
+    before = _tree(work)
+    for overrides in (["output_dir=", "resume=false"], ["name=", "resume=false"], ["output_dir=.", "resume=false"]):
+        line = refusal_line(_train(work, *overrides, cwd=work))
+        assert ("output_dir" in line or "name" in line) and "earlier_runs" not in line, line
+        assert _tree(work) == before, overrides
