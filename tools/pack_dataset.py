@@ -37,7 +37,6 @@ import hashlib
 import io
 import os
 import random
-import stat
 import sys
 import zipfile
 from collections import Counter
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cat.data import IMAGE_EXTENSIONS
+from cat.data.folders import class_folders, split_images, utf8_name
 from cat.data.manifest import MANIFEST, read_manifest
 from cat.data.shards import scan_shard
 from cat.data.untrusted import decode_image, image_limit
@@ -63,72 +63,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _printable(name: str) -> str:
-    """A file name as UTF-8 text; one that is not (bytes the file system kept as they were) is refused."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(repr(os.fsencode(name))[1:]) from None
-    return name
-
-
-def class_folders(split: Path) -> list[str]:
-    """The split's class folders: real folders (not links) with UTF-8 names, sorted as ImageFolder sorts them."""
-    names = []
-    for entry in sorted(os.scandir(split), key=lambda e: e.name):
-        if entry.is_symlink() and entry.is_dir():
-            raise DataError(
-                f"{entry.path} is a symbolic link to a folder ({os.path.realpath(entry.path)}): the packer takes "
-                "nothing from outside the source folder; copy the class folder in, or pack its real location"
-            )
-        if entry.is_dir(follow_symlinks=False):
-            try:
-                names.append(_printable(entry.name))
-            except ValueError as error:
-                raise DataError(f"class folder {split}/{error}: its name is not UTF-8; rename it") from None
-    return names
-
-
-def split_images(folder: Path, classes: list[str], root: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """``(member name, label)`` of every image under ``folder``, in torchvision ImageFolder's order, and
-    the entries refused: anything that is not a regular file inside ``root`` once links are resolved."""
-    found = class_folders(folder)
+def split_members(folder: Path, classes: list[str], root: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """``(member name, label)`` of every image under ``folder`` by the readers' rule
+    (:func:`cat.data.folders.split_images`), named relative to ``folder``, and the entries refused; a member's
+    name must be UTF-8 (zip and tar names are text)."""
+    found = class_folders(str(folder))
     if found != classes:
         raise DataError(f"{folder} has classes {found[:5]}..., not the train split's {classes[:5]}...")
-    inside = os.path.realpath(root)
-    images, refused = [], []
-    for label, name in enumerate(classes):
-        for directory, subfolders, files in sorted(os.walk(folder / name)):  # links to folders are not entered
-            subfolders.sort()
-            for link in [d for d in subfolders if os.path.islink(os.path.join(directory, d))]:
-                refused.append(f"{os.path.join(directory, link)}: a symbolic link to a folder (not followed)")
-            for file in sorted(files):
-                path = os.path.join(directory, file)
-                if not file.lower().endswith(IMAGE_EXTENSIONS):
-                    continue
-                reason = _refusal(path, inside)
-                if reason is None:
-                    try:
-                        images.append((_printable(os.path.relpath(path, folder)), label))
-                        continue
-                    except ValueError:
-                        reason = "its name is not UTF-8"
-                refused.append(f"{os.fsencode(path)!r}: {reason}" if "UTF-8" in reason else f"{path}: {reason}")
+    found_images, refused = split_images(str(folder), classes, str(root))
+    images = []
+    for path, label in found_images:
+        try:
+            images.append((utf8_name(os.path.relpath(path, folder)), label))
+        except ValueError:
+            refused.append(f"{os.fsencode(path)!r}: its name is not UTF-8")
     if not images:
         raise DataError(f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     return images, refused
-
-
-def _refusal(path: str, inside: str) -> str | None:
-    """Why ``path`` may not be packed, or None: it must resolve to a regular file under ``inside``."""
-    real = os.path.realpath(path)
-    if os.path.commonpath([real, inside]) != inside:
-        return f"leads outside the source folder (to {real})"
-    try:
-        mode = os.stat(real).st_mode
-    except OSError as error:
-        return f"cannot be read ({error.strerror})"
-    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def image_bytes(path: Path, max_side: int | None) -> bytes:
@@ -154,7 +105,7 @@ def image_bytes(path: Path, max_side: int | None) -> bytes:
 def pack_zip(
     source: Path, out: Path, split: str, classes: list[str], max_side: int | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    images, refused = split_images(source / split, classes, source)
+    images, refused = split_members(source / split, classes, source)
     archive, listing = out / f"{split}.zip", out / f"{split}_map.txt"
 
     def write_zip(f) -> None:
@@ -180,7 +131,7 @@ def pack_tar(
     no partial shard."""
     from webdataset import TarWriter
 
-    images, refused = split_images(source / split, classes, source)
+    images, refused = split_members(source / split, classes, source)
     order = list(range(len(images)))
     random.Random(seed).shuffle(order)
     groups: list[list[int]] = [[]]
@@ -301,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
     if missing is not None:  # before anything is written
         raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
-    classes = class_folders(args.source / args.splits[0])
+    classes = class_folders(str(args.source / args.splits[0]))
     args.out.mkdir(parents=True, exist_ok=True)
     for path in remove_stale_temporaries(str(args.out)):
         print(f"removed {path}, left by a pack that was killed")

@@ -6,6 +6,7 @@ each image through timm's transform pipeline."""
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import random
@@ -19,11 +20,14 @@ from timm.data import create_transform
 from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
 from torchvision.transforms import Compose
 
 from cat.errors import DataError
+from cat.runtime.logger import DATA_LOGGER
 
 from .augment import install_timm_augment_fixes
+from .folders import IMAGE_EXTENSIONS, class_folders, split_images
 from .packed import ZipImageDataset
 from .shards import ShardStream
 from .untrusted import check_image_size, decode_image, image_limit, open_regular
@@ -38,8 +42,6 @@ __all__ = [
     "build_decoding",
     "image_files_dataset",
 ]
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def load_rgb(
@@ -108,15 +110,13 @@ def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_class
 
 
 def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
-    from torchvision.datasets import ImageFolder
-
     folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
     if not os.path.isdir(folder):
         raise DataError(
             f"dataset split folder not found: {folder} (data.root={data.root}; expected "
             f"the ImageNet layout {data.train_split}/<class>/*.jpg and {data.val_split}/<class>/*.jpg)"
         )
-    classes = _class_folders(folder)
+    classes = class_folders(folder)
     if not classes:
         loose = sum(entry.name.lower().endswith(IMAGE_EXTENSIONS) for entry in os.scandir(folder))
         raise DataError(
@@ -129,7 +129,7 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
             )
         )
     train_folder = os.path.join(data.root, data.train_split)
-    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := _class_folders(train_folder)):
+    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := class_folders(train_folder)):
         # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
         missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
         raise DataError(
@@ -137,21 +137,38 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
             f"sorted folders, so they would not agree): not in {data.val_split}: {_some(missing)}; not in "
             f"{data.train_split}: {_some(extra)}"
         )
-    for c in classes:
-        has_image = any(
-            f.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(os.path.join(folder, c)) for f in files
-        )
-        if not has_image:
-            raise DataError(f"class folder {os.path.join(folder, c)} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
+    images, left_out = split_images(folder, classes, data.root)
+    if empty := sorted(set(range(len(classes))) - {label for _, label in images}):
+        raise DataError(
+            f"class folder {os.path.join(folder, classes[empty[0]])} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+        )
+    if left_out:
+        logging.getLogger(DATA_LOGGER).warning(
+            "%s: %d entries left out (only regular files inside data.root are read), e.g. %s",
+            folder,
+            len(left_out),
+            "; ".join(left_out[:3]),
+        )
     draft, transform = build_decoding(data, aug, split == "train")
     loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
-    return ImageFolder(folder, transform=transform, loader=loader)
+    return _ListedImageFolder(folder, classes, images, transform=transform, loader=loader)
 
 
-def _class_folders(folder: str) -> list[str]:
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+class _ListedImageFolder(ImageFolder):
+    """torchvision's ImageFolder over images already listed (:func:`~cat.data.folders.split_images`), rather than
+    its own walk, which follows links."""
+
+    def __init__(self, folder: str, classes: list[str], images: list[tuple[str, int]], **kwargs: Any) -> None:
+        self._listed_classes, self._listed = classes, images
+        super().__init__(folder, **kwargs)
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        return self._listed_classes, {name: index for index, name in enumerate(self._listed_classes)}
+
+    def make_dataset(self, *args: Any, **kwargs: Any) -> list[tuple[str, int]]:  # type: ignore[override]
+        return self._listed
 
 
 def _some(names: list[str]) -> str:

@@ -5,6 +5,7 @@ any training where it can be checked cheaply. Numbers refer to issue 54's items.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import runpy
 import shutil
@@ -105,7 +106,7 @@ def test_packer_refuses_a_link_out_of_its_source_and_names_it(source, tmp_path, 
     (src / "train" / "a" / "x.png").symlink_to(secret)
     assert pack([str(src), str(tmp_path / "out"), "--format", fmt, "--shard-mb", "0.002"]) == 0
     captured = capsys.readouterr()
-    assert f"refused {src / 'train' / 'a' / 'x.png'}: leads outside the source folder (to {secret})" in captured.err
+    assert f"refused {src / 'train' / 'a' / 'x.png'}: leads outside the dataset's folder (to {secret})" in captured.err
     assert "train: 24 images" in captured.out and "(1 refused: listed above)" in captured.out
     assert b"SECRET-HASH" not in _archives_text(tmp_path / "out")
 
@@ -118,6 +119,36 @@ def test_packer_does_not_follow_a_folder_loop(source, tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"refused {src / 'train' / 'a' / 'loop'}: a symbolic link to a folder (not followed)" in captured.err
     assert len((tmp_path / "out" / "train_map.txt").read_text().splitlines()) == 24
+
+
+def test_folder_reader_takes_the_packers_rule(source, tmp_path, caplog):
+    """``data=folder`` reads what the packer packs: a link to a folder outside (``/usr/share``) or back into the
+    class folder (``loop -> .``) is not entered, a file linked from outside is left out, one line counts them;
+    a linked class folder is refused by name."""
+    from cat.data import build_dataset
+    from tests.conftest import compose_config
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "stray.png").write_bytes((source / "train" / "b" / "0.png").read_bytes())
+    src = _copy(source, tmp_path)
+    (src / "train" / "a" / "usr_share").symlink_to(outside)
+    (src / "train" / "a" / "loop").symlink_to(".")
+    (src / "train" / "a" / "linked.png").symlink_to(outside / "stray.png")
+    cfg = compose_config("cls", "data=folder", f"data.root={src}", "data.img_size=32", "aug=none")
+    data_log = logging.getLogger("cat.data")  # the run's logger may not propagate to caplog's: listen on it
+    data_log.addHandler(caplog.handler)
+    try:
+        dataset = build_dataset(cfg.data, cfg.aug, "train")
+    finally:
+        data_log.removeHandler(caplog.handler)
+    assert len(dataset) == 24 and [label for _, label in dataset.samples].count(0) == 8
+    assert all(os.path.realpath(path).startswith(str(src)) for path, _ in dataset.samples)
+    [line] = {r.getMessage() for r in caplog.records if "left out" in r.getMessage()}
+    assert "3 entries left out" in line and "usr_share: a symbolic link to a folder (not followed)" in line
+    (src / "train" / "d").symlink_to(outside)
+    with pytest.raises(DataError, match=f"{src / 'train' / 'd'} is a symbolic link to a folder"):
+        build_dataset(cfg.data, cfg.aug, "train")
 
 
 def test_packer_refuses_a_linked_class_folder_and_a_non_utf8_name_in_one_line(source, tmp_path, run_tool):
