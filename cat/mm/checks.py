@@ -15,6 +15,7 @@ from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import output_dir_problems
 from cat.runtime.schema import schema_problems, typed_config
 
+from .bases import base_config_path
 from .safe_load import LAST_CHECKPOINT
 from .schema import MMConfig
 
@@ -59,6 +60,10 @@ def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
         )
     problems += output_dir_problems(cfg.output_dir, [cfg.data.root], run_dir_for(cfg.output_dir, cfg.mode))
     problems += _backbone_kwargs_problems(cfg)
+    try:
+        base_config_path(cfg.model.base)
+    except ConfigError as error:
+        problems += error.problems
     if problems:
         raise ConfigError(problems)
     from .config import backbone_problems  # needs the OpenMMLab stack: only once the keys are valid

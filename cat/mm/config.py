@@ -8,10 +8,8 @@ the stack run on CPU and under torchrun without a GPU.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from mmengine.config import Config, ConfigDict
@@ -24,6 +22,7 @@ from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.resume import resumes
 
 from .backbone import backbone_features
+from .bases import base_config_path
 from .safe_load import ATOMIC_BACKEND, LAST_CHECKPOINT
 from .schema import MMConfig, MMModelConfig
 
@@ -74,15 +73,8 @@ def task_base(cfg: MMConfig, layout: str) -> tuple[Config, tuple[str, ...] | Non
 
 
 def load_base_config(spec: str) -> Config:
-    """``'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'`` -> that packaged config, loaded."""
-    package, _, relative = spec.partition("::")
-    if not relative:
-        raise ValueError(f"base config {spec!r} must look like 'mmdet::path/in/its/configs.py'")
-    root = Path(importlib.import_module(package).__file__).parent / ".mim" / "configs"
-    path = root / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"{package} ships no config {relative} (looked in {root})")
-    return Config.fromfile(str(path))
+    """The base config ``model.base=spec`` names (:func:`~cat.mm.bases.base_config_path`), loaded."""
+    return Config.fromfile(str(base_config_path(spec)))
 
 
 def _backbone_kwargs(model: MMModelConfig) -> dict[str, Any]:

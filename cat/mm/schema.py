@@ -43,7 +43,10 @@ class BackboneConfig:
 
 @dataclass
 class MMModelConfig:
-    base: str = key("the packaged OpenMMLab config it starts from, e.g. mmdet::mask_rcnn/...py")
+    base: str = key(
+        "the OpenMMLab config it starts from: one mmdet or mmseg ships (mmdet::mask_rcnn/...py, resolved inside its "
+        "config tree), or a path to your own (an mmengine config is Python: it runs when loaded)"
+    )
     backbone: BackboneConfig = section(BackboneConfig, "cat's backbone in it")
     pretrained: str | None = key(
         "ImageNet checkpoint of the backbone (train_cls.py output or release format)", resume=FREE

@@ -373,3 +373,40 @@ def test_backbone_grad_checkpointing_recomputes_and_matches(name):
     grads = dict(plain.named_parameters())
     for n, p in checkpointed.named_parameters():
         torch.testing.assert_close(p.grad, grads[n].grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize(
+    ("base", "refusal"),
+    [
+        ("mmdet::{up}{tmp}/payload.py", "leads outside mmdet's config tree"),
+        ("mmdet::{tmp}/payload.py", "leads outside mmdet's config tree"),
+        ("mmseg::../../../mmdet/.mim/configs/_base_/default_runtime.py", "leads outside mmseg's config tree"),
+        ("this::anything", "this:: is not a package cat takes configs from (mmdet, mmseg;"),
+        ("os::path.py", "os:: is not a package cat takes configs from"),
+        ("{tmp}/missing.py", "no such config file"),
+        ("mmdet::mask_rcnn/no-such-config.py", "mmdet ships no config mask_rcnn/no-such-config.py"),
+    ],
+)
+def test_a_base_config_names_a_file_and_runs_nothing_else(base, refusal, tmp_path):
+    """``model.base``: a packaged base resolves inside its package's config tree, or the check refuses it in one
+    line; nothing named is imported or executed on the way (an mmengine config is Python)."""
+    from cat.mm.checks import check_mm_config
+    from cat.runtime.schema import schema_of
+
+    marker = tmp_path / "ran"
+    (tmp_path / "payload.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    spec = base.format(up="../" * 30, tmp=str(tmp_path).lstrip("/") if "{up}" in base else tmp_path)
+    raw = compose_config("det", f"model.base={spec}", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}")
+    with pytest.raises(ConfigError) as refused:
+        check_mm_config(raw, schema_of("det"))
+    assert any(refusal in problem for problem in refused.value.problems), refused.value.problems
+    assert not marker.exists()
+
+
+def test_a_users_own_base_config_is_a_plain_path(tmp_path):
+    from cat.mm.bases import base_config_path
+
+    own = tmp_path / "my_mask_rcnn.py"
+    own.write_text("_base_ = []\n")
+    assert base_config_path(str(own)) == own
+    assert base_config_path("mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py").is_file()
