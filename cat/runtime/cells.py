@@ -4,20 +4,33 @@ and the other cells that failed in a launch (Hydra reports only the first)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
+from collections.abc import Sequence
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from cat.errors import SweepCellError
+from cat.errors import ConfigError, SweepCellError
 
 from .io import atomic_write_text
 from .logger import LOG_TIME_FORMAT, last_log_line
 from .resume import resume_relaunched_start_over
 
-__all__ = ["sweep_of_cell", "settle_run_folder", "write_overrides", "record_refused_cell", "other_failed_cells"]
+__all__ = [
+    "sweep_of_cell",
+    "settle_run_folder",
+    "cell_dir",
+    "sweep_command_problems",
+    "write_overrides",
+    "record_refused_cell",
+    "other_failed_cells",
+]
 
 
 def sweep_of_cell() -> DictConfig | None:
@@ -43,9 +56,62 @@ def _use_sweep_cell_dir(cfg: DictConfig) -> None:
     the sweep's group, so seeds and settings of one sweep are told apart there as well."""
     if (sweep := sweep_of_cell()) is not None:
         wandb = cfg.logger.wandb
-        cfg.output_dir = os.path.join(sweep.dir, sweep.subdir)
+        cfg.output_dir = cell_dir(sweep)
         wandb.name = f"{wandb.name}/{sweep.subdir}" if sweep.subdir else wandb.name
         wandb.group = cfg.sweep_name if wandb.group is None else wandb.group
+
+
+def cell_dir(sweep: DictConfig) -> str:
+    """The cell's folder, ``<hydra.sweep.dir>/<the cell's overrides>``, inside the sweep's folder (a value with
+    ``/``, a checkpoint's path, nests it there). A name that would leave it (a ``..`` part) or that holds control
+    characters is a ConfigError naming it."""
+    name = str(sweep.subdir or "")
+    if ".." in name.split("/") or name.startswith("/") or not name.isprintable():
+        raise ConfigError(
+            f"sweep cell {name!r}: a cell's folder is named by its overrides, and these would put it outside the "
+            f"sweep's folder {sweep.dir} ('..' or control characters in a value that names cells); drop them from "
+            "the values"
+        )
+    return os.path.join(sweep.dir, name)
+
+
+# More cells than this in one sweep is a typo (a range's step, a missing comma), not a plan: refused before it expands.
+MAX_SWEEP_CELLS = 10_000
+
+
+def sweep_command_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[str]:
+    """What forbids a multirun's command line before Hydra expands it, one line each: a range that never ends (a
+    step of 0, a bound at infinity), more than :data:`MAX_SWEEP_CELLS` cells, and a value that names cells (a key
+    not in ``unnamed``) with a ``..`` part or control characters, which would put a cell's folder outside the
+    sweep's (:func:`cell_dir`). What Hydra cannot parse is left to Hydra's own refusal."""
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except HydraException:
+        return []
+    problems, cells = [], 1
+    for override in overrides:
+        values = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
+        sweep = override.value() if override.is_sweep_override() else None
+        if isinstance(sweep, RangeSweep):
+            bounds = (sweep.start, sweep.stop, sweep.step)
+            if sweep.step == 0 or not all(math.isfinite(float(b)) for b in bounds):
+                problems.append(f"{override.input_line}: a range needs a finite start and stop and a step other than 0")
+                continue
+            cells *= max(1, math.ceil((sweep.stop - sweep.start) / sweep.step))
+        elif isinstance(sweep, ChoiceSweep):
+            values = [str(v) for v in sweep.list]
+            cells *= max(1, len(values))
+        if override.key_or_group.startswith("hydra") or override.key_or_group in unnamed:
+            continue
+        problems += [
+            f"{override.input_line}: the value {v!r} names sweep cells, and its '..' or control characters would put "
+            "a cell's folder outside the sweep's folder"
+            for v in values
+            if ".." in v.split("/") or not v.isprintable()
+        ]
+    if cells > MAX_SWEEP_CELLS:
+        problems.append(f"the sweep expands to {cells} cells, over {MAX_SWEEP_CELLS}: check its ranges and lists")
+    return problems
 
 
 def write_overrides(folder: str) -> None:
@@ -58,7 +124,10 @@ def record_refused_cell(sweep: DictConfig, message: str) -> None:
     there, in the ``log.txt`` and ``overrides.yaml`` a run writes, so the sweep's table names how it ended rather
     than counting it as never started. A folder that already holds a log (an earlier run of the cell, or one that
     holds it now) keeps it as it is. Every task of the cell writes the same files, atomically."""
-    folder = os.path.join(sweep.dir, sweep.subdir)
+    try:
+        folder = cell_dir(sweep)
+    except ConfigError:  # a folder outside the sweep's: the sweep's report names the cell
+        return
     if os.path.lexists(os.path.join(folder, "log.txt")):
         return
     with contextlib.suppress(OSError):  # an output folder that cannot be written is what the line may say

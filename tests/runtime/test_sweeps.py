@@ -128,6 +128,51 @@ def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, t
 
 
 @pytest.mark.slow
+def test_a_cell_named_out_of_the_sweep_folder_is_refused_before_any_cell_runs(tmp_path):
+    """``name=x/../../elsewhere``: the cell's folder would resolve outside ``hydra.sweep.dir``; the sweep is refused
+    in one line before Hydra expands it, and nothing is made anywhere (Hydra makes a cell's folder itself)."""
+    escape = "x/" + "../" * 3 + "elsewhere"
+    proc = sweep(tmp_path / "sweeps" / "s", f"name={escape},y", "epochs=1", wait=False, launcher="basic")
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert output.rstrip().splitlines()[-1] == (
+        f"error: name={escape},y: the value {escape!r} names sweep cells, and its '..' or control characters would "
+        "put a cell's folder outside the sweep's folder"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (["seed=range(0,10,0)"], "seed=range(0,10,0): a range needs a finite start and stop and a step other than 0"),
+        (["seed=range(0,inf)"], "seed=range(0,inf): a range needs a finite start and stop"),
+        (["seed=range(0,100000)"], "the sweep expands to 100000 cells, over 10000"),
+        (
+            [
+                "seed=range(0,200)",
+                "lr=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51",
+            ],
+            "the sweep expands to 10200 cells",
+        ),
+        (["name=a/../b"], "the value 'a/../b' names sweep cells"),
+        (["name=ok\x07,fine"], None),  # not an override Hydra parses: its own refusal, one line too
+        (["data.root=/x/../y,/z", "seed=0,1"], None),  # data.root names no cell
+        (["hydra.sweep.dir=/a/../b", "seed=0,1"], None),
+    ],
+)
+def test_a_sweeps_command_line_is_checked_before_it_expands(overrides, problem):
+    from cat.classification.schema import ClsConfig
+    from cat.runtime.cells import sweep_command_problems
+    from cat.runtime.schema import unnamed_keys
+
+    problems = sweep_command_problems(["-m", *overrides], unnamed_keys(ClsConfig))
+    assert (problems == []) if problem is None else any(p.startswith(problem) or problem in p for p in problems), (
+        problems
+    )
+
+
+@pytest.mark.slow
 def test_cell_with_two_tasks_runs_distributed_without_torchrun(tmp_path):
     sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0")
     (folder,) = cells(tmp_path).values()
