@@ -98,7 +98,8 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"its process {first.pid} is gone" in proc.stdout and f"removed {leftover}" in proc.stdout
     assert not leftover.exists() and not (tmp_path / ".lock").exists()
-    assert (tmp_path / ".notes.tmp").read_text() == "the user's"
+    [kept] = (tmp_path / "earlier_runs").glob("*/.notes.tmp")  # set aside with the earlier run, not deleted
+    assert kept.read_text() == "the user's"
 
 
 def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
@@ -178,7 +179,7 @@ BAD_VALUES = [
     ("epochs=abc", "epochs='abc': expected an integer >= 1"),
     ("batch_size=0", "batch_size=0: expected an integer >= 1"),
     ("lr=-1", "lr=-1: expected a number > 0"),
-    ("output_dir=/sys/kernel", "output_dir=/sys/kernel: cannot write in /sys/kernel"),
+    ("output_dir=/sys/kernel/run", "output_dir=/sys/kernel/run: cannot write in /sys/kernel"),
 ]
 
 

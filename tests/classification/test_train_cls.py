@@ -27,7 +27,16 @@ from cat.models import CheckpointMismatchError
 from cat.runtime.meter import IntervalStats
 from cat.runtime.metrics import read_history
 from tests import prewarmed
-from tests.conftest import REPO, TINY_CLS, compose_config, descendant_pids, quick_few, refusal_line, typed_config
+from tests.conftest import (
+    REPO,
+    TINY_CLS,
+    compose_config,
+    descendant_pids,
+    quick_few,
+    refusal_line,
+    run_folder,
+    typed_config,
+)
 
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 TINY = [
@@ -232,8 +241,7 @@ def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted)
 def test_torchrun_restarting_a_killed_worker_goes_on_with_a_run_started_over(tmp_path, uninterrupted):
     """resume=false under torchrun --max-restarts: the worker killed after its second epoch is restarted by torchrun
     with the same command, and goes on from the run its first start began (it started the folder over again)."""
-    out = tmp_path / "run"
-    out.mkdir()
+    out = run_folder(tmp_path / "run")
     (out / "metrics.jsonl").write_text("{}\n")  # an earlier run's record
     command = [
         sys.executable,

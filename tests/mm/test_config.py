@@ -103,7 +103,10 @@ def bad_key_runs(tmp_path_factory) -> tuple[Path, dict[tuple[str, str], subproce
     root = tmp_path_factory.mktemp("bad_keys")
     runs = {}
     for task in ("det", "seg"):
-        cases = {o: [f"data.root={root}", f"output_dir={root / 'run'}", o] for t, o, _ in BAD_KEYS if t == task}
+        (root / "data").mkdir(exist_ok=True)
+        cases = {
+            o: [f"data.root={root / 'data'}", f"output_dir={root / 'run'}", o] for t, o, _ in BAD_KEYS if t == task
+        }
         runs.update({(task, o): proc for o, proc in run_entry_cases(f"train_{task}.py", cases).items()})
     return root, runs
 
@@ -143,7 +146,8 @@ def test_backbone_levels_must_match_the_heads(task, override, expected, tmp_path
     from cat.mm.checks import check_mm_config
     from cat.runtime.schema import schema_of
 
-    common = [f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]
+    (tmp_path / "data").mkdir()
+    common = [f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]
     with pytest.raises(ConfigError) as refused:
         check_mm_config(compose_config(task, *common, override), schema_of(task))
     (problem,) = refused.value.problems

@@ -13,7 +13,7 @@ import torch
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
 from tests import prewarmed
-from tests.conftest import REPO, compose_config, mm_builder, refusal_line
+from tests.conftest import REPO, compose_config, mm_builder, refusal_line, run_folder
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
 
@@ -245,7 +245,7 @@ def test_hostile_checkpoints_are_refused_everywhere(toy_coco, tmp_path):
     cases = {}
     for name in HOSTILE_REFUSALS:
         resume_dir = tmp_path / name / "resume"
-        resume_dir.mkdir(parents=True)
+        run_folder(resume_dir)
         (resume_dir / "epoch_1.pth").write_bytes(files[name].read_bytes())
         (resume_dir / "last_checkpoint").write_text(str(resume_dir / "epoch_1.pth"))
         common = [f"data.root={toy_coco}", *FAST]

@@ -17,7 +17,7 @@ import torch
 
 from cat.errors import CheckpointError
 from tests import prewarmed
-from tests.conftest import REPO, refusal_line
+from tests.conftest import REPO, refusal_line, run_folder
 from tests.hostile import write_hostile_files
 from tests.mm.conftest import run_entry
 
@@ -60,7 +60,7 @@ def _hostile_copy(source: Path, folder: Path, marker: Path) -> Path:
     with ``last_checkpoint`` naming it, as mmengine's own auto-resume would find it."""
     from cat.mm.safe_load import load_from_safe_local
 
-    folder.mkdir(parents=True, exist_ok=True)
+    run_folder(folder)
     checkpoint = load_from_safe_local(str(source))
     checkpoint["meta"]["config"] = f"x = __import__('os').system('touch {marker}')\n"
     checkpoint["meta"]["cfg"] = checkpoint["meta"]["config"]
@@ -178,8 +178,7 @@ def test_url_entry_points_refuse(cached_hostile, trained, tmp_path):
         env=env,
     )
     assert "refusing to load checkpoint" in refusal_line(proc)
-    run = tmp_path / "run"
-    run.mkdir()
+    run = run_folder(tmp_path / "run")
     (run / "last_checkpoint").write_text(f"{LOOPBACK_URL}/evil.pth")
     proc = _entry("det", f"data.root={root}", f"output_dir={run}", "schedule.epochs=2", env=env)
     last = refusal_line(proc)

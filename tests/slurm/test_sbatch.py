@@ -23,7 +23,7 @@ import torch
 
 from tests import prewarmed
 from tests.classification.test_train_cls import env_single_thread, final_weights
-from tests.conftest import REPO, TINY_CLS
+from tests.conftest import REPO, TINY_CLS, run_folder
 
 pytestmark = pytest.mark.slow
 CLUSTER = ["bash", str(REPO / "scripts" / "slurm" / "local_cluster.sh")]
@@ -178,8 +178,7 @@ def digits_on_two_ranks(tmp_path_factory) -> Path:
 def test_preempted_job_checkpoints_mid_epoch_requeues_and_matches(slurm, tmp_path):
     """Submitted with resume=false over an earlier run: the job starts the folder over once, and its requeued
     start goes on with what it trained rather than starting over again."""
-    out, log = tmp_path / "run", tmp_path / "job.out"
-    out.mkdir()
+    out, log = run_folder(tmp_path / "run"), tmp_path / "job.out"
     (out / "metrics.jsonl").write_text("{}\n")  # an earlier run's record
     job = sbatch("single_node.sbatch", log, "train_cls.py", *DIGITS, f"output_dir={out}", "resume=false")
     wait_for_line(out / "log.txt", r"epoch 1/2 step (2\d|[3-9]\d)/179")
