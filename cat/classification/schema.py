@@ -114,13 +114,17 @@ class ClsConfig(JobConfig):
     aug: AugConfig = section(AugConfig, "training augmentation (timm's)", resume=FIXED)
     optim: OptimConfig = section(OptimConfig, "the optimizer (timm's)", resume=RECIPE)
     schedule: ScheduleConfig = section(ScheduleConfig, "the learning-rate schedule (timm's)", resume=RECIPE)
-    epochs: int = key("training epochs", min=1)
+    epochs: int = key("training epochs", min=1, max=100_000)
     batch_size: int = key(
         "images per process and forward; the global batch is batch_size x world x accum_steps", min=1, resume=FIXED
     )
     accum_steps: int = key("forwards (micro-batches) per optimizer step, gradients accumulated", min=1, resume=FIXED)
     lr: float = key(
-        "peak learning rate at a global batch of optim.lr_base_batch", min=0, exclusive_min=True, resume=RECIPE
+        "peak learning rate at a global batch of optim.lr_base_batch",
+        min=0,
+        max=1e3,
+        exclusive_min=True,
+        resume=RECIPE,
     )
     compile: bool = key("torch.compile the model")
     channels_last: bool = key("channels-last memory format")

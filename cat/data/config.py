@@ -60,9 +60,7 @@ class DataConfig:
         required=False,
         resume=FREE,  # the same transform, its last steps computed elsewhere
     )
-    crop_pct: float = key(
-        "eval: resize to img_size / crop_pct, centre crop", min=0, max=1, exclusive_min=True, required=False
-    )
+    crop_pct: float = key("eval: resize to img_size / crop_pct, centre crop", min=0.05, max=1, required=False)
     interpolation: str = key(
         "resize interpolation", choices=("bicubic", "bilinear", "nearest", "lanczos", "random"), required=False
     )

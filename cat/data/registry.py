@@ -101,6 +101,11 @@ def dataset_problems(data: Any) -> list[str]:
     problems = [
         f"data.{name}: missing (data={data.name} needs it)" for name in spec.keys if getattr(data, name) is None
     ]
+    problems += [
+        f"data.{name}={value}: expected 3 numbers, one per RGB channel"
+        for name in ("mean", "std")
+        if (value := getattr(data, name)) is not None and len(value) != 3
+    ]
     if not problems and data.format in ("folder", "tar") and data.cache_mode != "no":
         problems.append(f"data.cache_mode={data.cache_mode}: caches a zip (data.format=zip), not a {data.format}")
     return problems

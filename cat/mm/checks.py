@@ -44,6 +44,8 @@ def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
     if problems:
         raise ConfigError(problems)
     cfg = typed_config(raw, schema)
+    if cfg.data.classes is not None and not cfg.data.classes:
+        problems.append("data.classes=[]: name one class or more, or null for all of the dataset's")
     if cfg.mode == "eval" and not cfg.checkpoint:
         problems.append("mode=eval needs checkpoint=PATH (a detector/segmentor checkpoint)")
     # A resumed training run reads neither: its folder's checkpoint holds the model (cat.mm.config).

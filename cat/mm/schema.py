@@ -57,7 +57,7 @@ class MMModelConfig:
 @dataclass
 class MMOptimConfig:
     type: str = key("an optimizer type mmengine knows (AdamW, SGD, ...)")
-    lr: float = key("learning rate at the paper's total batch", min=0, exclusive_min=True)
+    lr: float = key("learning rate at the paper's total batch", min=0, max=1e3, exclusive_min=True)
     weight_decay: float = key("weight decay (none on no_decay_keys)", min=0)
     betas: list[float] = key("Adam betas", min=0, max=1, exclusive_max=True)
     clip_grad: float | None = key("max gradient norm; null: no clipping", min=0, exclusive_min=True)
@@ -97,7 +97,9 @@ class MMDataConfig:
         resume=FREE,
         in_run_name=False,
     )
-    classes: list[str] | None = key("a subset of the dataset's classes; null: all (COCO's 80, ADE20K's 150)")
+    classes: list[str] | None = key(
+        "a subset of the dataset's classes (one or more names); null: all (COCO's 80, ADE20K's 150)", length=(1, 256)
+    )
 
 
 @dataclass
@@ -108,7 +110,7 @@ class DetDataConfig(MMDataConfig):
 
 @dataclass
 class DetScheduleConfig:
-    epochs: int = key("training epochs", min=1, resume=FREE)
+    epochs: int = key("training epochs", min=1, max=100_000, resume=FREE)
     steps: list[int] = key("epochs after which lr drops 10x", min=1)
     val_interval: int = key("epochs between evaluations", min=1, resume=FREE)
     warmup_iters: int = key("linear warm-up iterations", min=0)
@@ -131,7 +133,7 @@ class SegDataConfig(MMDataConfig):
 
 @dataclass
 class SegScheduleConfig:
-    iters: int = key("training iterations", min=1, resume=FREE)
+    iters: int = key("training iterations", min=1, max=10**9, resume=FREE)
     val_interval: int = key("iterations between evaluations", min=1, resume=FREE)
     warmup_iters: int = key("linear warm-up iterations", min=0)
     poly_power: float = key("poly decay power", min=0, exclusive_min=True)

@@ -158,7 +158,8 @@ def run_folder_problem(folder: str, key: str = "output_dir") -> str | None:
         return str(error)
     shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
     return (
-        f"{key}={folder} holds files that are not a cat run's ({len(entries)} entries, e.g. {shown}); "
+        f"{key}={folder} holds files that are not a cat run's ({len(entries)} "
+        f"{'entry' if len(entries) == 1 else 'entries'}, e.g. {shown}); "
         "choose an empty or new folder"
     )
 

@@ -219,7 +219,7 @@ class JobConfig:
     strict_load: bool = key(
         "checkpoint= (and a backbone's model.pretrained=) must match the model key for key; false: load what fits"
     )
-    seed: int = key("random seed (each rank and epoch derives its own)", min=0, resume=FIXED)
+    seed: int = key("random seed (each rank and epoch derives its own)", min=0, max=2**31 - 1, resume=FIXED)
     debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)", in_run_name=False)
     device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"), in_run_name=False)
     amp: AmpConfig = section(AmpConfig, "mixed precision", resume=RECIPE)
@@ -228,6 +228,7 @@ class JobConfig:
         "seconds a rank waits for the others in a collective before it fails (a lost node ends the job after it); "
         "longer than anything one rank does alone (saving, COCO evaluation)",
         min=1,
+        max=7 * 24 * 3600,
         in_run_name=False,
     )
     log_interval: int = key("steps between console and metric log lines", min=1, in_run_name=False)

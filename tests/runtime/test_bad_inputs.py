@@ -22,9 +22,9 @@ from tests.entry_cases import run_entry_cases
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
 TINY = [*TINY_CLS, "epochs=1"]
-# Files a refused run may add to the folder it was pointed at, or to its eval/ subfolder: its log and
-# its command line.
-RUN_RECORD = {"log.txt", "overrides.yaml"}
+# Files a refused run may add to the folder it was pointed at, or to its eval/ subfolder: its log, its
+# command line and the marker that the folder is a run's.
+RUN_RECORD = {"log.txt", "overrides.yaml", ".cat-run"}
 
 
 def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:
@@ -35,6 +35,13 @@ def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:
         return []
 
     return setup
+
+
+def _foreign(out: Path) -> list[str]:
+    """A folder of the user's, not a run's: refused, nothing in it touched."""
+    out.mkdir(parents=True)
+    (out / "thesis.tex").write_text("mine")
+    return []
 
 
 def _lock_link(out: Path) -> list[str]:
@@ -130,6 +137,23 @@ def _started_over_folder(out: Path) -> list[str]:
 
 
 CASES = {
+    # values that passed the schema, then crashed or hung the run (issue 65, item 6)
+    "epochs_huge": (
+        _overrides("epochs=10000000000000000"),
+        "epochs=10000000000000000: expected an integer >= 1 and <=",
+    ),
+    "seed_huge": (_overrides("seed=100000000000000000000"), "seed=100000000000000000000: expected an integer >= 0 and"),
+    "lr_huge": (_overrides("lr=1e308"), "lr=1e+308: expected a number > 0 and <= 1000"),
+    "crop_pct_tiny": (_overrides("data=imagenet", "data.crop_pct=1e-300"), "data.crop_pct=1e-300: expected a number"),
+    "mean_two": (
+        _overrides("data=imagenet", "data.root=/", "data.mean=[0.5,0.5]"),
+        "data.mean=[0.5, 0.5]: expected 3 numbers, one per RGB channel",
+    ),
+    "mean_empty": (_overrides("data=imagenet", "data.root=/", "data.mean=[]"), "data.mean=[]: expected 3 numbers"),
+    "dist_timeout_huge": (_overrides("dist_timeout_s=100000000000000000000"), "dist_timeout_s=100000000000000000000"),
+    "name_empty": (_overrides("name="), "name='': expected a string of 1 to 255 characters"),
+    "output_dir_empty": (_overrides("output_dir="), "output_dir is empty (an unset shell variable?)"),
+    "output_dir_foreign": (_foreign, "holds files that are not a cat run's (1 entry, e.g. thesis.tex); choose an"),
     # the profiler window (a list the schema types; its shape and order are checked after)
     "profile_steps_one": (_overrides("profile.steps=[5]"), "profile.steps=[5]: expected [first, last]"),
     "profile_steps_reversed": (_overrides("profile.steps=[9,3]"), "profile.steps=[9, 3]: expected [first, last]"),
