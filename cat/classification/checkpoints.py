@@ -122,8 +122,12 @@ def _check_training_checkpoint(saved: Any, path: str) -> None:
             f"{path} is {what}, not a training checkpoint (no {', '.join(missing)}); to start from its weights use "
             "checkpoint=PATH in a new output_dir"
         )
-    if not (isinstance(saved["epoch"], int) and isinstance(saved["step_in_epoch"], int)):
-        raise CheckpointError(f"{path}: epoch/step_in_epoch are not integers")
+    epoch, step = saved["epoch"], saved["step_in_epoch"]  # the last finished epoch (-1: none), the steps since
+    if not (type(epoch) is int and type(step) is int and -1 <= epoch < 2**31 and 0 <= step < 2**31):
+        raise CheckpointError(
+            f"{path}: epoch={epoch!r}, step_in_epoch={step!r}: not the position of a run (the last finished epoch, "
+            "from -1, and the steps since, from 0); the file is damaged or not cat's"
+        )
     if not isinstance(saved["config"], dict) or _nesting_depth(saved["config"]) > _MAX_CONFIG_DEPTH:
         raise CheckpointError(
             f"{path}: its config is not a run config (not a mapping, or nested over {_MAX_CONFIG_DEPTH} levels)"

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from cat.errors import ConfigError
+from cat.errors import CheckpointError, ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.io import open_append
 from cat.runtime.preemption import stop_requested
@@ -67,6 +67,11 @@ def resume(
     saved = ckpt.load_last()
     if saved is None:
         return ResumePoint()
+    if saved["step_in_epoch"] >= steps_per_epoch:  # an epoch's end is saved as the next epoch's step 0
+        raise CheckpointError(
+            f"{ckpt.last}: step_in_epoch={saved['step_in_epoch']} is past this run's {steps_per_epoch} steps per epoch "
+            "(another batch size or dataset than the run it resumes): start a new run in another output_dir"
+        )
     refused = []
     if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
         refused.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")

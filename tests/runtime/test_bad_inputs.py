@@ -183,6 +183,11 @@ CASES = {
     "last_list": (_last(lambda: [1, 2]), "holds a list, not a training checkpoint"),
     "last_bare_state_dict": (_last(lambda: {"w": torch.zeros(2)}), "is a bare state dict, not a training checkpoint"),
     "last_release_file": (_release_last, "is weights only, not a training checkpoint"),
+    "last_negative_epoch": (_last(lambda: _training_entries(epoch=-5)), "epoch=-5, step_in_epoch=0: not the position"),
+    "last_step_past_the_epoch": (
+        _last(lambda: _training_entries(step_in_epoch=10**6)),
+        "step_in_epoch=1000000 is past this run's",
+    ),
     "last_deep_config": (_last(lambda: _training_entries(config=_deep(5000))), "nested over 32 levels"),
     "checkpoint_list": (_checkpoint_list, "holds a list, not a checkpoint"),
     "checkpoint_without_ema": (_checkpoint_without_ema, "without_ema.pth holds no weight EMA (no model_ema"),
