@@ -122,7 +122,7 @@ class ClsConfig(JobConfig):
     lr: float = key(
         "peak learning rate at a global batch of optim.lr_base_batch",
         min=0,
-        max=1e3,
+        max=1e6,
         exclusive_min=True,
         resume=RECIPE,
     )

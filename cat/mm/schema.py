@@ -57,7 +57,7 @@ class MMModelConfig:
 @dataclass
 class MMOptimConfig:
     type: str = key("an optimizer type mmengine knows (AdamW, SGD, ...)")
-    lr: float = key("learning rate at the paper's total batch", min=0, max=1e3, exclusive_min=True)
+    lr: float = key("learning rate at the paper's total batch", min=0, max=1e6, exclusive_min=True)
     weight_decay: float = key("weight decay (none on no_decay_keys)", min=0)
     betas: list[float] = key("Adam betas", min=0, max=1, exclusive_max=True)
     clip_grad: float | None = key("max gradient norm; null: no clipping", min=0, exclusive_min=True)

@@ -143,7 +143,7 @@ CASES = {
         "epochs=10000000000000000: expected an integer >= 1 and <=",
     ),
     "seed_huge": (_overrides("seed=100000000000000000000"), "seed=100000000000000000000: expected an integer >= 0 and"),
-    "lr_huge": (_overrides("lr=1e308"), "lr=1e+308: expected a number > 0 and <= 1000"),
+    "lr_huge": (_overrides("lr=1e308"), "lr=1e+308: expected a number > 0 and <= 1e+06"),
     "crop_pct_tiny": (_overrides("data=imagenet", "data.crop_pct=1e-300"), "data.crop_pct=1e-300: expected a number"),
     "mean_two": (
         _overrides("data=imagenet", "data.root=/", "data.mean=[0.5,0.5]"),

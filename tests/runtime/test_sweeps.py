@@ -114,9 +114,9 @@ def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, t
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
     bad = f"{KWARGS},epochs=1,lr=-1"
-    line = "invalid config: lr=-1: expected a number > 0"
+    line = "invalid config: lr=-1: expected a number > 0 and <= 1e+06"
     assert output.rstrip().splitlines()[-2:] == [
-        f"error: sweep cell {KWARGS},epochs=1,lr=-2: invalid config: lr=-2: expected a number > 0",
+        f"error: sweep cell {KWARGS},epochs=1,lr=-2: invalid config: lr=-2: expected a number > 0 and <= 1e+06",
         f"error: sweep cell {bad}: {line}",
     ]
     good = tmp_path / f"{KWARGS},epochs=1,lr=0.001"
