@@ -13,13 +13,20 @@
 # resolve inside the nodes through /etc/netns/cat-n<i>/hosts (ip-netns bind-mounts it as their /etc/hosts).
 # The nodes share this machine's filesystem, munge socket and CPUs; packets go only between the bridge, the
 # nodes and the loopback (nothing is routed: the bridge has no uplink and forwarding is left as it is).
-# State and logs live in $CAT_SLURM_DIR (default /tmp/cat-slurm). Needs root.
+# State and logs live in $CAT_SLURM_DIR (default /tmp/cat-slurm): made 0700 and owned by the caller; one that is a
+# link, someone else's, or group- or world-writable is refused. Needs root.
 #
-# It ends only what it started: the daemons whose PID files are in $CAT_SLURM_DIR (each checked to still be that
-# daemon), their job steps, and munged only if it started munged; a site's own Slurm or munge is left running.
+# It ends only what it started. Each daemon it starts is recorded in $CAT_SLURM_DIR/started (name, PID and the
+# kernel's start time of that PID), and only a process that still matches all three is ended, with its job steps;
+# munged only if it started munged; a site's own Slurm or munge is left running. The namespaces and the bridge it
+# creates are recorded in $CAT_SLURM_DIR/namespaces and .../bridge, and only those are deleted (`stop`) or failed
+# (`fail NODE`): a namespace of the same name made by anyone else is left as it is. Every setting from the
+# environment is checked before it is used (digits only, bounded), so none reaches the shell's arithmetic.
 # `stop` returns once they are gone (or names the one it could not end); `start` gives up after
 # $CAT_SLURM_START_S seconds (default 120) with the daemon or node that did not come up and its log's end.
 set -euo pipefail
+
+die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 
 STATE=${CAT_SLURM_DIR:-/tmp/cat-slurm}
 NET=${CAT_SLURM_NET:-10.231.0}  # the bridge's /24; refused if this machine already routes it elsewhere
@@ -27,24 +34,47 @@ BRIDGE=catslurm0
 CONF_DIR=/etc/slurm
 HOST=$(hostname -s)
 START_S=${CAT_SLURM_START_S:-120}
+# Checked as text before any use: a value reaches neither the shell's arithmetic nor a command line unchecked.
+[[ "$START_S" =~ ^[0-9]{1,5}$ ]] && [ "$START_S" -ge 1 ] && [ "$START_S" -le 86400 ] \
+    || die "CAT_SLURM_START_S must be a number of seconds from 1 to 86400, got '$START_S'"
+[[ "$NET" =~ ^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])$ ]] \
+    || die "CAT_SLURM_NET must be the first three numbers of an IPv4 /24 (e.g. 10.231.0), got '$NET'"
+[[ "$STATE" = /* && "$STATE" != *$'\n'* ]] || die "CAT_SLURM_DIR must be an absolute path, got '$STATE'"
 
-die() { echo "local_cluster.sh: $*" >&2; exit 1; }
-
-# The PID in one of our PID files, if that process lives and is the daemon named (a PID can be reused).
-our_pid() {
-    local pid
-    pid=$(cat "$1" 2>/dev/null) || return 1
-    [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$2" ] && echo "$pid"
+# The state folder: made 0700 for the caller, or refused where it could be someone else's (a link planted in /tmp,
+# another owner, a folder others may write in).
+state_dir() {
+    [ ! -L "$STATE" ] || die "$STATE is a symbolic link; the cluster's state folder must be a folder of its own"
+    if [ ! -e "$STATE" ]; then (umask 077 && mkdir -p "$STATE") || die "cannot make $STATE"; fi
+    [ -d "$STATE" ] || die "$STATE is not a folder"
+    [ "$(stat -c %u "$STATE")" = "$(id -u)" ] || die "$STATE belongs to uid $(stat -c %u "$STATE"), not to you"
+    case "$(stat -c %A "$STATE")" in
+    ?????w????|????????w?) die "$STATE may be written by others ($(stat -c %A "$STATE")); use a folder only you write" ;;
+    esac
 }
-# Every daemon of ours that lives, as "PID NAME" lines.
+
+# The kernel's start time of PID (field 22 of /proc/PID/stat, after the command's parentheses).
+start_time() { awk '{sub(/^.*\) /, ""); print $20}' "/proc/$1/stat" 2>/dev/null; }
+# A recorded daemon ("KEY COMMAND PID START") that still lives as recorded: the same command at the same start.
+alive_as_recorded() { [ "$(ps -o comm= -p "$3" 2>/dev/null)" = "$2" ] && [ "$(start_time "$3")" = "$4" ]; }
+# The PID of the daemon this script started as KEY (slurmctld, slurmd, slurmd-cat-n2, munged), if it still lives.
+our_pid() {
+    local key command pid started
+    [ -f "$STATE/started" ] || return 1
+    while read -r key command pid started; do
+        [ "$key" = "$1" ] && [[ "$pid" =~ ^[0-9]+$ ]] || continue
+        if alive_as_recorded "$key" "$command" "$pid" "$started"; then echo "$pid"; return 0; fi
+    done < "$STATE/started"
+    return 1
+}
+# Every daemon this script started that still lives as recorded, as "PID COMMAND" lines.
 our_daemons() {
-    local file name
-    for file in "$STATE"/*.pid; do
-        [ -e "$file" ] || continue
-        name=$(basename "$file" .pid)
-        name=${name%%-*}  # slurmd-cat-n2 -> slurmd
-        our_pid "$file" "$name" | sed "s/\$/ $name/" || true
-    done
+    local key command pid started
+    [ -f "$STATE/started" ] || return 0
+    while read -r key command pid started; do
+        [[ "$pid" =~ ^[0-9]+$ ]] || continue
+        if alive_as_recorded "$key" "$command" "$pid" "$started"; then echo "$pid $command"; fi
+    done < "$STATE/started"
 }
 # PID and all its descendants.
 with_descendants() {
@@ -52,15 +82,30 @@ with_descendants() {
     echo "$pid"
     for child in $(pgrep -P "$pid" 2>/dev/null || true); do with_descendants "$child"; done
 }
-# The daemon's PID once its PID file names it (daemons write it after they fork), or fail with its log's end.
+# Once the daemon's PID file names a live NAME (daemons write it after they fork), record it as started here
+# under KEY (default NAME), with the kernel's start time of its PID; or fail with its log's end.
 wait_for_pid() {
-    local file=$1 name=$2 log=$3
-    for _ in $(seq 50); do our_pid "$file" "$name" >/dev/null && return 0; sleep 0.2; done
+    local file=$1 name=$2 log=$3 key=${4:-$2} pid
+    for _ in $(seq 50); do
+        pid=$(cat "$file" 2>/dev/null || true)
+        if [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$name" ]; then
+            echo "$key $name $pid $(start_time "$pid")" >> "$STATE/started"
+            return 0
+        fi
+        sleep 0.2
+    done
     die "$name did not start (no live process in $file); the end of $log: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
 }
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs as root)"
 
-node_names() { ls /var/run/netns 2>/dev/null | grep -E '^cat-n[0-9]+$' | sort -V || true; }
+# The namespaces this script created (recorded as it made them), those that still exist.
+node_names() {
+    local name
+    [ -f "$STATE/namespaces" ] || return 0
+    while read -r name; do
+        [[ "$name" =~ ^cat-n[0-9]+$ ]] && [ -e "/var/run/netns/$name" ] && echo "$name"
+    done < "$STATE/namespaces"
+}
 
 install_packages() {
     if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
@@ -71,7 +116,6 @@ install_packages() {
 
 # The site's munged if one runs (left alone, and never stopped here), else ours, its PID recorded.
 start_munge() {
-    mkdir -p "$STATE"
     if pgrep -x munged >/dev/null; then return; fi
     if [ ! -s /etc/munge/munge.key ]; then
         mkdir -p /etc/munge
@@ -83,12 +127,12 @@ start_munge() {
     chmod 0400 /etc/munge/munge.key
     runuser -u munge -- /usr/sbin/munged
     for _ in $(seq 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.2; done
-    cp /run/munge/munged.pid "$STATE/munged.pid" 2>/dev/null || die "munged did not start (no /run/munge/munged.pid)"
-    wait_for_pid "$STATE/munged.pid" munged /var/log/munge/munged.log
+    wait_for_pid /run/munge/munged.pid munged /var/log/munge/munged.log
 }
 
 start_slurmctld() {
-    our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null || slurmctld || die "slurmctld exited with status $?: see $STATE/slurmctld.log"
+    our_pid slurmctld >/dev/null && return 0
+    slurmctld || die "slurmctld exited with status $?: see $STATE/slurmctld.log"
     wait_for_pid "$STATE/slurmctld.pid" slurmctld "$STATE/slurmctld.log"
 }
 
@@ -98,12 +142,19 @@ start_network() {
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
         if ip route show | grep -q "^$NET\.0/24"; then die "$NET.0/24 is already routed on this machine; set CAT_SLURM_NET"; fi
         ip link add "$BRIDGE" type bridge
+        echo "$BRIDGE" > "$STATE/bridge"
         ip addr add "$NET.1/24" dev "$BRIDGE"
         ip link set "$BRIDGE" up
+    elif [ ! -f "$STATE/bridge" ]; then
+        die "a bridge $BRIDGE exists that this cluster did not make; remove it, or stop the cluster that made it"
     fi
     for i in $(seq "$nodes"); do
         name=cat-n$i
-        ip netns add "$name" 2>/dev/null || true
+        if [ -e "/var/run/netns/$name" ]; then
+            node_names | grep -qx "$name" || die "a network namespace $name exists that this cluster did not make; remove it first"
+        else
+            ip netns add "$name" && echo "$name" >> "$STATE/namespaces"
+        fi
         if ! ip link show "$name-h" >/dev/null 2>&1; then
             ip -n "$name" link del eth0 2>/dev/null || true
             ip link add "$name-h" type veth peer name eth0 netns "$name"
@@ -185,18 +236,18 @@ CONF
 # A node's slurmd, inside its namespace with its own hostname; started unless it runs.
 start_node() {
     local name=$1
-    if ip netns pids "$name" 2>/dev/null | xargs -r ps -o comm= -p 2>/dev/null | grep -qx slurmd; then return; fi
+    if our_pid slurmd-"$name" >/dev/null; then return; fi
     mkdir -p "$STATE/spool/$name"
     ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd" \
         || die "slurmd of $name did not start: it exited with status $? (see $STATE/slurmd-$name.log)"
-    wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log"
+    wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log" "slurmd-$name"
 }
 
 # Within the start's deadline: every node up, each daemon of ours still alive; else which, and why.
 wait_for_nodes() {
     local names=("$@") deadline=$((SECONDS + START_S)) name
     while [ "$SECONDS" -lt "$deadline" ]; do
-        our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null \
+        our_pid slurmctld >/dev/null \
             || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
         if [ "$(timeout 10 sinfo -h -N -n "$(IFS=,; echo "${names[*]}")" -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = "${#names[@]}" ]; then
             return 0
@@ -217,7 +268,7 @@ kill_node() {
 # Ours only: the namespaces' processes, then each daemon of ours with its job steps; returns when they are gone.
 stop_all() {
     local name pids pid left
-    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; then timeout 10 scancel --user=root >/dev/null 2>&1 || true; fi
+    if our_pid slurmctld >/dev/null; then timeout 10 scancel --user=root >/dev/null 2>&1 || true; fi
     for name in $(node_names); do kill_node "$name"; done
     pids=$(our_daemons | while read -r pid _; do with_descendants "$pid"; done)
     [ -z "$pids" ] || kill $pids 2>/dev/null || true
@@ -235,9 +286,12 @@ stop_all() {
         ip netns del "$name"
         rm -rf "/etc/netns/$name"
     done
-    ip link del "$BRIDGE" 2>/dev/null || true
+    if [ -f "$STATE/bridge" ]; then ip link del "$BRIDGE" 2>/dev/null || true; fi
     rmdir /etc/netns 2>/dev/null || true
-    rm -rf "$STATE"
+    # What this script and its daemons write there, by name; the folder goes only if nothing else is left in it.
+    rm -rf "$STATE/ctld" "$STATE/spool" "$STATE/started" "$STATE/namespaces" "$STATE/bridge" "$STATE/jobcomp.txt"
+    rm -f "$STATE"/slurmctld.{pid,log} "$STATE"/slurmd.{pid,log} "$STATE"/slurmd-cat-n*.{pid,log}
+    rmdir "$STATE" 2>/dev/null || true
 }
 
 command=${1:-start}
@@ -250,13 +304,14 @@ while [ $# -gt 0 ]; do
     *) [ "$command" = fail ] && break; die "unknown option $1" ;;
     esac
 done
-[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes must be a positive number, got $nodes"
+[[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got $nodes"
+state_dir
 
 case "$command" in
 start)
     install_packages
     start_munge
-    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null && [ -f "$CONF_DIR/slurm.conf" ]; then
+    if our_pid slurmctld >/dev/null && [ -f "$CONF_DIR/slurm.conf" ]; then
         running=$(grep -c '^NodeName=' "$CONF_DIR/slurm.conf")
         grep -q "^NodeName=cat-n" "$CONF_DIR/slurm.conf" || running=1
         [ "$running" = "$nodes" ] || die "a $running-node cluster runs; stop it first"
@@ -264,8 +319,10 @@ start)
     if [ "$nodes" = 1 ]; then
         write_config 1
         start_slurmctld
-        our_pid "$STATE/slurmd.pid" slurmd >/dev/null || slurmd || die "slurmd did not start: it exited with status $? (see $STATE/slurmd.log)"
-        wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"
+        if ! our_pid slurmd >/dev/null; then
+            slurmd || die "slurmd did not start: it exited with status $? (see $STATE/slurmd.log)"
+            wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"
+        fi
         wait_for_nodes "$HOST"
     else
         start_network "$nodes"
@@ -279,7 +336,7 @@ start)
     ;;
 fail)
     name=${1:?usage: local_cluster.sh fail NODE}
-    ip netns pids "$name" >/dev/null 2>&1 || die "no node $name"
+    node_names | grep -qx -- "$name" || die "no node $name of this cluster (its nodes: $(node_names | tr '\n' ' '))"
     ip -n "$name" link set eth0 down  # first the network, so nothing it held says goodbye
     kill_node "$name"
     echo "node $name lost"
@@ -289,7 +346,7 @@ stop)
     echo "local Slurm stopped"
     ;;
 status)
-    if our_pid "$STATE/slurmctld.pid" slurmctld >/dev/null; then sinfo; squeue; else echo "not running"; exit 1; fi
+    if our_pid slurmctld >/dev/null; then sinfo; squeue; else echo "not running"; exit 1; fi
     ;;
 *)
     die "usage: local_cluster.sh start [--nodes N]|fail NODE|status|stop"

@@ -1,0 +1,113 @@
+"""The local Slurm helper (scripts/slurm/local_cluster.sh) ends only what it started: a process named in a PID file
+it did not write, a network namespace of one of its names that someone else made, a state folder others could
+have planted, and an environment value that would run code are each left alone or refused, with real processes
+and real namespaces. None of these starts a cluster: each is refused, or touches nothing, before one would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+CLUSTER = ["bash", str(REPO / "scripts" / "slurm" / "local_cluster.sh")]
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the local cluster needs root and iproute2"
+)
+
+
+def _cluster(state: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLUSTER, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CAT_SLURM_DIR": str(state), **env},
+    )
+
+
+def _state(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    return state
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    return proc.poll() is None
+
+
+@pytest.fixture
+def foreign_namespace():
+    """A namespace with one of the cluster's names, made by someone else, with a process inside."""
+    name = "cat-n9"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        pytest.skip("network namespaces cannot be made here")
+    inside = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "300"])
+    time.sleep(0.3)
+    yield name, inside
+    inside.kill()
+    inside.wait()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_stop_and_fail_leave_what_they_did_not_start(tmp_path, foreign_namespace):
+    name, inside = foreign_namespace
+    state = _state(tmp_path)
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        for planted in ("sleep.pid", "slurmctld.pid", "munged.pid"):  # PID files the script never wrote
+            (state / planted).write_text(f"{bystander.pid}\n")
+        (state / "started").write_text(f"slurmctld sleep {bystander.pid} 1\n")  # a record whose start time lies
+        stop = _cluster(state, "stop")
+        assert stop.returncode == 0, stop.stderr
+        fail = _cluster(state, "fail", name)
+        assert fail.returncode != 0 and f"no node {name} of this cluster" in fail.stderr, fail.stderr
+        assert _alive(bystander) and _alive(inside)
+        assert name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert (state / "sleep.pid").is_file()  # a file it did not make stays, and so does its folder
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_an_environment_value_runs_nothing(tmp_path):
+    state = _state(tmp_path)
+    marker = tmp_path / "ran"
+    for variable, value in (
+        ("CAT_SLURM_START_S", f"HOST[$(touch {marker})]"),
+        ("CAT_SLURM_START_S", "0"),
+        ("CAT_SLURM_NET", f"10.0.0;touch {marker}"),
+        ("CAT_SLURM_NET", "10.0.300"),
+    ):
+        proc = _cluster(state, "start", **{variable: value})
+        assert proc.returncode != 0 and f"{variable} must be" in proc.stderr, proc.stderr
+        assert not marker.exists() and os.listdir(state) == []
+    proc = _cluster(state, "start", "--nodes", "1000")
+    assert proc.returncode != 0 and "--nodes must be a number from 1 to 99" in proc.stderr
+
+
+def test_a_state_folder_others_could_have_planted_is_refused(tmp_path):
+    elsewhere = _state(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    for state, refusal in (
+        (link, "is a symbolic link"),
+        (open_folder, "may be written by others (drwxrwxrwx)"),
+        (foreign, "belongs to uid 65534, not to you"),
+    ):
+        proc = _cluster(state, "status")
+        assert proc.returncode == 1 and refusal in proc.stderr, proc.stderr
+    made = tmp_path / "new" / "state"
+    _cluster(made, "status")  # not running: exit 1, but its folder is made private
+    assert oct(made.stat().st_mode & 0o777) == "0o700"
