@@ -391,9 +391,14 @@ def build_step_meter(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> StepMete
     return StepMeter(env.device, flops, peak, advice_text)
 
 
-def build_profile_window(cfg: ClsConfig, env: DistEnv, run_folder: str) -> ProfileWindow | None:
-    """``profile.steps`` of rank 0 (None when off, or on other ranks)."""
+def build_profile_window(cfg: ClsConfig, env: DistEnv, run_folder: str, total_steps: int) -> ProfileWindow | None:
+    """``profile.steps`` of rank 0 (None when off, or on other ranks); a window past the run's ``total_steps``
+    says so in the log at the start, rather than record nothing without a word."""
     if cfg.profile.steps is None or not env.is_main:
         return None
     first, last = cfg.profile.steps
+    if first > total_steps:
+        logging.getLogger(RUN_LOGGER).warning(
+            "profile.steps=[%d, %d]: this run has %d steps, so nothing will be profiled", first, last, total_steps
+        )
     return ProfileWindow(first, last, run_folder, env.device, env.rank, logging.getLogger(RUN_LOGGER), cfg.profile.top)

@@ -118,6 +118,17 @@ def _memory_problems(cfg: ClsConfig) -> list[str]:
     ]
 
 
+def _split_problems(cfg: ClsConfig) -> list[str]:
+    """A training run's splits are two: one split for both trains on the images it reports top-1 on."""
+    data = cfg.data
+    if cfg.mode == "train" and reads_files(data) and data.train_split == data.val_split:
+        return [
+            f"data.train_split={data.train_split} is data.val_split too: the run would train on the images it "
+            "validates on and report their top-1; name two splits"
+        ]
+    return []
+
+
 def _profile_problems(cfg: ClsConfig) -> list[str]:
     steps = cfg.profile.steps
     if steps is None:
@@ -194,7 +205,8 @@ def check_config(cfg: DictConfig) -> ClsConfig:
     typed = typed_config(cfg, ClsConfig)
     if problems := dataset_problems(typed.data):
         raise ConfigError(problems)
-    problems = _paths_problems(typed) + _optimizer_problems(typed) + _augment_problems(typed) + _profile_problems(typed)
+    problems = _paths_problems(typed) + _optimizer_problems(typed) + _augment_problems(typed)
+    problems += _profile_problems(typed) + _split_problems(typed)
     sizes = _model_kwargs_problems(typed.model)
     problems += sizes or _memory_problems(typed)
     if not sizes:

@@ -217,7 +217,7 @@ class Trainer:
             folder.metrics.log,
             stop_requested,
             meter=build_step_meter(cfg, env, self.state.model),
-            profiler=build_profile_window(cfg, env, folder.path),
+            profiler=build_profile_window(cfg, env, folder.path, cfg.epochs * self.data.steps_per_epoch),
         )
         self.precision = self.opts.precision
         self.checkpoints = _Checkpoints(cfg, env, folder)

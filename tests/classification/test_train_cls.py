@@ -603,9 +603,13 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     evaluated = run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
     assert (evaluated["top1"], evaluated["ema_top1"]) == (metrics["top1"], metrics["ema_top1"])
     assert "its weight EMA: top1" in (tmp_path / "eval" / "log.txt").read_text()
-    # A fine-tune from the weight EMA (checkpoint_ema=true) says what it starts from.
-    run_train(tmp_path / "from_ema", "epochs=1", f"checkpoint={tmp_path / 'best.pth'}", "checkpoint_ema=true")
-    assert f"weights from {tmp_path / 'best.pth'}, its weight EMA\n" in (tmp_path / "from_ema" / "log.txt").read_text()
+    # A fine-tune from the weight EMA (checkpoint_ema=true) says what it starts from; a profiler window past its
+    # end says at the start that it will record nothing.
+    fine_tune = ["epochs=1", f"checkpoint={tmp_path / 'best.pth'}", "checkpoint_ema=true", "profile.steps=[1000,2000]"]
+    run_train(tmp_path / "from_ema", *fine_tune)
+    log = (tmp_path / "from_ema" / "log.txt").read_text()
+    assert f"weights from {tmp_path / 'best.pth'}, its weight EMA\n" in log
+    assert "profile.steps=[1000, 2000]: this run has " in log and not (tmp_path / "from_ema" / "profile").exists()
     ckpt = torch.load(tmp_path / "best.pth", map_location="cpu", weights_only=True)
     assert {"model", "optimizer", "scheduler", "scaler", "model_ema", "epoch", "best_top1", "config", "rng"} <= set(
         ckpt

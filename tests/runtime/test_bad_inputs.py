@@ -146,11 +146,15 @@ CASES = {
     "lr_huge": (_overrides("lr=1e308"), "lr=1e+308: expected a number > 0 and <= 1e+06"),
     "crop_pct_tiny": (_overrides("data=imagenet", "data.crop_pct=1e-300"), "data.crop_pct=1e-300: expected a number"),
     "mean_two": (
-        _overrides("data=imagenet", "data.root=/", "data.mean=[0.5,0.5]"),
+        _overrides("data=imagenet", "data.root=/usr", "data.mean=[0.5,0.5]"),
         "data.mean=[0.5, 0.5]: expected 3 numbers, one per RGB channel",
     ),
-    "mean_empty": (_overrides("data=imagenet", "data.root=/", "data.mean=[]"), "data.mean=[]: expected 3 numbers"),
+    "mean_empty": (_overrides("data=imagenet", "data.root=/usr", "data.mean=[]"), "data.mean=[]: expected 3 numbers"),
     "dist_timeout_huge": (_overrides("dist_timeout_s=100000000000000000000"), "dist_timeout_s=100000000000000000000"),
+    "train_split_is_val": (
+        _overrides("data=imagenet", "data.root=/usr", "data.train_split=val"),
+        "data.train_split=val is data.val_split too: the run would train on the images it validates on",
+    ),
     "name_empty": (_overrides("name="), "name='': expected a string of 1 to 255 characters"),
     "output_dir_empty": (_overrides("output_dir="), "output_dir is empty (an unset shell variable?)"),
     "output_dir_foreign": (_foreign, "holds files that are not a cat run's (1 entry, e.g. thesis.tex); choose an"),
