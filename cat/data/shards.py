@@ -89,6 +89,12 @@ def shard_paths(root: str, split: str) -> list[str]:
     return paths
 
 
+# What a sample may hold besides its image (a label, a little metadata), so one sample cannot hold many images'
+# worth of fields that each pass the per-member bound.
+_MAX_SAMPLE_FIELDS = 16
+_SAMPLE_EXTRA_BYTES = 1 << 20
+
+
 def shard_samples(path: str, limit: int, labels_only: bool = False) -> Iterator[dict[str, Any]]:
     """The samples of one shard, in order: runs of members that share a key, as ``{"__key__", "__url__",
     field: bytes}``. Each member's size is checked against ``limit`` from its header before it is read;
@@ -109,7 +115,15 @@ def shard_samples(path: str, limit: int, labels_only: bool = False) -> Iterator[
                     if sample is None or sample["__key__"] != key:
                         if sample is not None:
                             yield sample
-                        sample = {"__key__": key, "__url__": path}
+                        sample, held = {"__key__": key, "__url__": path}, 0
+                    held += member.size
+                    if held > limit + _SAMPLE_EXTRA_BYTES or len(sample) > _MAX_SAMPLE_FIELDS + 2:
+                        raise DataError(
+                            f"sample {key} of {path} holds {len(sample) - 1} fields of {held / 1e6:.1f} MB by "
+                            f"{member.name}: a sample is one image of at most data.max_image_mb={limit / 1e6:g} and "
+                            f"its label (at most {_MAX_SAMPLE_FIELDS} fields, {_SAMPLE_EXTRA_BYTES / 1e6:g} MB besides "
+                            "the image); re-pack the shard"
+                        )
                     reader = archive.extractfile(member) if not labels_only or field == "cls" else None
                     sample[field] = reader.read() if reader is not None else None
                 if sample is not None:

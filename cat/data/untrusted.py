@@ -18,6 +18,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO, TypeVar
 
+import numpy as np
 from PIL import Image
 
 from cat.errors import DataError
@@ -98,12 +99,23 @@ def decode_image(data: bytes | BinaryIO, name: str, read: Callable[[Image.Image]
     (:class:`~cat.data.images.DraftCrop`), or read its header alone."""
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-            return read(image) if read is not None else image.convert("RGB")
+            return read(image) if read is not None else _as_rgb(image)
     except Image.UnidentifiedImageError:  # its own text names a file object, not the file
         reason = "not an image PIL can identify"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         reason = f"{type(error).__name__}: {error}"
     raise DataError(f"cannot read {name} ({reason}); replace or remove it")
+
+
+# Pillow's 16-bit greyscale modes: ``convert("RGB")`` clips their 0..65535 at 255 rather than scaling them.
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _as_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as 8-bit RGB, a 16-bit greyscale one scaled by its real range (200/65535 is black, not 200/255)."""
+    if image.mode in _SIXTEEN_BIT:
+        image = Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
+    return image.convert("RGB")
 
 
 def parse_label(data: bytes, name: str) -> int:

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from cat.data import ZipImageDataset, load_rgb
-from cat.data.shards import ShardStream, scan_shard
+from cat.data.shards import ShardStream, scan_shard, shard_samples
 from cat.errors import DataError
 from tests.conftest import REPO
 
@@ -458,6 +458,19 @@ def test_a_cls_too_large_for_int64_is_one_line(tmp_path):
         writer.write({"__key__": "k0", "png": png, "cls": b"99999999999999999999999"})
     with pytest.raises(DataError, match=r"sample k0 in .*train-000000\.tar: label '99999999999999999999999' is not"):
         ShardStream(str(tmp_path), "train")
+
+
+def test_a_tar_sample_of_many_fields_is_bounded_as_a_whole(tmp_path):
+    """120 fields of 1 MB each passed ``data.max_image_mb=1.5``, which bounds each member: a sample is bounded too
+    (here 12 fields of 0.4 MB)."""
+    from webdataset import TarWriter
+
+    png = _png(np.random.default_rng(0))
+    with TarWriter(str(tmp_path / "train-000000.tar"), encoder=False) as writer:
+        writer.write({"__key__": "k0", "png": png, "cls": b"0"})
+        writer.write({"__key__": "k1", "png": png, "cls": b"0", **{f"x{i}": b"\0" * 400_000 for i in range(12)}})
+    error = _within(30, lambda: list(shard_samples(str(tmp_path / "train-000000.tar"), 1_500_000)))
+    _one_line(error, "sample k1 of", "fields of", "data.max_image_mb=1.5")
 
 
 # 9. Stale shards, and messages that name the file.

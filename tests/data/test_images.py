@@ -106,3 +106,15 @@ def test_uint8_batches_normalised_on_the_device_are_timms_tensors():
     )
     assert all((image != image[0, 0, 0]).any() for image in batch)
     assert build_batch_transform(plain, AUG, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize(("level", "expected"), [(200, 0), (65535, 255), (32896, 128)])
+def test_a_sixteen_bit_png_decodes_by_its_real_range(tmp_path, level, expected):
+    """A 16-bit greyscale PNG at 200/65535 is black: Pillow's ``convert("RGB")`` clips it to 200/255 instead."""
+    from cat.data import load_rgb
+
+    path = tmp_path / "deep.png"
+    Image.fromarray(np.full((4, 6), level, dtype=np.uint16)).save(path)
+    assert Image.open(path).mode == "I;16"
+    rgb = np.asarray(load_rgb(str(path)))
+    assert rgb.shape == (4, 6, 3) and (rgb == expected).all()
