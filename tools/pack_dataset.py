@@ -71,8 +71,11 @@ def split_members(folder: Path, classes: list[str], root: Path) -> tuple[list[tu
     if found != classes:
         raise DataError(f"{folder} has classes {found[:5]}..., not the train split's {classes[:5]}...")
     found_images, refused = split_images(str(folder), classes, str(root))
-    images = []
+    images, limit = [], image_limit(None)
     for path, label in found_images:
+        if (size := os.stat(path).st_size) > limit:  # before a byte is read: a sparse 3 GiB file reads whole
+            refused.append(f"{path}: {size / 1e6:.1f} MB, over the {limit / 1e6:g} MB an image may have")
+            continue
         try:
             images.append((utf8_name(os.path.relpath(path, folder)), label))
         except ValueError:
@@ -252,8 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
     if missing is not None:  # before anything is written
         raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
+    if os.path.commonpath([os.path.realpath(args.out), os.path.realpath(args.source)]) == os.path.realpath(
+        args.source
+    ):
+        raise DataError(
+            f"the output folder {args.out} is inside the source folder {args.source}: what is packed there would be "
+            "read as images (a class of its own) by the next pack or run; choose a folder outside it"
+        )
     classes = class_folders(str(args.source / args.splits[0]))
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot make the output folder {args.out} ({error.strerror or error})") from None
     for path in remove_stale_temporaries(str(args.out)):
         print(f"removed {path}, left by a pack that was killed")
     files: dict[str, dict[str, object]] = {}

@@ -151,6 +151,34 @@ def test_folder_reader_takes_the_packers_rule(source, tmp_path, caplog):
         build_dataset(cfg.data, cfg.aug, "train")
 
 
+@pytest.mark.parametrize("where", ["inside a split", "the source itself", "a file", "under /proc"])
+def test_packer_output_it_cannot_own_is_one_line(source, tmp_path, run_tool, where):
+    """``pack_dataset.py SRC SRC/train/packed`` made a phantom class ``packed`` once the folder existed; an existing
+    file or a folder under /proc ended in a traceback."""
+    src = _copy(source, tmp_path)
+    (tmp_path / "a_file").write_text("mine")
+    out = {
+        "inside a split": src / "train" / "packed",
+        "the source itself": src,
+        "a file": tmp_path / "a_file",
+        "under /proc": Path("/proc/cat-pack"),
+    }[where]
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    error = run_tool("pack_dataset", str(src), str(out), expect=2, stderr=True)
+    assert error.count("\n") == 1 and str(out) in error, error
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_packer_refuses_an_image_over_the_size_bound_unread(source, tmp_path, capsys):
+    src = _copy(source, tmp_path)
+    huge = src / "train" / "a" / "huge.png"
+    with open(huge, "wb") as f:  # sparse: 3 GiB on paper, nothing on disk
+        f.truncate(3 << 30)
+    assert pack([str(src), str(tmp_path / "out")]) == 0
+    assert f"refused {huge}: 3221.2 MB, over the" in capsys.readouterr().err
+
+
 def test_packer_refuses_a_linked_class_folder_and_a_non_utf8_name_in_one_line(source, tmp_path, run_tool):
     src = _copy(source, tmp_path)
     (src / "train" / "d").symlink_to(tmp_path)
