@@ -255,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = next((split for split in args.splits if not (args.source / split).is_dir()), None)
     if missing is not None:  # before anything is written
         raise DataError(f"no {args.source / missing} folder to pack (--splits names the split folders to pack)")
-    if os.path.commonpath([os.path.realpath(args.out), os.path.realpath(args.source)]) == os.path.realpath(
-        args.source
-    ):
+    if os.path.commonpath([os.path.realpath(args.out), os.path.realpath(args.source)]) == os.path.realpath(args.source):
         raise DataError(
             f"the output folder {args.out} is inside the source folder {args.source}: what is packed there would be "
             "read as images (a class of its own) by the next pack or run; choose a folder outside it"

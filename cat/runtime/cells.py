@@ -21,12 +21,13 @@ from cat.errors import ConfigError, SweepCellError
 from .io import atomic_write_text
 from .logger import LOG_TIME_FORMAT, last_log_line
 from .resume import resume_relaunched_start_over
+from .rundir import check_writable
 
 __all__ = [
     "sweep_of_cell",
     "settle_run_folder",
     "cell_dir",
-    "sweep_command_problems",
+    "command_line_problems",
     "write_overrides",
     "record_refused_cell",
     "other_failed_cells",
@@ -79,17 +80,25 @@ def cell_dir(sweep: DictConfig) -> str:
 MAX_SWEEP_CELLS = 10_000
 
 
-def sweep_command_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[str]:
+def command_line_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[str]:
     """What forbids a multirun's command line before Hydra expands it, one line each: a range that never ends (a
-    step of 0, a bound at infinity), more than :data:`MAX_SWEEP_CELLS` cells, and a value that names cells (a key
-    not in ``unnamed``) with a ``..`` part or control characters, which would put a cell's folder outside the
-    sweep's (:func:`cell_dir`). What Hydra cannot parse is left to Hydra's own refusal."""
+    step of 0, a bound at infinity), more than :data:`MAX_SWEEP_CELLS` cells, a key left out of cell names
+    (``unnamed``) given several values, whose cells would share a folder, and a value that names cells with a
+    ``..`` part or control characters, which would put a cell's folder outside the sweep's (:func:`cell_dir`).
+    For any run, a ``hydra.run.dir`` or ``hydra.sweep.dir`` that cannot be written (Hydra makes it before the run
+    starts). What Hydra cannot parse is left to Hydra's own refusal."""
     try:
         overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
     except HydraException:
         return []
-    problems, cells = [], 1
+    problems, cells, multirun = [], 1, bool({"-m", "--multirun"} & set(args))
     for override in overrides:
+        if override.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and not override.is_sweep_override():
+            folder = override.get_value_element_as_str()
+            if "${" not in folder and (problem := check_writable(folder, override.key_or_group)) is not None:
+                problems.append(problem)
+        if not multirun:
+            continue
         values = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
         sweep = override.value() if override.is_sweep_override() else None
         if isinstance(sweep, RangeSweep):
@@ -101,7 +110,14 @@ def sweep_command_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[
         elif isinstance(sweep, ChoiceSweep):
             values = [str(v) for v in sweep.list]
             cells *= max(1, len(values))
-        if override.key_or_group.startswith("hydra") or override.key_or_group in unnamed:
+        if override.key_or_group.startswith("hydra"):
+            continue
+        if override.key_or_group in unnamed:
+            if sweep is not None:  # its values would share one cell's folder: the second finds the first's run
+                problems.append(
+                    f"{override.input_line}: {override.key_or_group} does not name a sweep's cells, so its values "
+                    "would share one cell's folder; sweep them in separate sweeps (sweep_name=...)"
+                )
             continue
         problems += [
             f"{override.input_line}: the value {v!r} names sweep cells, and its '..' or control characters would put "

@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from cat.errors import SweepCellError, UserError
 
-from .cells import other_failed_cells, record_refused_cell, sweep_command_problems, sweep_of_cell
+from .cells import command_line_problems, other_failed_cells, record_refused_cell, sweep_of_cell
 from .schema import schema_of, section_keys, unknown_key_problem, unnamed_keys
 
 __all__ = ["hydra_entry", "report_user_errors", "user_error_message"]
@@ -78,9 +78,7 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
 
         @functools.wraps(task)
         def entry() -> None:
-            if {"-m", "--multirun"} & set(sys.argv[1:]) and (
-                problems := sweep_command_problems(sys.argv[1:], unnamed_keys(schema_of(schema)))
-            ):
+            if problems := command_line_problems(sys.argv[1:], unnamed_keys(schema_of(schema))):
                 for problem in problems:
                     print(f"error: {problem}", file=sys.stderr, flush=True)
                 raise SystemExit(2)

@@ -157,16 +157,19 @@ def test_a_cell_named_out_of_the_sweep_folder_is_refused_before_any_cell_runs(tm
         ),
         (["name=a/../b"], "the value 'a/../b' names sweep cells"),
         (["name=ok\x07,fine"], None),  # not an override Hydra parses: its own refusal, one line too
-        (["data.root=/x/../y,/z", "seed=0,1"], None),  # data.root names no cell
+        (["data.root=/a,/b"], "data.root=/a,/b: data.root does not name a sweep's cells, so its values would share"),
+        (["data.root=/x/../y", "seed=0,1"], None),  # one value of a key that names no cell: every cell's
         (["hydra.sweep.dir=/a/../b", "seed=0,1"], None),
+        (["hydra.sweep.dir=/proc/cat/s", "seed=0,1"], "hydra.sweep.dir=/proc/cat/s: cannot write in /proc"),
+        (["hydra.run.dir=/proc/cat"], "hydra.run.dir=/proc/cat: cannot write in /proc"),
     ],
 )
 def test_a_sweeps_command_line_is_checked_before_it_expands(overrides, problem):
     from cat.classification.schema import ClsConfig
-    from cat.runtime.cells import sweep_command_problems
+    from cat.runtime.cells import command_line_problems
     from cat.runtime.schema import unnamed_keys
 
-    problems = sweep_command_problems(["-m", *overrides], unnamed_keys(ClsConfig))
+    problems = command_line_problems(["-m", *overrides], unnamed_keys(ClsConfig))
     assert (problems == []) if problem is None else any(p.startswith(problem) or problem in p for p in problems), (
         problems
     )
