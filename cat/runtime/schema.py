@@ -328,7 +328,10 @@ def mapping_problems(node: dict[str, Any], schema: type, prefix: str = "") -> li
             continue
         values = value if typing.get_origin(tp) is list and isinstance(value, list) else [value]
         if not _is_type(value, tp) or any(check.value_problem(v) is not None for v in values):
-            problems.append(f"{path}={value!r}: expected {_expected(tp, check, nullable)}")
+            shown = (
+                repr(value) if len(repr(value)) <= 200 else f"{repr(value)[:120]}... ({len(repr(value))} characters)"
+            )
+            problems.append(f"{path}={shown}: expected {_expected(tp, check, nullable)}")
     problems += [unknown_key_problem(prefix + name, known) for name in node.keys() - known]
     return problems
 
@@ -472,8 +475,17 @@ def schema_help(schema: type, cfg: DictConfig | None = None) -> str:
     return "\n".join(lines)
 
 
+_help_in_progress: list[bool] = []  # the help reads every key's value: one that names this resolver is not re-entered
+
+
 def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
-    return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
+    if _help_in_progress:  # ${cat_keys:...} in a key's value (name=${cat_keys:train_cls}) recursed without end
+        return "<--help>"
+    _help_in_progress.append(True)
+    try:
+        return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
+    finally:
+        _help_in_progress.pop()
 
 
 @functools.cache

@@ -155,6 +155,7 @@ CASES = {
         _overrides("data=imagenet", "data.root=/usr", "data.train_split=val"),
         "data.train_split=val is data.val_split too: the run would train on the images it validates on",
     ),
+    "name_help_resolver": (_overrides("name=${cat_keys:train_cls}"), "characters): expected a string of 1 to 255"),
     "name_empty": (_overrides("name="), "name='': expected a string of 1 to 255 characters"),
     "output_dir_empty": (_overrides("output_dir="), "output_dir is empty (an unset shell variable?)"),
     "output_dir_foreign": (_foreign, "holds files that are not a cat run's (1 entry, e.g. thesis.tex); choose an"),
