@@ -156,6 +156,10 @@ def scan_shard(path: str, limit: int) -> dict[str, Any]:
     return {"images": images, "labels": dict(labels)}
 
 
+_MAX_INDEX_BYTES = 64 << 20  # a shard index cache of more is not one cat wrote
+_MAX_SHARD_IMAGES = 10**9
+
+
 def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[str, Any]]:
     """:func:`scan_shard` of each shard, cached in ``index_dir`` (the run's folder: the data's may be
     read-only) under the shards' folder, keyed by each shard's size and modification time."""
@@ -166,9 +170,9 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
         cache_path = os.path.join(index_dir, f".shard-index-{digest}.json")
         try:
             with open_regular(cache_path) as f:
-                cached = json.loads(f.read())
+                cached = json.loads(f.read(_MAX_INDEX_BYTES))
             cached = cached if isinstance(cached, dict) else {}
-        except (DataError, OSError, ValueError):
+        except (DataError, OSError, ValueError, RecursionError):  # untrusted: rescanned, never believed
             cached = {}
     found, changed = [], False
     for path in shards:
@@ -187,12 +191,18 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
 
 
 def _well_formed(entry: dict[str, Any]) -> bool:
-    labels = entry.get("labels")
+    """Whether a cached index entry is one :func:`_indexed` writes: counts that are integers in bounds, labels
+    that are class indices (ASCII digits), and per-label counts that add up to the shard's."""
+    labels, images = entry.get("labels"), entry.get("images")
     return (
-        isinstance(entry.get("images"), int)
+        type(images) is int
+        and 0 < images <= _MAX_SHARD_IMAGES
         and isinstance(labels, dict)
-        and all(k.isdigit() and isinstance(v, int) for k, v in labels.items())
-        and sum(labels.values()) == entry["images"]
+        and all(
+            k.isascii() and k.isdigit() and len(k) <= 18 and type(v) is int and 0 < v <= images
+            for k, v in labels.items()
+        )
+        and sum(labels.values()) == images
     )
 
 
@@ -266,6 +276,7 @@ class ShardStream(IterableDataset):
         self.classes = list(classes) if classes else [str(i) for i in range(self.num_classes)]
         if train and rank == 0:
             warn_class_sorted(dict(zip(self.shards, label_counts, strict=True)), buffer)
+        self.label_counts = label_counts
         self.transform, self.train, self.rank, self.world = transform, train, rank, world
         self.batch_size, self.seed, self.buffer = batch_size, seed, buffer
         self.epoch, self.skip = 0, 0
@@ -325,14 +336,22 @@ class ShardStream(IterableDataset):
     def _shard(self, index: int, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Shard ``index``'s samples (its first ``stop``); one read to its end must find as many as its count says."""
         path, expected = self.shards[index], self.counts[index]
-        found = 0
+        found, labels = 0, Counter()
         for sample in shard_samples(path, self.limit):
             found += 1
             if found > expected:
                 break
+            if sample.get("cls") is not None:
+                labels[parse_label(sample["cls"], f"sample {sample['__key__']} in {path}")] += 1
             yield sample
             if stop is not None and found == stop < expected:  # the rest is another span's
                 return
+        if found == expected and labels != Counter({k: v for k, v in self.label_counts[index].items() if v}):
+            raise DataError(
+                f"{path} holds labels {dict(sorted(labels.items()))}, {self.source} says "
+                f"{dict(sorted((k, v) for k, v in self.label_counts[index].items() if v))}: the shard was replaced "
+                "or the index is stale; re-pack, or delete the shard index in the run folder (.shard-index-*.json)"
+            )
         if found != expected:
             raise DataError(
                 f"{path} holds {'more than ' if found > expected else ''}{found} samples, {self.source} says "

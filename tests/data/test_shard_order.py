@@ -204,3 +204,48 @@ def test_foreign_shards_are_scanned_once_into_the_runs_folder_not_the_datas(digi
     os.utime(shard)
     with pytest.raises(DataError, match=r"cannot read shard .*train-000002\.tar"):
         ShardStream(str(data), "train", index_dir=str(run))
+
+
+@pytest.mark.parametrize(
+    "lie",
+    ["more classes", "negative count", "1e30 images", "non-digit label", "deep nesting", "a folder"],
+)
+def test_a_lying_shard_index_is_rescanned_or_named(digits, tmp_path, lie):
+    """The shard-index cache is the user's file like any other: a malformed entry is rescanned, never believed (it
+    was a traceback), and labels that lie while stamps and counts match are named by the first full read of the
+    shard (they made a 16-class model from shards of fewer classes)."""
+    from cat.data.shards import ShardStream
+    from cat.errors import DataError, OutputError
+
+    data = Path(shutil.copytree(digits["shuffled"], tmp_path / "data"))
+    run = tmp_path / "run"
+    honest = ShardStream(str(data), "val", train=False, index_dir=str(run))
+    [cache] = run.glob(".shard-index-*.json")
+    index = json.loads(cache.read_text())
+    name = sorted(index)[0]
+    entry = index[name]
+    if lie == "more classes":  # the same count, spread over 16 labels
+        entry["labels"] = {str(k): entry["images"] // 16 + (k < entry["images"] % 16) for k in range(16)}
+    elif lie == "negative count":
+        entry["labels"] = {"0": -1, "1": entry["images"] + 1}
+    elif lie == "1e30 images":
+        entry["images"], entry["labels"] = 10**30, {"0": 10**30}
+    elif lie == "non-digit label":
+        entry["labels"] = {"x": entry["images"]}
+    text = json.dumps(index)
+    if lie == "deep nesting":
+        text = "{" + json.dumps(name) + ": " + "[" * 50_000 + "]" * 50_000 + "}"
+    if lie == "a folder":
+        cache.unlink()
+        cache.mkdir()
+        with pytest.raises(OutputError, match=r"\.shard-index-.*\.json is a folder, not a regular file"):
+            ShardStream(str(data), "val", train=False, index_dir=str(run))
+        return
+    cache.write_text(text)
+    stream = ShardStream(str(data), "val", train=False, index_dir=str(run))
+    if lie != "more classes":  # rescanned: what the headers say
+        assert stream.num_classes == honest.num_classes and stream.counts == honest.counts
+        return
+    assert stream.num_classes == 16 and honest.num_classes < 16  # believed until the shard is read...
+    with pytest.raises(DataError, match=rf"{name} holds labels .* says .*the index is stale"):
+        list(stream)  # ...then named
