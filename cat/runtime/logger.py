@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import netrc
 import os
@@ -73,6 +74,9 @@ def setup_logging(is_main: bool, log_file: str | None = None) -> logging.Logger:
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
+    # A file name that is not UTF-8 (kept by Python as surrogates) is printed escaped, not lost to a logging error.
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     console = logging.StreamHandler(sys.stdout)
     console.addFilter(lambda record: not getattr(record, "file_only", False))
     handlers: list[logging.Handler] = [console]

@@ -179,3 +179,26 @@ def test_an_unreachable_wandb_server_leaves_the_run_offline(tmp_path):
     # The run started again (a requeue on the same nodes) goes on offline at once, not after another init timeout.
     output = start_the_run()
     assert "could not start the run online" not in output and "this run has logged offline before" in output, output
+
+
+LOG_ODD_NAME = """
+import sys
+from cat.runtime.logger import setup_logging
+log = setup_logging(True, sys.argv[1])
+log.warning("cannot read image %s", "/data/caf\\udce9.jpg")  # a name that is not UTF-8, as os.listdir returns it
+log.error("error: the run's last line")
+"""
+
+
+def test_a_name_that_is_not_utf8_is_logged_escaped_and_the_log_keeps_its_last_line(tmp_path):
+    proc = prewarmed.run(
+        [sys.executable, "-c", LOG_ODD_NAME, str(tmp_path / "log.txt")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
+    assert proc.returncode == 0 and "Logging error" not in proc.stderr, proc.stderr
+    assert "caf\\udce9.jpg" in proc.stdout
+    log = (tmp_path / "log.txt").read_text()
+    assert "caf\\udce9.jpg" in log and log.rstrip().endswith("error: the run's last line")
