@@ -29,6 +29,8 @@ from cat.toolkit.runs import paper_values, run_record, sweep_cells
 # (metrics.jsonl key of the per-epoch row, the panel's title)
 PANELS = (("train/loss", "train loss"), ("val/top1", "val top-1 (%)"), ("train/lr", "learning rate"))
 FORMATS = (".png", ".svg")
+MAX_EPOCH = 10**6
+MAX_VALUE = 1e100
 
 
 @dataclass
@@ -50,11 +52,12 @@ def epoch_values(folder: Path) -> dict[str, dict[int, float]]:
     values: dict[str, dict[int, float]] = {key: {} for key, _ in PANELS}
     for entry in history:
         epoch = entry.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            continue  # an interval row (steps), not an epoch's
+        if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH:
+            continue  # an interval row (steps), not an epoch's; or an epoch no run reaches
         for key, _ in PANELS:
             value = entry.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # a diverged run's inf, or a number whose square overflows the band: not drawn
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE:
                 values[key][epoch] = float(value)
     return values
 
@@ -106,7 +109,8 @@ def plot(curves: list[Curve], out: Path) -> None:
             epochs, mean, std = mean_band([h[key] for h in curve.histories])
             if not epochs:
                 continue
-            label = curve.label + (f" ({seeds} seeds)" if seeds > 1 else "")
+            # matplotlib reads $...$ in a label as mathtext: a run's name is text
+            label = curve.label.replace("$", r"\$") + (f" ({seeds} seeds)" if seeds > 1 else "")
             ax.plot(epochs, mean, color=color, label=label, marker="." if len(epochs) < 30 else None)
             if seeds > 1:
                 ax.fill_between(
@@ -145,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise DataError(f"not a folder: {', '.join(missing)}")
     curves = [curve for folder in args.folders for curve in curves_of(folder)]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    plot(curves, args.out)
+    if not any(history[key] for curve in curves for history in curve.histories for key, _ in PANELS):
+        raise DataError(f"{', '.join(map(str, args.folders))}: no run has an epoch's row in its {METRICS_HISTORY} yet")
+    if args.out.is_dir():
+        raise DataError(f"--out {args.out}: a folder; give the picture's file name")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        plot(curves, args.out)
+    except OSError as error:
+        raise DataError(f"--out {args.out}: cannot be written ({error.strerror or error})") from None
     print(f"{args.out}: {len(curves)} curve(s) from {len(args.folders)} folder(s)")
     return 0
 

@@ -374,6 +374,40 @@ def test_plot_runs_draws_a_sweeps_seeds_as_a_band_and_refuses_what_is_no_run(run
     assert "expected a .png or .svg file" in err
 
 
+def _run_rows(folder: Path, rows: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_plot_runs_ends_every_hostile_input_in_one_line_or_a_picture(run_tool, tmp_path):
+    """Each passed its checks and ended in a traceback: a run with no epoch row yet, a name with mathtext, an epoch
+    at -2**70, values at inf or 1e308, a sweep whose multirun.yaml holds a range, --out a folder or unwritable."""
+    good = [{"step": 1, "epoch": 1, "train/loss": 1.0, "val/top1": 50.0, "train/lr": 1e-3}]
+    _run_rows(tmp_path / "steps_only", [{"step": 5, "train/loss_step": 2.0}])
+    err = run_tool("plot_runs", str(tmp_path / "steps_only"), "--out", str(tmp_path / "a.png"), expect=2, stderr=True)
+    assert "no run has an epoch's row in its metrics.jsonl yet" in err and "Traceback" not in err
+    odd = [
+        {"step": 2, "epoch": -(2**70), "train/loss": 1.0},
+        {"step": 3, "epoch": 2, "train/loss": float("inf"), "val/top1": 1e308},
+        {"step": 4, "epoch": 3, "train/loss": -1e308, "val/top1": 60.0},
+    ]
+    _run_rows(tmp_path / "run_$x^2$_{", good + odd)
+    run_tool("plot_runs", str(tmp_path / "run_$x^2$_{"), "--out", str(tmp_path / "odd.svg"))
+    assert "run_$x^2$_{" in (tmp_path / "odd.svg").read_text()
+    sweep = tmp_path / "ranged"
+    cell = _run_rows(sweep / "seed=0", good)
+    (cell / "overrides.yaml").write_text("[seed=0]\n")
+    (sweep / "multirun.yaml").write_text(
+        "hydra: {overrides: {task: ['seed=range(0,2)']}, job: {config: {override_dirname: {}}}}\n"
+    )
+    assert "1 curve(s)" in run_tool("plot_runs", str(sweep), "--out", str(tmp_path / "r.png"))
+    (tmp_path / "a_folder.png").mkdir()
+    for out, problem in ((tmp_path / "a_folder.png", "a folder"), (Path("/proc/cat.png"), "cannot be written")):
+        err = run_tool("plot_runs", str(tmp_path / "run_$x^2$_{"), "--out", str(out), expect=2, stderr=True)
+        assert f"--out {out}: {problem}" in err and "Traceback" not in err
+
+
 def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_path):
     cell = _one_cell_sweep(tmp_path)
     (cell / ".lock").write_text("[]")
