@@ -166,6 +166,17 @@ def test_replacing_never_takes_a_planted_name(tmp_path, kind, name):
     assert outside.read_text() == "the user's\n" and os.path.lexists(tmp_path / name)
 
 
+@pytest.mark.parametrize("name", ["profile", "eval", "wandb", "earlier_runs"])
+def test_a_file_where_a_run_keeps_a_folder_is_refused_as_the_folder_is_taken(tmp_path, name):
+    """``profile`` as a regular file ended a run with NotADirectoryError after its first step, with no checkpoint."""
+    run = tmp_path / "run"
+    open_run_folder(str(run), DistEnv()).close()
+    (run / name).write_text("the user's")
+    with pytest.raises(OutputError, match=f"{name} is a file where a run keeps a folder"):
+        open_run_folder(str(run), DistEnv())
+    assert (run / name).read_text() == "the user's"
+
+
 # Every name a run writes in its folder, as a run meets it: each planted as a link out of the folder, a FIFO or a
 # folder ends the run in one line before anything is written, and what the link points to is untouched.
 RUN_NAMES = [
