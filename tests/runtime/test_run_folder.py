@@ -144,25 +144,26 @@ def _plant(path: Path, kind: str, outside: Path) -> None:
 KINDS = ("symlink out", "FIFO", "folder")
 
 
+def _append(path: str) -> None:
+    open_append(path).close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", ["log.txt", "metrics.jsonl", "config_changes.jsonl", "wandb_run_id.txt"])
-def test_appending_never_follows_or_blocks(tmp_path, kind, name):
+@pytest.mark.parametrize(
+    ("name", "write"),
+    [
+        *((name, _append) for name in ("log.txt", "metrics.jsonl", "config_changes.jsonl", "wandb_run_id.txt")),
+        *((name, lambda path: atomic_write_text(path, "new")) for name in ("config.yaml", "metrics.json", "last.pth")),
+    ],
+)
+def test_a_write_never_follows_blocks_on_or_replaces_a_planted_name(tmp_path, kind, name, write):
+    """Appended files (opened without following a link, without blocking on a FIFO) and replaced ones (renamed over
+    a regular file only): either way one error naming the file, the name and what it points to as they were."""
     outside = tmp_path / "outside.txt"
     outside.write_text("the user's\n")
     _plant(tmp_path / name, kind, outside)
     with pytest.raises(OutputError, match=f"{name} is a (symbolic link|FIFO|folder), not a regular file"):
-        open_append(str(tmp_path / name))
-    assert outside.read_text() == "the user's\n"
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", ["config.yaml", "metrics.json", "last.pth", "overrides.yaml"])
-def test_replacing_never_takes_a_planted_name(tmp_path, kind, name):
-    outside = tmp_path / "outside.txt"
-    outside.write_text("the user's\n")
-    _plant(tmp_path / name, kind, outside)
-    with pytest.raises(OutputError, match=f"{name} is a (symbolic link|FIFO|folder), not a regular file"):
-        atomic_write_text(str(tmp_path / name), "new")
+        write(str(tmp_path / name))
     assert outside.read_text() == "the user's\n" and os.path.lexists(tmp_path / name)
 
 
