@@ -233,14 +233,15 @@ RUN_FOLDERS = ("eval", "throughput", "profile", "wandb", EARLIER_RUNS)
 
 def refuse_planted_entries(folder: str) -> None:
     """An OutputError naming the first entry of a run folder that no run writes there: a symbolic link, FIFO,
-    socket or device (cat makes none of them), a folder at the name of one of :data:`RUN_FILES`, or a file at one
-    of :data:`RUN_FOLDERS`. Checked as a run takes its folder, so a planted name ends it in one line before
-    anything is written through it."""
+    socket or device (cat makes none of them), a folder at the name of one of :data:`RUN_FILES` or of a
+    checkpoint (``*.pth``), or a file at one of :data:`RUN_FOLDERS`. Checked as a run takes its folder, so a
+    planted name ends it in one line before anything is written through it."""
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         mode = entry.stat(follow_symlinks=False).st_mode
         if stat.S_ISREG(mode) and entry.name in RUN_FOLDERS:
             raise OutputError(f"{entry.path} is a file where a run keeps a folder; remove it (nothing was written)")
-        if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and entry.name not in RUN_FILES):
+        a_file_name = entry.name in RUN_FILES or entry.name.endswith(".pth")
+        if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and not a_file_name):
             continue
         refuse_planted(entry.path)
 

@@ -192,8 +192,10 @@ RUN_NAMES = [
     ".lock",
     "last.pth",
     "best.pth",
+    "epoch_0001.pth",  # the snapshot the second epoch writes
     "profile",
     "eval",
+    "throughput",
 ]
 
 
@@ -225,13 +227,16 @@ def test_a_planted_name_in_a_run_folder_ends_the_run_in_one_line(tmp_path):
             elif os.path.lexists(path):
                 path.unlink()
             # eval/ and profile/ are folders a run makes: a link to a folder outside is what is planted there
-            folder_name = name in ("profile", "eval")
+            folder_name = name in ("profile", "eval", "throughput")
             _plant(
                 path,
                 "symlink out" if folder_name and kind == "folder" else kind,
                 outside / ("" if folder_name else "file"),
             )
-            overrides = ["mode=eval", f"checkpoint={out / 'last.pth'}"] if name == "eval" else ["profile.steps=[1,1]"]
+            overrides = {
+                "eval": ["mode=eval", f"checkpoint={out / 'last.pth'}"],
+                "throughput": ["mode=throughput"],
+            }.get(name, ["profile.steps=[1,1]"])
             cases[f"{name} as {kind}"] = [*TINY_CLS, "epochs=2", f"output_dir={out}", *overrides]
             folders[f"{name} as {kind}"] = (path, _tree(out))
     runs = run_entry_cases("train_cls.py", cases)
