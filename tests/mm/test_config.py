@@ -94,6 +94,7 @@ BAD_KEYS = [
     ("det", "++model.backbone.kwargs.foo=1", "model.backbone.kwargs.foo: not an argument of ca_pvt_tiny (accepted:"),
     ("det", "schedule.epoch=3", "schedule.epoch: not a key of this config (known here: epochs, optim,"),
     ("seg", "model=upernet_ca_swin_tiy", "model=upernet_ca_swin_tiy: no such option (available:"),
+    ("seg", "data.classes=[]", "data.classes=[]: name one class or more, or null for all of the dataset's"),
 ]
 
 
