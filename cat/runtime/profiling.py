@@ -31,8 +31,13 @@ class ProfileWindow:
         self.profiler: profile | None = None
         self.done = False
         self.recorded_from = self.recorded_to = first  # the steps the window holds, once it opens
-        for folder in (os.path.dirname(self.folder), self.folder):  # a file or link there: refused before step 1
-            if os.path.lexists(folder):
+        self._own_folders(make=False)  # a file or link there: refused before step 1
+
+    def _own_folders(self, make: bool) -> None:
+        """``profile/`` and the window's folder in it: folders cat made (``make``: made where absent), never a
+        file or a link out of the run folder (OutputError)."""
+        for folder in (os.path.dirname(self.folder), self.folder):
+            if make or os.path.lexists(folder):
                 owned_subfolder(folder)
 
     def before_step(self, step: int) -> None:
@@ -54,8 +59,7 @@ class ProfileWindow:
             return
         profiler, self.profiler, self.done = self.profiler, None, True
         profiler.stop()
-        for folder in (os.path.dirname(self.folder), self.folder):  # never a link out of the run folder
-            owned_subfolder(folder)
+        self._own_folders(make=True)
         path = os.path.join(self.folder, f"rank{self.rank}.pt.trace.json")
         refuse_planted(path)
         profiler.export_chrome_trace(path)
