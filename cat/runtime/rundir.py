@@ -136,11 +136,11 @@ def is_run_folder(folder: str) -> bool:
     return os.path.isdir(folder) and (_marked(folder) or _made_before_markers(folder))
 
 
-def _entries(folder: str) -> list[str]:
+def _entries(folder: str, key: str = "output_dir") -> list[str]:
     try:
         return sorted(os.listdir(folder))
     except NotADirectoryError:
-        raise OutputError(f"output_dir={folder} is a file, not a folder") from None
+        raise OutputError(f"{key}={folder} is a file, not a folder") from None
 
 
 def run_folder_problem(folder: str, key: str = "output_dir") -> str | None:
@@ -149,7 +149,7 @@ def run_folder_problem(folder: str, key: str = "output_dir") -> str | None:
     if not os.path.exists(folder):
         return None
     try:
-        entries = _entries(folder)
+        entries = _entries(folder, key)
         if not entries or is_run_folder(folder):
             return None
     except OSError as error:

@@ -94,6 +94,9 @@ BAD_KEYS = [
     ("det", "++model.backbone.kwargs.foo=1", "model.backbone.kwargs.foo: not an argument of ca_pvt_tiny (accepted:"),
     ("det", "schedule.epoch=3", "schedule.epoch: not a key of this config (known here: epochs, optim,"),
     ("seg", "model=upernet_ca_swin_tiy", "model=upernet_ca_swin_tiy: no such option (available:"),
+    ("det", "schedule.epochs=1000000", "schedule.epochs=1000000: expected an integer >= 1 and <= 100000"),
+    ("seg", "schedule.iters=10000000000", "schedule.iters=10000000000: expected an integer >= 1 and <= 1e+09"),
+    ("det", "schedule.optim.lr=1e7", "schedule.optim.lr=10000000.0: expected a number > 0 and <= 1e+06"),
     ("seg", "data.classes=[]", "data.classes=[]: name one class or more, or null for all of the dataset's"),
 ]
 
