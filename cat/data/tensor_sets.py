@@ -6,15 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-__all__ = ["digits_dataset", "synthetic_dataset"]
+__all__ = ["DIGITS_MEAN", "DIGITS_STD", "digits_dataset", "digits_images", "synthetic_dataset"]
 
 # Per-channel statistics of the upsampled digits (ink fraction is small); applied so the data is
 # roughly zero-mean, unit-variance like normalised ImageNet.
-_DIGITS_MEAN, _DIGITS_STD = 0.30, 0.40
+DIGITS_MEAN, DIGITS_STD = 0.30, 0.40
 
 
-def digits_dataset(split: str, img_size: int = 32, val_fraction: float = 0.2) -> TensorDataset:
-    """scikit-learn's 1,797 8x8 handwritten digits, upsampled to ``img_size`` and made 3-channel.
+def digits_images(split: str, img_size: int = 32, val_fraction: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1,797 8x8 handwritten digits of ``split`` (train or val), upsampled (bilinear) to
+    ``img_size``: greyscale images (n, 1, img_size, img_size) in [0, 1] and their labels (n,).
 
     The train/val split is stratified and fixed (``random_state=0``), so every run and every rank
     sees the same split.
@@ -30,8 +31,14 @@ def digits_dataset(split: str, img_size: int = 32, val_fraction: float = 0.2) ->
     )
     idx = torch.from_numpy(train_idx if split == "train" else val_idx)
     x = F.interpolate(images[idx, None], size=(img_size, img_size), mode="bilinear", align_corners=False)
-    x = ((x - _DIGITS_MEAN) / _DIGITS_STD).expand(-1, 3, -1, -1).contiguous()
-    return TensorDataset(x, labels[idx])
+    return x, labels[idx]
+
+
+def digits_dataset(split: str, img_size: int = 32, val_fraction: float = 0.2) -> TensorDataset:
+    """:func:`digits_images` made 3-channel and normalised with the digits' statistics."""
+    x, labels = digits_images(split, img_size, val_fraction)
+    x = ((x - DIGITS_MEAN) / DIGITS_STD).expand(-1, 3, -1, -1).contiguous()
+    return TensorDataset(x, labels)
 
 
 def synthetic_dataset(

@@ -1,7 +1,11 @@
 """The OpenMMLab bridge shared by detection and segmentation: cat backbones in the mmdet/mmseg
 registries (``cat.mm.backbone``), the Hydra -> mmengine config, safe checkpoint loading and
-CPU-distributed fixes. Importing this package needs none of the stack: :func:`run_mm` checks for it
-first and says how to set it up."""
+CPU-distributed fixes.
+
+Importing this package registers all of cat's OpenMMLab components where the stack is installed
+(:mod:`cat.mm.plugin`: the line ``custom_imports = dict(imports=['cat.mm'])`` in a config for mmdet's or
+mmseg's own tools), and needs none of it otherwise: :func:`run_mm` checks for it first and says how to set
+it up."""
 
 from __future__ import annotations
 
@@ -42,3 +46,10 @@ def run_mm(cfg: DictConfig, task: MMTask) -> dict[str, Any]:
     from .runner import run_mm as run
 
     return run(cfg, task)
+
+
+# Last: the plugin's modules may use what this module defines.
+if importlib.util.find_spec("mmengine") is not None:
+    from .plugin import register
+
+    register()

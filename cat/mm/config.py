@@ -18,6 +18,7 @@ from cat.errors import DataError
 from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype
 from cat.runtime.dist import DistEnv
+from cat.runtime.io import atomic_write_text
 from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.resume import resumes
 
@@ -27,6 +28,7 @@ from .safe_load import ATOMIC_BACKEND, LAST_CHECKPOINT
 from .schema import MMConfig, MMModelConfig
 
 __all__ = [
+    "CUSTOM_IMPORTS",
     "RunnerConfig",
     "load_base_config",
     "base_with_backbone",
@@ -39,10 +41,26 @@ __all__ = [
 ]
 
 
+# What a saved config imports, so mmdet's and mmseg's own tools find every component it names (cat.mm.plugin).
+CUSTOM_IMPORTS = {"imports": ["cat.mm"], "allow_failed_imports": False}
+
+
 class RunnerConfig(Config):
     """mmengine's ``Config``, its ``pretty_text`` formatted once for each content it has. mmengine formats the text
     with yapf each time it is read (the log, the dumped ``mm_config.py``, the runtime info, every checkpoint's meta):
-    about 0.8 s each for a detector's config, which a run does not change."""
+    about 0.8 s each for a detector's config, which a run does not change.
+
+    Dumped to a ``.py`` file (the run folder's ``mm_config.py``), it is the config for the stock tools: written
+    atomically, without the run's ``work_dir`` (the tools write into their ``--work-dir``, by default
+    ``./work_dirs/mm_config``, never into a cat run folder) and with ``resume = False`` (``tools/train.py`` resumes
+    when asked, with ``--resume``). Its ``custom_imports`` (``cat.mm``) register what it names."""
+
+    def dump(self, file: str | os.PathLike[str] | None = None) -> str | None:
+        if file is None or not os.fspath(file).endswith(".py"):
+            return super().dump(file)
+        portable = {key: value for key, value in self.to_dict().items() if key != "work_dir"}
+        atomic_write_text(os.fspath(file), Config({**portable, "resume": False}).pretty_text)
+        return None
 
     @property
     def pretty_text(self) -> str:
@@ -248,7 +266,12 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         "save_last": True,
         "backend_args": atomic,
     }
-    mm.custom_hooks = [*mm.get("custom_hooks", []), {"type": "PreemptionHook", "backend_args": atomic}]
+    mm.custom_hooks = [
+        *mm.get("custom_hooks", []),
+        {"type": "PreemptionHook", "backend_args": atomic},
+        {"type": "PortableCheckpointHook"},  # checkpoints torch's weights-only loader reads (stock tools, torch.load)
+    ]
+    mm.custom_imports = CUSTOM_IMPORTS
     # A resume loads no image of the batches it trained (mmengine's loops replay or load them).
     if by_epoch:
         mm.train_cfg["type"] = "ResumableEpochBasedTrainLoop"

@@ -18,7 +18,6 @@ import torch.fx.experimental._config as fx_config
 from cat.flops import count_macs
 from cat.models import on_meta
 
-from .backbone import register_backbones
 from .config import base_with_backbone
 from .schema import MMModelConfig
 
@@ -37,7 +36,6 @@ def _roi_align_on_torchvision(node: Any) -> None:
 
 
 def _build(model: MMModelConfig, registry: Any, device: str) -> torch.nn.Module:
-    register_backbones()
     model_cfg = base_with_backbone(model).model
     _roi_align_on_torchvision(model_cfg)
     with on_meta() if device == "meta" else torch.device(device):

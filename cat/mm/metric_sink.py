@@ -1,17 +1,19 @@
 """mmengine's scalars into the run's metric sinks: the OpenMMLab trainers log through the same seam
-(``output_dir/metrics.jsonl``, W&B) as the classification trainer."""
+(``output_dir/metrics.jsonl``, W&B) as the classification trainer. Built by a stock OpenMMLab tool from a saved
+config, the backend writes a ``metrics.jsonl`` of its own into the tool's log folder."""
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from mmengine.registry import VISBACKENDS
 from mmengine.visualization import BaseVisBackend
 
-from cat.runtime.metrics import MetricSinks
+from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks
 
 __all__ = ["MetricSinkBackend", "sinks_for_new_backends"]
 
@@ -30,17 +32,24 @@ def sinks_for_new_backends(sinks: MetricSinks) -> Iterator[None]:
         _current = None
 
 
-@VISBACKENDS.register_module()
+@VISBACKENDS.register_module(force=True)
 class MetricSinkBackend(BaseVisBackend):
     """A vis backend over a run's :class:`~cat.runtime.metrics.MetricSinks`: what mmengine's
     LoggerHook reports (train losses and lr every ``log_interval`` iterations, validation metrics)
-    goes to them at its iteration. Images and configs are not metrics; cat records its configs itself."""
+    goes to them at its iteration. Images and configs are not metrics; cat records its configs itself.
+
+    Built outside :func:`sinks_for_new_backends` (a stock ``tools/train.py`` or ``test.py`` running a saved
+    config), it logs to ``save_dir/metrics.jsonl``: mmengine's ``<work_dir>/<timestamp>/vis_data``."""
 
     def __init__(self, save_dir: str | None = None) -> None:
         super().__init__(save_dir)
-        if _current is None:
-            raise RuntimeError("MetricSinkBackend is built inside sinks_for_new_backends(...) only")
-        self.sinks = _current
+        self.own_sinks = _current is None  # closed with the backend, not by a cat run
+        if _current is not None:
+            self.sinks = _current
+        elif save_dir is not None:
+            self.sinks = MetricSinks([JsonlSink(os.path.join(save_dir, METRICS_HISTORY))])
+        else:
+            raise ValueError("MetricSinkBackend needs a save_dir outside a cat run (mmengine's Visualizer gives one)")
 
     @property
     def experiment(self) -> MetricSinks:
@@ -55,4 +64,10 @@ class MetricSinkBackend(BaseVisBackend):
     def add_scalars(self, scalar_dict: dict, step: int = 0, file_path: str | None = None, **kwargs: Any) -> None:
         scalars = {k: float(v) for k, v in scalar_dict.items() if isinstance(v, numbers.Real)}
         if scalars:
+            if self.own_sinks:  # mmengine calls this on the main process only
+                os.makedirs(self._save_dir, exist_ok=True)
             self.sinks.log(scalars, step)
+
+    def close(self) -> None:
+        if self.own_sinks:
+            self.sinks.finish()

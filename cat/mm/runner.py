@@ -16,9 +16,9 @@ from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
 from cat.runtime.logger import log_formatter
 from cat.runtime.resume import check_resume, describe_changes, refuse_shorter_run
 
-from .backbone import check_pretrained, register_backbones
+from .backbone import check_pretrained
 from .checks import check_mm_config
-from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
+from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match
 from .schema import MMConfig
 from .task import MMTask
 
@@ -93,9 +93,7 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
 
     def body(env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         # cat's process group comes first (run_job): mmengine's own init would call torch.cuda.set_device on CPU.
-        install_safe_checkpoint_io()
-        task.register_modules()
-        register_backbones()
+        task.register_modules()  # cat's own components registered as cat.mm was imported (cat.mm.plugin)
         from mmengine.runner import Runner
 
         from .config import RunnerConfig

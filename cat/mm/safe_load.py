@@ -105,11 +105,14 @@ def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
     - ``meta``: only :data:`MM_META_KEYS`; ``epoch``/``iter`` must be counts (else CheckpointError).
     - ``message_hub.runtime_info``: ``best_ckpt*`` kept only where it names a ``best_*.pth`` beside
       ``path``, ``keep_ckpt_ids`` only as a list of counts (CheckpointHook deletes the files these
-      name); everything else there is loop state and metrics, used as numbers.
+      name); everything else there is loop state and metrics, used as numbers. ``log_scalars`` written as plain
+      data (:class:`cat.mm.portable.PortableCheckpointHook`) become mmengine's HistoryBuffers again.
     - ``param_schedulers``: no ``optimizer`` entry (mmengine's schedulers ``__dict__.update`` their
       state, and never save that one).
     Weights, optimizer state and the rest are data (tensors, numbers, strings) and stay.
     """
+    from .portable import restore_message_hub  # needs mmengine, as every caller of this function does
+
     if not isinstance(checkpoint, dict):
         return checkpoint
     meta = checkpoint.get("meta")
@@ -123,7 +126,7 @@ def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
         if meta.get("seed") is not None and not (_is_count(meta["seed"]) and meta["seed"] < 2**32):
             raise CheckpointError(f"checkpoint {path}: meta.seed is {meta['seed']!r}, expected an int in [0, 2**32)")
         checkpoint["meta"] = meta
-    hub = checkpoint.get("message_hub")
+    hub = restore_message_hub(checkpoint.get("message_hub"))
     if isinstance(hub, dict) and isinstance(hub.get("runtime_info"), dict):
         folder = os.path.dirname(os.path.abspath(path))
         info = hub["runtime_info"]

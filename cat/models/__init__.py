@@ -4,6 +4,7 @@ from . import cat_transformer, deit, pvt, swin  # noqa: F401  (register the mode
 from .convert import convert
 from .deit import CirculantVisionTransformer
 from .factory import (
+    cat_model_names,
     create_model,
     load_backbone_checkpoint,
     load_checkpoint,
@@ -27,6 +28,7 @@ from .loading import (
 
 __all__ = [
     "convert",
+    "cat_model_names",
     "create_model",
     "on_meta",
     "model_arguments",

@@ -31,6 +31,7 @@ from .loading import (
 )
 
 __all__ = [
+    "cat_model_names",
     "create_model",
     "on_meta",
     "model_arguments",
@@ -96,6 +97,11 @@ def load_backbone_checkpoint(
     if not report.clean:
         _logger.warning("backbone weights from %s:\n%s", path, report)
     return report
+
+
+def cat_model_names() -> list[str]:
+    """The timm names of the models cat registers (its model families' factories), sorted."""
+    return [name for name in timm.list_models() if timm.models.model_entrypoint(name).__module__.startswith("cat.")]
 
 
 def check_model_name(name: str) -> None:

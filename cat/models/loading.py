@@ -1,16 +1,19 @@
 """The one checkpoint loader of cat: release format, bare state dicts, cat's and mmengine's files.
 
 Nothing here unpickles code. Every file is first read with ``torch.load(weights_only=True)``,
-with at most a caller's narrow allow-list scoped to that one call (never a process-wide entry).
+with :data:`DATA_GLOBALS` and at most a caller's narrow allow-list, scoped to that one call (never a
+process-wide entry).
 Released checkpoints hold a pickled yacs ``CfgNode``, which the weights-only unpickler refuses (it
 will not SETITEMS on a dict subclass); those go through :class:`RestrictedUnpickler`, whose
-allow-list holds only tensor rebuilding, plain containers and a dict stand-in for ``CfgNode``,
+allow-list holds only tensor rebuilding, plain containers, a dict stand-in for ``CfgNode`` and the
+data classes of :data:`DATA_GLOBALS`,
 and which reads every pickle of the file itself (torch's legacy format included), so no byte of
 an untrusted file reaches ``pickle.load``. Every failure names the file.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import logging
@@ -40,7 +43,13 @@ __all__ = [
     "CheckpointMismatchError",
     "LoadReport",
     "UnsafeCheckpointError",
+    "DATA_GLOBALS",
 ]
+
+# Plain data classes trainers pickle beside the weights, allowed in every weights-only read: timm's train.py saves
+# its arguments (``args``) as an argparse.Namespace, a bag of attributes whose unpickling runs none of its code (no
+# __setstate__, no __init__) and whose attribute values pass the same allow-list.
+DATA_GLOBALS: tuple[type, ...] = (argparse.Namespace,)
 
 
 class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
@@ -76,14 +85,17 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch", "Size"): torch.Size,
     ("yacs.config", "CfgNode"): CfgNodeStandIn,
+    **{(data.__module__, data.__qualname__): data for data in DATA_GLOBALS},
 }
 
 
 # What BUILD (pickle's "set attributes on the object just made") may set, per type: the module
-# version table torch attaches to a state dict, and the bookkeeping fields of a yacs CfgNode.
-_BUILD_ATTRIBUTES: dict[type, frozenset[str]] = {
+# version table torch attaches to a state dict, the bookkeeping fields of a yacs CfgNode, and any
+# attribute of a data class (DATA_GLOBALS: None), whose instances are bags of attributes.
+_BUILD_ATTRIBUTES: dict[type, frozenset[str] | None] = {
     collections.OrderedDict: frozenset({"_metadata"}),
     CfgNodeStandIn: frozenset({"__immutable__", "__deprecated_keys__", "__renamed_keys__", "__new_allowed__"}),
+    **dict.fromkeys(DATA_GLOBALS),
 }
 
 
@@ -110,7 +122,7 @@ class RestrictedUnpickler(pickle._Unpickler):
                 advice = "re-save the file as a plain state dict if you trust it"
             raise UnsafeCheckpointError(
                 f"refused global '{module}.{name}': not on cat's checkpoint allow-list (tensors, plain "
-                f"containers and yacs CfgNode); {advice}"
+                f"containers, yacs CfgNode and argparse.Namespace); {advice}"
             ) from None
 
     def load_build(self) -> None:
@@ -119,8 +131,10 @@ class RestrictedUnpickler(pickle._Unpickler):
         # hook fields. Here: a dict of known attribute names, onto an instance of a known container.
         state = self.stack.pop()
         target = self.stack[-1]
+        known = type(target) in _BUILD_ATTRIBUTES
         allowed = _BUILD_ATTRIBUTES.get(type(target))
-        if allowed is None or not isinstance(state, dict) or not set(state) <= allowed:
+        names = isinstance(state, dict) and all(isinstance(name, str) for name in state)
+        if not (known and names and (allowed is None or set(state) <= allowed)):
             what = f"the class {target.__qualname__}" if isinstance(target, type) else f"a {type(target).__name__}"
             fields = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise UnsafeCheckpointError(f"refused BUILD on {what} (state {fields}): a weights file sets no such state")
@@ -146,8 +160,8 @@ def load_checkpoint_file(
 ) -> Any:
     """Read a checkpoint file without running code from it (see the module docstring).
 
-    ``safe_globals`` widens torch's weights-only allow-list for this call only (e.g. the numpy
-    reconstructors an mmengine checkpoint needs). Raises :class:`UnsafeCheckpointError` naming the
+    ``safe_globals`` widens torch's weights-only allow-list (beyond :data:`DATA_GLOBALS`) for this call only
+    (e.g. the numpy reconstructors an mmengine checkpoint needs). Raises :class:`UnsafeCheckpointError` naming the
     file and the refused global, or :class:`CheckpointError` for a missing, empty or corrupt file.
     """
     path = os.fspath(path)
@@ -158,7 +172,7 @@ def load_checkpoint_file(
     if _file_format(path) == "safetensors":
         return _load_safetensors(path, map_location)
     try:
-        with torch.serialization.safe_globals(list(safe_globals)):
+        with torch.serialization.safe_globals([*DATA_GLOBALS, *safe_globals]):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as refused:
         weights_only_error = refused  # typically a released checkpoint's yacs CfgNode

@@ -282,9 +282,15 @@ def circulant_attention_layer(
     H, W = hw
     if H * W != N:
         raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
+    backend = check_fft_backend(fft_backend)
+    if backend == "fft" and torch.jit.is_tracing() and not keep_weights:
+        gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
+        weights = (qkv_weight, gate, proj_weight, proj_bias, qkv_bias)
+        # From Python numbers: the tracer's sizes are tensors, whose power would round the scale to float32.
+        traced_scale = (int(N) * head_dim) ** -0.5 if scale is None else float(scale)
+        return _traced_layer(x, hw, *weights, head_dim, traced_scale, reweight, prefix), x.new_empty(0)
     # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
     scale = (N * head_dim) ** -0.5 if scale is None else scale
-    backend = check_fft_backend(fft_backend)
     # Exported programs take the plain autograd ops: the lean function's channel groups depend on
     # B*N and would pin the exported batch and resolution; so would the size test of lean="auto",
     # hence the export check comes before it.
@@ -334,6 +340,52 @@ def circulant_attention_layer(
     if reweight == "post":
         y = y * gate
     return F.linear(y, proj_weight, proj_bias), weights
+
+
+# One operator of a torch.jit.trace graph: the trace-based FLOP counters (mmengine's get_model_complexity_info, which
+# mmdet's and mmseg's get_flops.py run) see the attention whole and count it by the paper's formula (cat.mm registers
+# the handle), as cat.flops does. The tracer cannot record the lean autograd.Function.
+@torch.library.custom_op(
+    "cat::circulant_attention",
+    mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, int head_dim, float scale) -> Tensor",
+)
+def traced_circulant_attention(q: Tensor, k: Tensor, v: Tensor, head_dim: int, scale: float) -> Tensor:
+    """:func:`circulant_attention` (fft backend) as the operator ``cat::circulant_attention``."""
+    return circulant_attention(q, k, v, head_dim, scale)
+
+
+@traced_circulant_attention.register_fake
+def _traced_circulant_attention_shape(q: Tensor, k: Tensor, v: Tensor, head_dim: int, scale: float) -> Tensor:
+    return q.new_empty(q.shape, dtype=torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype))
+
+
+def _traced_layer(
+    x: Tensor,
+    hw: tuple[int, int],
+    qkv_weight: Tensor,
+    gate: Tensor | None,
+    proj_weight: Tensor,
+    proj_bias: Tensor,
+    qkv_bias: Tensor | None,
+    head_dim: int,
+    scale: float,
+    reweight: str,
+    prefix: Tensor | None,
+) -> Tensor:
+    """:func:`circulant_attention_layer`'s output as a trace records it: q, k and v projected in token space (the
+    whole qkv bias applied: q's and k's parts do not act), then ``cat::circulant_attention``."""
+    B, T, C = x.shape
+    P = 0 if prefix is None else prefix.shape[1]
+    q, k, v = F.linear(x[:, P:], qkv_weight, qkv_bias).view(B, *hw, 3 * C).chunk(3, dim=-1)
+    if reweight == "pre":  # no prefix here (refused above)
+        v = v * gate.view(B, *hw, C)
+    y = traced_circulant_attention(q, k, v, head_dim, scale).reshape(B, T - P, C)
+    if P:
+        y = torch.cat([prefix.to(y.dtype), y], dim=1)
+    if reweight == "post":
+        y = y * gate
+    return F.linear(y, proj_weight, proj_bias)
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:

@@ -294,7 +294,9 @@ def lean_circulant_attention(
     (:class:`cat.ops.CirculantAttention`)."""
     args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
     args += (qkv_bias, prefix)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias, prefix)):
+    # A trace (torch.jit.trace) cannot record the autograd.Function: it records the forward's plain ops instead.
+    needs_grad = any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias, prefix))
+    if torch.is_grad_enabled() and needs_grad and not torch.jit.is_tracing():
         return _lean_training(*args)
     return _forward(*args)  # inference: no autograd.Function overhead
 
