@@ -106,12 +106,15 @@ def test_folders_no_run_may_own_are_refused_outright(tmp_path, monkeypatch, wher
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
+    # A checkout under the temporary folder (a clone in /tmp) has this test's home below its parent too: that is
+    # named first.
+    above = "your home folder" if home.is_relative_to(REPO.parent) else "the cat checkout"
     output_dir, expected = {
         "empty": ("", "output_dir is empty (an unset shell variable?)"),
         "root": ("/", "output_dir=/ holds your home folder"),
         "home": (str(home), f"output_dir={home} is your home folder"),
         "checkout": (str(REPO), f"output_dir={REPO} is the cat checkout"),
-        "above the checkout": (str(REPO.parent), f"output_dir={REPO.parent} holds the cat checkout"),
+        "above the checkout": (str(REPO.parent), f"output_dir={REPO.parent} holds {above}"),
         "cwd": (".", "output_dir=. is the current directory, not a cat run's folder"),
         "folder of runs": (str(runs), f"output_dir={runs} holds other runs' folders (a, b)"),
         "data root": (str(data), f"output_dir={data} is inside data.root={data}"),
