@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--img-size", type=positive_int, default=32, help="image side (the quick-start's: 32)")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        parser.error(f"{out} is not a folder (a link or a file); choose a new or empty folder")
     if out.exists() and any(out.iterdir()):
         parser.error(f"{out} is not empty; choose a new or empty folder")
     counts = {split: write_split(out, split, args.img_size) for split in ("train", "val")}

@@ -25,3 +25,9 @@ def test_the_export_is_the_quick_starts_split_up_to_8_bit_rounding(tmp_path, run
             assert label == labels[index] and pixels.shape == (32, 32)
             assert (pixels - images[index, 0]).abs().max() <= 0.5 / 255 + 1e-6
     assert "is not empty" in run_tool("export_folder", str(out), expect=2, stderr=True)
+    # A link planted at the name (to an empty folder elsewhere) is refused, not written through.
+    elsewhere, link = tmp_path / "elsewhere", tmp_path / "link"
+    elsewhere.mkdir()
+    link.symlink_to(elsewhere)
+    assert "is not a folder (a link" in run_tool("export_folder", str(link), expect=2, stderr=True)
+    assert not any(elsewhere.iterdir())
