@@ -48,7 +48,7 @@ def run_mm(cfg: DictConfig, task: MMTask) -> dict[str, Any]:
     return run(cfg, task)
 
 
-# Last: the plugin's modules may use what this module defines.
+# Last: the stack-free names above exist whatever the stack's import does.
 if importlib.util.find_spec("mmengine") is not None:
     from .plugin import register
 

@@ -9,6 +9,7 @@ as torch's ``FlopCounterMode`` counts it for ``count_macs``. Both in multiply-ac
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cat.ops import circulant_attention_flops
@@ -36,10 +37,7 @@ def sdpa_handle(inputs: list[Any], outputs: list[Any]) -> int:
     """``scaled_dot_product_attention(q, k, v, ...)``, (..., L, E) queries, (..., S, E) keys, (..., S, Ev) values:
     the L x S products of the logits and of the output."""
     q, k, v = (_shape(value) for value in inputs[:3])
-    batch = 1
-    for size in q[:-2]:
-        batch *= size
-    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+    return math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
 def register_flop_handles() -> None:
