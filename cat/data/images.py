@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torchvision.transforms.functional as F
 from PIL import Image
@@ -20,17 +21,17 @@ from timm.data import create_transform
 from timm.data.random_erasing import RandomErasing
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import Dataset
-from torchvision.datasets import ImageFolder
 from torchvision.transforms import Compose
 
 from cat.errors import DataError
 from cat.runtime.logger import DATA_LOGGER
 
 from .augment import install_timm_augment_fixes
-from .folders import IMAGE_EXTENSIONS, class_folders, split_images
+from .folders import IMAGE_EXTENSIONS, class_folders, escaping_name, folder_index
+from .index import IndexSamples, SampleIndex, return_freed_memory
 from .packed import ZipImageDataset
 from .shards import ShardStream
-from .untrusted import check_image_size, decode_image, image_limit, open_regular
+from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -41,6 +42,7 @@ __all__ = [
     "DraftCrop",
     "build_decoding",
     "image_files_dataset",
+    "IndexedImageFolder",
 ]
 
 
@@ -98,18 +100,20 @@ def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | Non
     return DraftCrop(first), Compose(rest)
 
 
-def _zip_split(data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None) -> Dataset:
+def _zip_split(
+    data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None, index_dir: str | None
+) -> Dataset:
     """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
     rank evaluates its own share)."""
     name = data.train_split if split == "train" else data.val_split
     cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
     draft, transform = build_decoding(data, aug, split == "train")
     return ZipImageDataset(
-        data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb, draft=draft
+        data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb, draft, index_dir
     )
 
 
-def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
+def _image_folder(data: Any, aug: Any, split: str, index_dir: str | None) -> Dataset:
     folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
     if not os.path.isdir(folder):
         raise DataError(
@@ -139,36 +143,58 @@ def _image_folder(data: Any, aug: Any, split: str) -> Dataset:
         )
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    images, left_out = split_images(folder, classes, data.root)
-    if empty := sorted(set(range(len(classes))) - {label for _, label in images}):
-        raise DataError(
-            f"class folder {os.path.join(folder, classes[empty[0]])} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
-        )
-    if left_out:
-        logging.getLogger(DATA_LOGGER).warning(
-            "%s: %d entries left out (only regular files inside data.root are read), e.g. %s",
-            folder,
-            len(left_out),
-            "; ".join(left_out[:3]),
-        )
     draft, transform = build_decoding(data, aug, split == "train")
     loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
-    return _ListedImageFolder(folder, classes, images, transform=transform, loader=loader)
+    return IndexedImageFolder(folder, classes, folder_index(folder, classes, data.root, index_dir), transform, loader)
 
 
-class _ListedImageFolder(ImageFolder):
-    """torchvision's ImageFolder over images already listed (:func:`~cat.data.folders.split_images`), rather than
-    its own walk, which follows links."""
+class IndexedImageFolder(Dataset):
+    """An image folder split read from its index (:func:`~cat.data.folders.folder_index`): torchvision
+    ImageFolder's samples, in its order, with its ``classes``, ``class_to_idx``, ``targets`` (an array)
+    and ``samples`` (made when asked for), but no Python object per image."""
 
-    def __init__(self, folder: str, classes: list[str], images: list[tuple[str, int]], **kwargs: Any) -> None:
-        self._listed_classes, self._listed = classes, images
-        super().__init__(folder, **kwargs)
+    def __init__(
+        self,
+        root: str,
+        classes: list[str],
+        index: SampleIndex,
+        transform: Callable[[Image.Image], Any] | None = None,
+        loader: Callable[[str], Any] = load_rgb,
+    ) -> None:
+        self.root, self.classes, self.index, self.transform, self.loader = root, classes, index, transform, loader
+        self.class_to_idx = {name: label for label, name in enumerate(classes)}
+        check_label_array(index.labels, len(classes), root, lambda i: f"{root}: sample {i} of its index")
+        escaping = escaping_name(index)
+        if escaping is not None:
+            raise DataError(f"{index.path}: sample {escaping} is named {index.name(escaping)!r:.80}: an altered index")
+        if empty := np.flatnonzero(np.bincount(index.labels, minlength=len(classes)) == 0).tolist():
+            raise DataError(
+                f"class folder {os.path.join(root, classes[empty[0]])} holds no images ({', '.join(IMAGE_EXTENSIONS)})"
+            )
+        if count := index.meta["left_out_count"]:
+            logging.getLogger(DATA_LOGGER).warning(
+                "%s: %d entries left out (only regular files inside data.root are read), e.g. %s",
+                root,
+                count,
+                "; ".join(map(str, index.meta["left_out"])),
+            )
+        self.samples = IndexSamples(index, self._path)
+        return_freed_memory()
 
-    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        return self._listed_classes, {name: index for index, name in enumerate(self._listed_classes)}
+    @property
+    def targets(self) -> np.ndarray:
+        return self.index.labels
 
-    def make_dataset(self, *args: Any, **kwargs: Any) -> list[tuple[str, int]]:  # type: ignore[override]
-        return self._listed
+    def _path(self, label: int, name: str) -> str:
+        return os.path.join(self.root, self.classes[label], name)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        label = int(self.index.labels[index])
+        image = self.loader(self._path(label, os.fsdecode(self.index.name(index))))
+        return (self.transform(image) if self.transform is not None else image), label
 
 
 def _some(names: list[str]) -> str:
@@ -236,7 +262,7 @@ def image_files_dataset(
     :func:`cat.data.registry.build_dataset` for the rest)."""
     name = data.train_split if split == "train" else data.val_split
     if data.format == "zip":
-        return _zip_split(data, aug, split, rank, world, num_classes)
+        return _zip_split(data, aug, split, rank, world, num_classes, index_dir)
     if data.format == "tar":
         draft, transform = build_decoding(data, aug, split == "train")
         return ShardStream(
@@ -254,4 +280,4 @@ def image_files_dataset(
             index_dir,
             draft,
         )
-    return _image_folder(data, aug, split)
+    return _image_folder(data, aug, split, index_dir)

@@ -107,6 +107,7 @@ def shard_samples(path: str, limit: int, labels_only: bool = False) -> Iterator[
             with tarfile.open(fileobj=f, mode="r:*" if labels_only else "r|*") as archive:
                 sample: dict[str, Any] | None = None
                 for member in archive:
+                    archive.members.clear()  # tarfile keeps every member it passed: a shard's worth, per worker
                     match = _MEMBER.match(member.name)
                     if not member.isreg() or match is None:
                         continue  # folders, links, files without a field: no part of a sample

@@ -35,6 +35,7 @@ __all__ = [
     "decode_image",
     "parse_label",
     "check_labels",
+    "check_label_array",
     "class_sorted",
     "warn_class_sorted",
 ]
@@ -129,19 +130,26 @@ def parse_label(data: bytes, name: str) -> int:
 
 def check_labels(labels: Iterable[tuple[int, str]], num_classes: int | None, source: str) -> int:
     """The class count K of ``labels`` (``(label, where it was read)`` pairs), each checked to be in
-    ``0 ... K-1``. K is ``num_classes`` when given, else the number of distinct labels: then any label
-    at or above it means the labels are not ``0 ... K-1``, and the first such one is named."""
+    ``0 ... K-1`` (:func:`check_label_array`)."""
     pairs = list(labels)
+    found = np.fromiter((label for label, _ in pairs), dtype=np.int64, count=len(pairs))
+    return check_label_array(found, num_classes, source, lambda i: pairs[i][1])
+
+
+def check_label_array(labels: np.ndarray, num_classes: int | None, source: str, where: Callable[[int], str]) -> int:
+    """The class count K of ``labels`` (an array; ``where(i)`` says where label ``i`` was read), each checked to
+    be in ``0 ... K-1``. K is ``num_classes`` when given, else the number of distinct labels: then any label at or
+    above it means the labels are not ``0 ... K-1``, and the first such one is named."""
     derived = num_classes is None
-    count = len({label for label, _ in pairs}) if derived else num_classes
-    bad = next(((label, where) for label, where in pairs if label >= count), None)
-    if bad is not None:
+    count = len(np.unique(labels)) if derived else num_classes
+    bad = np.flatnonzero(labels >= count)
+    if bad.size:
         rule = (
             f"its {count} distinct labels are not 0 ... {count - 1} (set data.num_classes if classes are missing)"
             if derived
             else f"not one of the {count} classes"
         )
-        raise DataError(f"{bad[1]}: label {bad[0]}: {rule}")
+        raise DataError(f"{where(int(bad[0]))}: label {labels[bad[0]]}: {rule}")
     if count == 0:
         raise DataError(f"{source} holds no labelled images")
     return count

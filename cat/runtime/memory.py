@@ -14,7 +14,14 @@ import torch
 
 from .clock import synchronize
 
-__all__ = ["MemoryReading", "reset_peak_memory", "read_memory", "peak_memory_mib", "peak_growth_mib"]
+__all__ = [
+    "MemoryReading",
+    "reset_peak_memory",
+    "read_memory",
+    "peak_memory_mib",
+    "peak_growth_mib",
+    "private_memory",
+]
 
 
 def _proc_status_kib(key: str) -> int:
@@ -99,3 +106,15 @@ def peak_growth_mib(fn: Callable[[], object], device: torch.device | str) -> flo
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fn()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def private_memory(pid: int | str = "self") -> dict[str, int]:
+    """Bytes of a process's memory (Linux, ``/proc/<pid>/smaps_rollup``): ``private``, its pages no other process
+    maps (a forked worker's copies of its parent's pages, what it allocated itself), and ``anonymous``, its
+    memory not backed by a file (a mapped file's pages are the page cache's)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[name] = int(value.split()[0]) * 1024
+    return {"private": fields["Private_Clean"] + fields["Private_Dirty"], "anonymous": fields["Anonymous"]}

@@ -51,7 +51,7 @@ def test_same_images_and_labels_as_the_folder(packed, split, cache_mode):
     source, zipped = packed
     folder = ImageFolder(str(source / split))
     dataset = ZipImageDataset(str(zipped), split, cache_mode=cache_mode)
-    assert dataset.classes == folder.classes == list(CLASSES) and dataset.targets == folder.targets
+    assert dataset.classes == folder.classes == list(CLASSES) and dataset.targets.tolist() == folder.targets
     for index in range(len(folder)):
         image, label = dataset[index]
         expected, expected_label = folder[index]
@@ -70,10 +70,12 @@ def test_manifest_names_every_file_with_its_size_count_and_hash(packed):
 def test_part_holds_and_samples_only_its_share(packed):
     _, zipped = packed
     shares = [ZipImageDataset(str(zipped), "train", cache_mode="part", rank=r, world=3) for r in range(3)]
-    held = [set(d.cache) for d in shares]
+    held = [set(d.cached_indices()) for d in shares]
     assert set().union(*held) == set(range(21)) and sum(len(h) for h in held) == 21  # disjoint, complete
     full = ZipImageDataset(str(zipped), "train", cache_mode="full")
     assert sum(d.cached_bytes() for d in shares) == full.cached_bytes()
+    for share, indices in zip(shares, held, strict=True):  # each share's one buffer holds its own images
+        assert all(np.array_equal(np.asarray(share[i][0]), np.asarray(full[i][0])) for i in indices)
     samplers = [RankShardSampler(21, r, 3, seed=5) for r in range(3)]
     for sampler, share in zip(samplers, held, strict=True):
         sampler.set_epoch(0)
@@ -176,7 +178,7 @@ def test_a_worker_process_opens_its_own_zip(packed):
     _, zipped = packed
     dataset = ZipImageDataset(str(zipped), "val")
     copy = pickle.loads(pickle.dumps(dataset))
-    assert copy._zip is None and np.array_equal(np.asarray(copy[0][0]), np.asarray(dataset[0][0]))
+    assert copy._file is None and np.array_equal(np.asarray(copy[0][0]), np.asarray(dataset[0][0]))
 
 
 def test_a_zip_without_its_image_list_is_named(packed, tmp_path):

@@ -206,3 +206,33 @@ def test_a_failed_pack_leaves_whole_files_only_and_a_killed_packs_leftovers_go(s
         for name in left:
             if name.endswith(".tar"):
                 scan_shard(str(out / name), 1 << 20)  # whole: read to its end-of-archive blocks
+
+
+@pytest.mark.parametrize("labels_only", [False, True], ids=["stream", "header-scan"])
+def test_reading_a_shard_keeps_no_member_it_passed(tmp_path, labels_only):
+    """tarfile lists every member it has read: a worker skipping to its span of a 1 GB shard held them all."""
+    import gc
+    import tarfile
+
+    from cat.data.shards import shard_samples
+
+    path = tmp_path / "big-000000.tar"
+    _write_shard(path, 2000)
+    gc.collect()
+    held = []
+    for position, _ in enumerate(shard_samples(str(path), 1 << 20, labels_only=labels_only)):
+        if position in (100, 1900):
+            held.append(sum(isinstance(o, tarfile.TarInfo) for o in gc.get_objects()))
+    assert position == 1999 and max(held) <= 4 and held[0] == held[1]
+
+
+def _write_shard(path: Path, samples: int) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as archive:
+        for key in range(samples):
+            for field, data in (("png", b"\x89PNG" + bytes(60)), ("cls", b"1")):
+                info = tarfile.TarInfo(f"{key:06d}.{field}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))

@@ -512,3 +512,20 @@ def test_bench_data_measures_every_format(run_tool, tmp_path):
     assert 1 <= rows["tar"]["rank_shards"] < 6
     part, full = rows["zip/part"]["cache_mb_per_rank"], rows["zip/full"]["cache_mb_per_rank"]
     assert 0.3 * full < part < 0.7 * full and rows["folder"]["cache_mb_per_rank"] == 0
+
+
+@pytest.mark.slow  # the tool end to end
+def test_bench_index_measures_each_format_at_each_scale(run_tool, tmp_path):
+    """tools/bench_index.py, tiny: a row per format and scale, an index file for cat's readers that grows with the
+    split (none for torchvision's folder), workers measured, and a node extrapolated per format."""
+    formats = ["folder", "zip/part", "tar", "torchvision"]
+    args = ["--scale", "200", "400", "--classes", "4", "--world", "2", "--workers", "1", "--batch", "8", "--k", "2"]
+    args += ["--shard-mb", "0.05", "--data", str(tmp_path), "--formats", *formats, "--json"]
+    report = json.loads(run_tool("bench_index", *args, forked_workers=True))
+    rows = {(r["format"], r["images"]): r for r in report["rows"]}
+    assert set(rows) == {(f, n) for f in formats for n in (200, 400)}
+    for fmt in ("folder", "zip/part"):
+        assert rows[fmt, 400]["index_file_mb"] > rows[fmt, 200]["index_file_mb"] > 0
+    assert rows["zip/part", 400]["cache_mb"] > 0 and rows["torchvision", 400]["index_file_mb"] == 0
+    assert all(r["first_batch_s"] > 0 and r["worker_end_mb"] > 0 and r["epoch_batches"] > 2 for r in rows.values())
+    assert [n["format"] for n in report["node"]] == formats and all(n["node_gb"] >= 0 for n in report["node"])

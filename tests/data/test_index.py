@@ -1,0 +1,267 @@
+"""The compact index (cat.data.index): built once and mapped by the rest, no copy in a forked worker, a stale or
+altered file rebuilt or refused, and the same samples in the same order as torchvision's ImageFolder."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import multiprocessing
+import os
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets.folder import make_dataset
+
+from cat.data import ZipImageDataset, build_dataset
+from cat.data.index import MAGIC, index_path
+from cat.errors import DataError
+from cat.runtime.memory import private_memory
+from tests.conftest import compose_config
+
+_FORK = multiprocessing.get_context("fork")
+
+
+def _tiny_jpeg(seed: int = 0) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def _zip_split(root: Path, images: int, classes: int = 100) -> Path:
+    """``root/train.zip`` + ``train_map.txt``: ``images`` tiny JPEGs, stored as the packer stores them."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = _tiny_jpeg()
+    members = [f"n{i % classes:04d}/{i}.jpg" for i in range(images)]
+    with zipfile.ZipFile(root / "train.zip", "w", zipfile.ZIP_STORED) as z:
+        for member in members:
+            z.writestr(member, data)
+    (root / "train_map.txt").write_text("".join(f"{m}\t{i % classes}\n" for i, m in enumerate(members)))
+    return root
+
+
+def _folder(root: Path, images: int, classes: int = 10) -> Path:
+    """``root/train/<class>/*.jpg``: hard links to a few tiny JPEGs (a file has at most 65,000 links)."""
+    root.mkdir(parents=True, exist_ok=True)
+    sources = [root / f"{i}.jpg" for i in range(-(-images // 50_000))]
+    for i, source in enumerate(sources):
+        source.write_bytes(_tiny_jpeg(i))
+    for c in range(classes):
+        (root / "train" / f"c{c:03d}").mkdir(parents=True)
+    for i in range(images):
+        os.link(sources[i % len(sources)], root / "train" / f"c{i % classes:03d}" / f"{i}.jpg")
+    return root
+
+
+def _folder_config(root: Path):
+    return compose_config("cls", "data=folder", f"data.root={root}", "data.img_size=8", "aug=none")
+
+
+def _private_now(batch: list) -> int:
+    return private_memory()["private"]
+
+
+def _worker_growth(dataset, batch_size: int = 5000) -> int:
+    """How much a forked loader worker's private memory grows from its start to after its last batch, having
+    fetched every sample (each batch reports the worker's private bytes: the collate function runs there)."""
+    start = _FORK.Value("q", 0)
+
+    def at_start(_: int) -> None:
+        start.value = private_memory()["private"]
+
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=1,
+        worker_init_fn=at_start,
+        collate_fn=_private_now,
+        multiprocessing_context=_FORK,
+    )
+    return list(loader)[-1] - start.value
+
+
+class _MemberBytes(Dataset):
+    """A zip split's members as their byte counts: each read from the zip as loading does, none decoded."""
+
+    def __init__(self, dataset: ZipImageDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> int:
+        return len(self.dataset._read(index))
+
+
+# A worker copied the zip's directory (~170 MB at 200k members) or the folder's (path, label) pairs (~30 MB).
+_WORKER_GROWTH_BOUND = 8 << 20
+
+
+def test_a_forked_worker_reading_every_member_of_a_200k_zip_copies_no_bookkeeping(tmp_path):
+    root = _zip_split(tmp_path / "zip", 200_000)
+    dataset = ZipImageDataset(str(root), "train", index_dir=str(tmp_path / "run"))
+    growth = _worker_growth(_MemberBytes(dataset))
+    assert growth < _WORKER_GROWTH_BOUND, f"a worker's private memory grew by {growth / 1e6:.1f} MB"
+
+
+def test_a_forked_worker_loading_every_path_of_a_200k_folder_copies_no_bookkeeping(tmp_path):
+    root = _folder(tmp_path / "folder", 200_000, classes=100)
+    cfg = _folder_config(root)
+    dataset = build_dataset(cfg.data, cfg.aug, "train", index_dir=str(tmp_path / "run"))
+    dataset.transform, dataset.loader = None, len  # every sample's path made; no file opened
+    growth = _worker_growth(dataset)
+    assert growth < _WORKER_GROWTH_BOUND, f"a worker's private memory grew by {growth / 1e6:.1f} MB"
+
+
+def _rank(root: str, run: str, go, results) -> None:
+    """A rank of a node: waits for the others, builds its dataset, reports what the index log said."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("cat.data").addHandler(handler)
+    logging.getLogger("cat.data").setLevel(logging.INFO)
+    go.wait()
+    dataset = ZipImageDataset(root, "train", index_dir=run)
+    results.put((len(dataset), [line.split(" the index")[0] for line in said if "the index of" in line]))
+
+
+def test_the_ranks_of_a_node_build_the_index_once_and_map_it(tmp_path):
+    root = str(_zip_split(tmp_path / "zip", 5000))
+    go, results = _FORK.Barrier(4), _FORK.Queue()
+    ranks = [_FORK.Process(target=_rank, args=(root, str(tmp_path / "run"), go, results)) for _ in range(4)]
+    for rank in ranks:
+        rank.start()
+    said = [results.get(timeout=120) for _ in ranks]
+    for rank in ranks:
+        rank.join(30)
+    assert all(count == 5000 for count, _ in said)
+    assert sorted(line for _, lines in said for line in lines) == ["built", "mapped", "mapped", "mapped"]
+
+
+def _one_rank_log(caplog, build):
+    caplog.clear()
+    logging.getLogger("cat.data").addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="cat.data"):
+            result = build()
+    finally:
+        logging.getLogger("cat.data").removeHandler(caplog.handler)
+    return result, " ".join(r.getMessage() for r in caplog.records if "the index of" in r.getMessage())
+
+
+def test_a_changed_folder_rebuilds_its_index(tmp_path, caplog):
+    root = _folder(tmp_path / "folder", 30, classes=3)
+    cfg, run = _folder_config(root), str(tmp_path / "run")
+    first, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
+    assert len(first) == 30 and said.startswith("built")
+    again, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
+    assert len(again) == 30 and said.startswith("mapped")
+    os.link(root / "0.jpg", root / "train" / "c001" / "new.jpg")  # a file added: its class folder changed
+    (root / "train" / "c002" / "deep").mkdir()
+    changed, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
+    assert len(changed) == 31 and "built" in said and "the dataset changed" in said
+    assert changed.samples[changed.samples.index((str(root / "train" / "c001" / "new.jpg"), 1))][1] == 1
+    os.link(root / "0.jpg", root / "train" / "c002" / "deep" / "x.jpg")  # a subfolder changed, not the class's
+    deeper, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
+    assert len(deeper) == 32 and "c002/deep changed" in said
+
+
+def _header(path: str) -> tuple[dict, int]:
+    data = Path(path).read_bytes()
+    _, _, length = struct.unpack_from("<8sII", data)
+    return json.loads(data[16 : 16 + length]), length
+
+
+def _rewrite_header(path: str, header: dict) -> None:
+    """The index with another header, its arrays moved along (their offsets count from the body's start)."""
+    data = Path(path).read_bytes()
+    _, length = _header(path)
+    text = json.dumps(header).encode()
+    body = data[-(-(16 + length) // 64) * 64 :]
+    start = -(-(16 + len(text)) // 64) * 64
+    Path(path).write_bytes(struct.pack("<8sII", MAGIC, 1, len(text)) + text.ljust(start - 16, b"\0") + body)
+
+
+def test_an_altered_or_torn_index_is_rebuilt(tmp_path, caplog):
+    root = _zip_split(tmp_path / "zip", 300, classes=3)
+    run = str(tmp_path / "run")
+    reference = ZipImageDataset(str(root), "train", index_dir=run)
+    path = index_path(run, "zip", str(root / "train.zip"))
+    pristine = Path(path).read_bytes()
+    flipped = bytearray(pristine)
+    flipped[-100] ^= 0xFF  # a byte of the arrays
+    header, _ = _header(path)
+    past_end = json.loads(json.dumps(header))
+    past_end["arrays"]["labels"][2] = 1 << 40
+    wrong_dtype = json.loads(json.dumps(header))
+    wrong_dtype["arrays"]["labels"][0] = "<f8"
+    _rewrite_header(path, header)  # the helper itself keeps a valid index valid
+    assert "mapped" in _one_rank_log(caplog, lambda: ZipImageDataset(str(root), "train", index_dir=run))[1]
+    cases = {
+        "its arrays do not match their checksum": lambda: Path(path).write_bytes(bytes(flipped)),
+        "runs past the file's end": lambda: _rewrite_header(path, past_end),
+        "expected dtype <i4": lambda: _rewrite_header(path, wrong_dtype),
+        "not a version-1 cat index": lambda: Path(path).write_bytes(b"NOTINDEX" + pristine[8:]),
+        "shorter than its preamble": lambda: Path(path).write_bytes(MAGIC),
+    }
+    for why, alter in cases.items():
+        Path(path).write_bytes(pristine)
+        alter()
+        rebuilt, said = _one_rank_log(caplog, lambda: ZipImageDataset(str(root), "train", index_dir=run))
+        assert "built" in said and why in said, (why, said)
+        assert rebuilt.targets.tolist() == reference.targets.tolist() and rebuilt.member(7) == reference.member(7)
+        assert Path(path).read_bytes() == pristine
+    os.remove(path)
+    os.symlink(tmp_path / "elsewhere", path)  # a link planted at the index's name is refused, not followed
+    with pytest.raises(Exception, match="symbolic link"):
+        ZipImageDataset(str(root), "train", index_dir=run)
+
+
+def test_an_index_altered_with_its_checksum_fixed_is_still_checked(tmp_path):
+    """Someone who rewrites the arrays and their checksum gets no path out of the dataset's folder and no read
+    outside the zip: the readers check what the arrays mean, however the index came about."""
+    from cat.data.index import load_index, save_index
+
+    root = _folder(tmp_path / "folder", 20, classes=2)
+    cfg, run = _folder_config(root), str(tmp_path / "run")
+    build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
+    path = index_path(run, "folder", str(root / "train"))
+    index = load_index(path, "folder", _header(path)[0]["key"])
+    names = [b"../../../etc/passwd" if i == 3 else index.name(i) for i in range(len(index))]
+    offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(n) for n in names])
+    forged = type(index)(index.kind, index.key, index.meta, {**index.arrays, "name_offsets": offsets})
+    forged.arrays["names"] = np.frombuffer(b"".join(names), dtype=np.uint8)
+    save_index(forged, path)
+    with pytest.raises(DataError, match=r"sample 3 is named b'../../../etc/passwd': an altered index"):
+        build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
+
+    zipped = _zip_split(tmp_path / "zip", 50, classes=5)
+    ZipImageDataset(str(zipped), "train", index_dir=run)
+    path = index_path(run, "zip", str(zipped / "train.zip"))
+    index = load_index(path, "zip", _header(path)[0]["key"])
+    offsets = index.arrays["header_offsets"].copy()
+    offsets[4] = 1 << 40
+    save_index(type(index)(index.kind, index.key, index.meta, {**index.arrays, "header_offsets": offsets}), path)
+    with pytest.raises(DataError, match=r"n0004/4\.jpg in .*train\.zip lies past the file's end"):
+        ZipImageDataset(str(zipped), "train", index_dir=run)
+
+
+def test_the_folder_listing_is_imagefolders_order(tmp_path):
+    """Nested folders whose names sort around the path separator ('sub-a' < 'sub/x' < 'sub2'), upper-case
+    extensions and files that are no images: the same (path, label) list as torchvision's make_dataset."""
+    train = tmp_path / "train"
+    layout = ["b/z.JPG", "b/a.png", "b/sub/x.jpg", "b/sub-a/y.jpeg", "b/sub2/w.jpg", "b/sub/deeper/v.webp", "a/1.jpg"]
+    layout += ["a/notes.txt", "a/Ä.jpg", "c/only.PNG"]
+    for relative in layout:
+        (train / relative).parent.mkdir(parents=True, exist_ok=True)
+        (train / relative).write_bytes(b"")
+    cfg = _folder_config(tmp_path)
+    dataset = build_dataset(cfg.data, cfg.aug, "train")
+    expected = make_dataset(str(train), {"a": 0, "b": 1, "c": 2}, extensions=(".jpg", ".jpeg", ".png", ".webp"))
+    assert list(dataset.samples) == expected and dataset.targets.tolist() == [label for _, label in expected]
