@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 import cat
-from cat.data import AugConfig, ShardStream, build_dataset
+from cat.data import FORMATS, AugConfig, ShardStream, build_dataset, file_format
 from cat.data.images import build_batch_transform
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
@@ -192,7 +192,8 @@ def num_classes_of(cfg: ClsConfig, dataset: Dataset) -> int:
 
 def val_loader(cfg: ClsConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
     # A tar stream splits its shards over the ranks itself; files read by index are split here.
-    sampler = None if cfg.data.format == "tar" else ShardSampler(len(dataset), env.rank, env.world_size)
+    streamed = (spec := file_format(cfg.data)) is not None and spec.streamed  # it splits its samples over the ranks
+    sampler = None if streamed else ShardSampler(len(dataset), env.rank, env.world_size)
     return DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -233,10 +234,11 @@ def build_train_data(cfg: ClsConfig, env: DistEnv, run_folder: str | None = None
             f"the train split has {len(train_set)} images, fewer than one global batch of "
             f"{global_batch} (batch_size={cfg.batch_size} x {env.world_size} processes x accum_steps={cfg.accum_steps})"
         )
-    streamed = cfg.data.format == "tar"
+    spec = file_format(cfg.data)
+    streamed = spec is not None and spec.streamed
     if streamed:  # the stream orders itself and resumes from its set_epoch
         sampler: ResumableSampler | ShardStream = train_set
-    elif cfg.data.format == "zip" and cfg.data.cache_mode == "part":  # each rank its own share
+    elif spec is not None and spec.caches and cfg.data.cache_mode == "part":  # each rank its own share
         sampler = ResumableSampler(RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed))
     else:
         sampler = ResumableSampler(
@@ -381,9 +383,11 @@ def build_step_meter(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> StepMete
         where = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "a CPU"
         log.info("mfu is null: no listed %s peak for %s (cat.runtime.hardware.PEAK_TFLOPS)", dtype, where)
     advice = [f"more loader processes per training process (workers={cfg.workers} now, up to its CPU cores)"]
-    if cfg.data.format == "folder":
-        advice.append("a packed format (data.format=zip or tar, tools/pack_dataset.py)")
-    if cfg.data.format is not None:  # image files: the opt-in decoding options
+    spec = file_format(cfg.data)
+    if spec is not None and not spec.packed:
+        packed = " or ".join(name for name, f in FORMATS.items() if f.packed)
+        advice.append(f"a packed format (data.format={packed}, tools/pack_dataset.py)")
+    if spec is not None:  # image files: the opt-in decoding options
         advice.append(
             "less decoding (data.decode_draft=true, data.normalize_on_device=true, or tools/pack_dataset.py --max-side)"
         )

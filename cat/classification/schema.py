@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cat.data import AugConfig, DataConfig
-from cat.runtime.schema import FIXED, FREE, RECIPE, JobConfig, key, register_schema, section
+from cat.runtime.schema import FIXED, FREE, RECIPE, JobConfig, NetworkConfig, key, register_schema, section
 
 __all__ = [
     "ClsConfig",
@@ -27,26 +27,9 @@ SCHEDULERS = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", 
 
 
 @dataclass
-class ClsModelConfig:
+class ClsModelConfig(NetworkConfig):
     """The ``model`` section: the network a run builds (:func:`~cat.classification.builders.build_model`)."""
 
-    name: str = key("a registered model: cat's (ca_deit_tiny, ca_pvt_small, ...) or any timm model")
-    drop_path_rate: float | None = key(
-        "stochastic depth; null: the model factory's value", min=0, max=1, absent_means=None
-    )
-    kwargs: dict[str, Any] = key(
-        "extra model arguments, checked against the model's, e.g. {embed_dim: 64}", absent_means={}
-    )
-    lean_attention: Any = key(
-        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
-        "true (every block: least memory) or false (autograd: faster, more memory)",
-        choices=("auto", True, False),
-        resume=FREE,  # the same math, computed another way
-        absent_means="auto",
-    )
-    grad_checkpointing: bool = key(
-        "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE
-    )
     convert: dict[str, Any] | None = key(
         "cat.convert a timm ViT/Swin/PVT v2 to circulant attention: {} (defaults), {stages: [0, 1]}, ...",
         absent_means=None,

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from cat.data import file_format
 from cat.errors import CheckpointError, ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.io import open_append
@@ -286,15 +287,17 @@ class Trainer:
         return _summary(state, epoch=cfg.epochs)
 
     def _log_cache(self) -> None:
-        """A zip cache's bytes per rank (``part``: each its 1/world share; ``full``: all on each)."""
+        """A cache's bytes per rank (``part``: each its 1/world share; ``full``: all on each)."""
         train_set, env = self.data.train_set, self.env
-        if self.cfg.data.format != "zip" or train_set.cache_mode == "no":
+        spec = file_format(self.cfg.data)
+        if spec is None or not spec.caches or self.cfg.data.cache_mode == "no":
             return
         held = torch.zeros(env.world_size, dtype=torch.float64)
         held[env.rank] = train_set.cached_bytes()
         all_reduce_sum(held)
         self.folder.log.info(
-            "zip cache (%s): %s MB held by ranks 0-%d; the train split's images: %.1f MB",
+            "%s cache (%s): %s MB held by ranks 0-%d; the train split's images: %.1f MB",
+            self.cfg.data.format,
             train_set.cache_mode,
             ", ".join(f"{b / 1e6:.1f}" for b in held.tolist()),
             env.world_size - 1,

@@ -6,7 +6,7 @@ as untrusted (:mod:`cat.data.untrusted`)."""
 from .config import AugConfig, DataConfig
 from .images import IMAGE_EXTENSIONS, build_transform, load_rgb
 from .packed import ZipImageDataset
-from .registry import DATASETS, build_dataset, data_root_problem, dataset_problems, reads_files
+from .registry import DATASETS, FORMATS, build_dataset, data_root_problem, dataset_problems, file_format, reads_files
 from .shards import ShardStream
 from .tensor_sets import digits_dataset, synthetic_dataset
 
@@ -14,6 +14,8 @@ __all__ = [
     "AugConfig",
     "DataConfig",
     "DATASETS",
+    "FORMATS",
+    "file_format",
     "build_dataset",
     "dataset_problems",
     "data_root_problem",

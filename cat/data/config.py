@@ -28,9 +28,10 @@ class DataConfig:
     num_classes: int | None = key("classes; null (folder): one per class folder", min=1)
     img_size: int = key("training and evaluation resolution (square)", min=1)
     format: str = key(
-        "imagenet/folder: folder (<split>/<class>/*.jpg), zip (<split>.zip + <split>_map.txt) or tar "
-        "(<split>-NNNNNN.tar shards); tools/pack_dataset.py packs a folder",
-        choices=FORMATS,
+        "imagenet/folder: "
+        + ", ".join(f"{name} ({spec.doc})" for name, spec in FORMATS.items())
+        + "; tools/pack_dataset.py packs a folder",
+        choices=tuple(FORMATS),
         required=False,
     )
     cache_mode: str = key(

@@ -11,7 +11,7 @@ import math
 import os
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,8 +30,12 @@ from .augment import install_timm_augment_fixes
 from .folders import IMAGE_EXTENSIONS, class_folders, escaping_name, folder_index
 from .index import IndexSamples, SampleIndex, return_freed_memory
 from .packed import ZipImageDataset
+from .request import SplitRequest
 from .shards import ShardStream
 from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular
+
+if TYPE_CHECKING:  # the sections are declared beside the registry, which imports these readers
+    from .config import AugConfig, DataConfig
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -41,7 +45,9 @@ __all__ = [
     "build_batch_transform",
     "DraftCrop",
     "build_decoding",
-    "image_files_dataset",
+    "read_folder",
+    "read_zip",
+    "read_shards",
     "IndexedImageFolder",
 ]
 
@@ -87,7 +93,7 @@ class DraftCrop:
         return rgb.resize((out_w, out_h), F.pil_modes_mapping[interpolation], box=box)
 
 
-def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | None, Any]:
+def build_decoding(data: DataConfig, aug: AugConfig, is_train: bool) -> tuple[DraftCrop | None, Any]:
     """How a file dataset turns an encoded image into a tensor: ``(draft, transform)``. ``draft`` is None unless
     ``data.decode_draft`` asks for it when training: then it decodes and crops (:class:`DraftCrop`) and
     ``transform`` is the rest of timm's pipeline."""
@@ -100,21 +106,52 @@ def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | Non
     return DraftCrop(first), Compose(rest)
 
 
-def _zip_split(
-    data: Any, aug: Any, split: str, rank: int, world: int, num_classes: int | None, index_dir: str | None
-) -> Dataset:
-    """A zip-packed split; validation is cached as ``part`` whenever training caches at all (each
-    rank evaluates its own share)."""
-    name = data.train_split if split == "train" else data.val_split
-    cache_mode = "part" if split == "val" and data.cache_mode != "no" else data.cache_mode
-    draft, transform = build_decoding(data, aug, split == "train")
+def read_zip(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+    """A zip-packed split (:mod:`cat.data.packed`); validation is cached as ``part`` whenever training caches at
+    all (each rank evaluates its own share)."""
+    cache_mode = "part" if not request.train and data.cache_mode != "no" else data.cache_mode
+    draft, transform = build_decoding(data, aug, request.train)
     return ZipImageDataset(
-        data.root, name, transform, cache_mode, rank, world, num_classes, data.max_image_mb, draft, index_dir
+        data.root,
+        split_name(data, request),
+        transform,
+        cache_mode,
+        request.rank,
+        request.world,
+        request.num_classes,
+        data.max_image_mb,
+        draft,
+        request.index_dir,
     )
 
 
-def _image_folder(data: Any, aug: Any, split: str, index_dir: str | None) -> Dataset:
-    folder = os.path.join(data.root, data.train_split if split == "train" else data.val_split)
+def read_shards(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+    """A tar-sharded split, streamed (:mod:`cat.data.shards`)."""
+    draft, transform = build_decoding(data, aug, request.train)
+    return ShardStream(
+        data.root,
+        split_name(data, request),
+        transform,
+        request.train,
+        request.rank,
+        request.world,
+        request.batch_size,
+        request.seed,
+        data.shuffle_buffer,
+        request.num_classes,
+        data.max_image_mb,
+        request.index_dir,
+        draft,
+    )
+
+
+def split_name(data: DataConfig, request: SplitRequest) -> str:
+    return data.train_split if request.train else data.val_split
+
+
+def read_folder(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+    """An image-folder split (:mod:`cat.data.folders`), through torchvision ImageFolder's order."""
+    folder = os.path.join(data.root, split_name(data, request))
     if not os.path.isdir(folder):
         raise DataError(
             f"dataset split folder not found: {folder} (data.root={data.root}; expected "
@@ -133,7 +170,7 @@ def _image_folder(data: Any, aug: Any, split: str, index_dir: str | None) -> Dat
             )
         )
     train_folder = os.path.join(data.root, data.train_split)
-    if split == "val" and os.path.isdir(train_folder) and classes != (train_classes := class_folders(train_folder)):
+    if not request.train and os.path.isdir(train_folder) and classes != (train_classes := class_folders(train_folder)):
         # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
         missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
         raise DataError(
@@ -143,9 +180,10 @@ def _image_folder(data: Any, aug: Any, split: str, index_dir: str | None) -> Dat
         )
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
-    draft, transform = build_decoding(data, aug, split == "train")
+    draft, transform = build_decoding(data, aug, request.train)
     loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
-    return IndexedImageFolder(folder, classes, folder_index(folder, classes, data.root, index_dir), transform, loader)
+    index = folder_index(folder, classes, data.root, request.index_dir)
+    return IndexedImageFolder(folder, classes, index, transform, loader)
 
 
 class IndexedImageFolder(Dataset):
@@ -201,7 +239,7 @@ def _some(names: list[str]) -> str:
     return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
 
 
-def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
+def build_transform(data: DataConfig, aug: AugConfig, is_train: bool) -> Any:
     """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
     resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
     install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
@@ -229,7 +267,7 @@ class DeviceNormalize:
     """The end of timm's training transform for a batch on the training device (``data.normalize_on_device``),
     as timm's prefetching loader does it: uint8 images to float, normalised, randomly erased (``aug.reprob``)."""
 
-    def __init__(self, data: Any, aug: Any, device: torch.device) -> None:
+    def __init__(self, data: DataConfig, aug: AugConfig, device: torch.device) -> None:
         self.mean = torch.tensor([255 * m for m in data.mean], device=device).view(1, 3, 1, 1)
         self.std = torch.tensor([255 * s for s in data.std], device=device).view(1, 3, 1, 1)
         self.erase = (
@@ -241,43 +279,7 @@ class DeviceNormalize:
         return self.erase(images) if self.erase is not None else images
 
 
-def build_batch_transform(data: Any, aug: Any, device: torch.device) -> DeviceNormalize | None:
+def build_batch_transform(data: DataConfig, aug: AugConfig, device: torch.device) -> DeviceNormalize | None:
     """What a training batch needs on the device before the model: :class:`DeviceNormalize` when the data
     section asks for it, else nothing."""
     return DeviceNormalize(data, aug, device) if data.normalize_on_device else None
-
-
-def image_files_dataset(
-    data: Any,
-    aug: Any,
-    split: str,
-    rank: int,
-    world: int,
-    batch_size: int,
-    seed: int,
-    num_classes: int | None,
-    index_dir: str | None,
-) -> Dataset:
-    """The ``split`` of the image files under ``data.root`` in ``data.format`` (see
-    :func:`cat.data.registry.build_dataset` for the rest)."""
-    name = data.train_split if split == "train" else data.val_split
-    if data.format == "zip":
-        return _zip_split(data, aug, split, rank, world, num_classes, index_dir)
-    if data.format == "tar":
-        draft, transform = build_decoding(data, aug, split == "train")
-        return ShardStream(
-            data.root,
-            name,
-            transform,
-            split == "train",
-            rank,
-            world,
-            batch_size,
-            seed,
-            data.shuffle_buffer,
-            num_classes,
-            data.max_image_mb,
-            index_dir,
-            draft,
-        )
-    return _image_folder(data, aug, split, index_dir)

@@ -1,33 +1,40 @@
-"""The datasets a classification run can read, by name: what builds each, the ``data.*`` keys it needs,
-whether it reads files under ``data.root``, and the ``data.format`` values it reads. The config's schema,
-``--help``, its checks and :func:`build_dataset` all read this table: adding a dataset is one entry here."""
+"""The datasets a classification run can read, by name, and the file formats they read, by name: what builds each,
+the ``data.*`` keys a dataset needs, and for a format its layout under ``data.root``, whether it caches and whether
+it orders its own samples. The config's schema (its choices and docs), ``--help``, its checks, the trainer and
+:func:`build_dataset` all read these tables: adding a dataset or a format is one entry here."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
 
 from cat.errors import ConfigError
 
-from .images import image_files_dataset
+from .images import read_folder, read_shards, read_zip
+from .request import SplitRequest
 from .tensor_sets import digits_dataset, synthetic_dataset
+
+if TYPE_CHECKING:  # the sections are declared from these tables
+    from .config import AugConfig, DataConfig
 
 __all__ = [
     "DatasetSpec",
     "DATASETS",
+    "FormatSpec",
     "FORMATS",
+    "file_format",
     "build_dataset",
     "dataset_problems",
     "data_root_problem",
     "reads_files",
 ]
 
-# A builder: (data section, aug section, split, rank, world, batch_size, seed, num_classes, index_dir) -> Dataset.
-DatasetBuilder = Callable[[Any, Any, str, int, int, int, int, "int | None", "str | None"], Dataset]
+# A dataset builder: (data section, aug section, what to read) -> Dataset.
+DatasetBuilder = Callable[["DataConfig", "AugConfig | None", SplitRequest], Dataset]
 
 
 @dataclass(frozen=True)
@@ -35,16 +42,56 @@ class DatasetSpec:
     build: DatasetBuilder
     doc: str
     keys: tuple[str, ...] = ()  # the data keys (declared required=False) this dataset needs
-    formats: tuple[str, ...] = ()  # the data.format values it reads: files under data.root; () for none
+    reads_files: bool = False  # image files under data.root, in one of FORMATS (data.format)
 
 
-def _digits(data: Any, aug: Any, split: str, *_: Any) -> Dataset:
-    return digits_dataset(split, img_size=data.img_size)
+@dataclass(frozen=True)
+class FormatSpec:
+    """How image files lie under ``data.root`` (``data.format``) and what reads them."""
+
+    read: DatasetBuilder
+    doc: str  # the split's files, as the format key's doc names them
+    layout: str  # what data.root must hold (both splits), for the message when it does not
+    packed: bool  # a few large files per split (tools/pack_dataset.py) rather than a file per image
+    caches: bool = False  # reads data.cache_mode (images held in memory)
+    streamed: bool = False  # orders and deals its own samples to ranks and workers: no sampler
 
 
-def _synthetic(data: Any, aug: Any, split: str, *_: Any) -> Dataset:
+FORMATS: dict[str, FormatSpec] = {
+    "folder": FormatSpec(
+        read_folder,
+        "<split>/<class>/*.jpg",
+        "{train}/<class>/ and {val}/<class>/ image folders",
+        packed=False,
+    ),
+    "zip": FormatSpec(
+        read_zip,
+        "<split>.zip + <split>_map.txt",
+        "{train}.zip, {train}_map.txt, {val}.zip and {val}_map.txt (data.format=zip)",
+        packed=True,
+        caches=True,
+    ),
+    "tar": FormatSpec(
+        read_shards,
+        "<split>-NNNNNN.tar shards",
+        "{train}-NNNNNN.tar and {val}-NNNNNN.tar shards with manifest.json (data.format=tar)",
+        packed=True,
+        streamed=True,
+    ),
+}
+
+
+def _image_files(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
+    return FORMATS[data.format].read(data, aug, request)
+
+
+def _digits(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
+    return digits_dataset(request.split, img_size=data.img_size)
+
+
+def _synthetic(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
     return synthetic_dataset(
-        split,
+        request.split,
         num_classes=data.num_classes,
         img_size=data.img_size,
         samples_per_class=data.samples_per_class,
@@ -53,7 +100,7 @@ def _synthetic(data: Any, aug: Any, split: str, *_: Any) -> Dataset:
 
 
 _IMAGE_FILES = DatasetSpec(
-    image_files_dataset,
+    _image_files,
     "image files under data.root",
     keys=(
         "format",
@@ -69,7 +116,7 @@ _IMAGE_FILES = DatasetSpec(
         "mean",
         "std",
     ),
-    formats=("folder", "zip", "tar"),
+    reads_files=True,
 )
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -80,22 +127,19 @@ DATASETS: dict[str, DatasetSpec] = {
         _synthetic, "a random image per class plus noise (no files)", keys=("samples_per_class", "seed")
     ),
 }
-FORMATS = tuple(dict.fromkeys(f for spec in DATASETS.values() for f in spec.formats))
-
-# How each format lays a split out under data.root, for the message when data.root does not hold it.
-_LAYOUTS = {
-    "folder": "{train}/<class>/ and {val}/<class>/ image folders",
-    "zip": "{train}.zip, {train}_map.txt, {val}.zip and {val}_map.txt (data.format=zip)",
-    "tar": "{train}-NNNNNN.tar and {val}-NNNNNN.tar shards with manifest.json (data.format=tar)",
-}
 
 
-def reads_files(data: Any) -> bool:
+def file_format(data: DataConfig) -> FormatSpec | None:
+    """The format ``data`` reads its image files in (:data:`FORMATS`); None for a dataset without files."""
+    return FORMATS[data.format] if reads_files(data) else None
+
+
+def reads_files(data: DataConfig) -> bool:
     """Whether ``data.name`` reads image files under ``data.root`` (through timm's transform)."""
-    return bool(DATASETS[data.name].formats)
+    return DATASETS[data.name].reads_files
 
 
-def dataset_problems(data: Any) -> list[str]:
+def dataset_problems(data: DataConfig) -> list[str]:
     """What the ``data`` section lacks for its dataset: the keys it needs, or a cache for a format without one."""
     spec = DATASETS[data.name]
     problems = [
@@ -106,22 +150,25 @@ def dataset_problems(data: Any) -> list[str]:
         for name in ("mean", "std")
         if (value := getattr(data, name)) is not None and len(value) != 3
     ]
-    if not problems and data.format in ("folder", "tar") and data.cache_mode != "no":
-        problems.append(f"data.cache_mode={data.cache_mode}: caches a zip (data.format=zip), not a {data.format}")
+    if not problems and spec.reads_files and not FORMATS[data.format].caches and data.cache_mode != "no":
+        caching = " or ".join(name for name, f in FORMATS.items() if f.caches)
+        problems.append(
+            f"data.cache_mode={data.cache_mode}: caches a {caching} (data.format={caching}), not a {data.format}"
+        )
     return problems
 
 
-def data_root_problem(data: Any) -> str | None:
+def data_root_problem(data: DataConfig) -> str | None:
     """Where the dataset reads files: a ``data.root`` that is no folder, with the layout its format needs."""
     if not reads_files(data) or (isinstance(data.root, str) and os.path.isdir(data.root)):
         return None
-    layout = _LAYOUTS[data.format].format(train=data.train_split, val=data.val_split)
+    layout = FORMATS[data.format].layout.format(train=data.train_split, val=data.val_split)
     return f"data.root={data.root}: not a folder (data={data.name} needs {layout})"
 
 
 def build_dataset(
-    data: Any,
-    aug: Any,
+    data: DataConfig,
+    aug: AugConfig | None,
     split: str,
     rank: int = 0,
     world: int = 1,
@@ -131,16 +178,14 @@ def build_dataset(
     index_dir: str | None = None,
 ) -> Dataset:
     """The ``split`` ('train' or 'val') of the dataset the ``data`` section names, for process ``rank`` of
-    ``world`` (what a ``cache_mode=part`` zip holds, which shards a tar stream reads; a training stream is whole
-    batches of ``batch_size``, shuffled from ``seed``). ``num_classes`` (else ``data.num_classes``) bounds a
-    packed split's labels: the validation split gets the training split's count. ``index_dir`` caches the header
-    scan of shards without a manifest."""
+    ``world`` (:class:`~cat.data.request.SplitRequest` says what each argument is for). ``num_classes`` defaults
+    to ``data.num_classes``."""
     if split not in ("train", "val"):
         raise ConfigError(f"split must be 'train' or 'val', got {split!r}")
     spec = DATASETS.get(data.name)
     if spec is None:
         raise ConfigError(f"unknown dataset {data.name!r}; choose {', '.join(DATASETS)}")
-    if spec.formats and data.root is None:
+    if spec.reads_files and data.root is None:
         raise ConfigError(f"data={data.name} needs data.root=/path/to/dataset ({spec.doc})")
     classes = num_classes if num_classes is not None else data.num_classes
-    return spec.build(data, aug, split, rank, world, batch_size, seed, classes, index_dir)
+    return spec.build(data, aug, SplitRequest(split, rank, world, batch_size, seed, classes, index_dir))

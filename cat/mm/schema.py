@@ -10,6 +10,7 @@ from cat.runtime.schema import (
     FIXED,
     FREE,
     JobConfig,
+    NetworkConfig,
     SaveConfig,
     key,
     register_schema,
@@ -20,25 +21,14 @@ __all__ = ["MMConfig", "MMModelConfig", "DetConfig", "SegConfig"]
 
 
 @dataclass
-class BackboneConfig:
+class BackboneConfig(NetworkConfig):
     name: str = key("a registered model with forward_intermediates (cat's or timm's)")
-    drop_path_rate: float | None = key("stochastic depth; null: the model factory's value", min=0, max=1)
     out_indices: list[int] = key(
         "the feature levels (timm's feature_info) whose maps feed the neck, at the strides the heads are built "
         "for (4, 8, 16, 32; a timm ResNet's levels 1-4)",
         min=0,
     )
     out_norm: bool = key("normalise each output feature map")
-    lean_attention: Any = key(
-        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
-        "true (every block: least memory) or false (autograd: faster, more memory)",
-        choices=("auto", True, False),
-        resume=FREE,  # the same math, computed another way
-    )
-    grad_checkpointing: bool = key(
-        "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE
-    )
-    kwargs: dict[str, Any] = key("extra model arguments, checked against the model's")
 
 
 @dataclass

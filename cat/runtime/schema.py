@@ -46,6 +46,7 @@ __all__ = [
     "unnamed_keys",
     "absent_defaults",
     "JobConfig",
+    "NetworkConfig",
     "register_schema",
     "schema_of",
     "schema_problems",
@@ -168,6 +169,30 @@ class AmpConfig:
 @dataclass
 class SaveConfig:
     keep_last: int = key("periodic snapshots kept besides the last (and, for classification, the best)", min=0)
+
+
+@dataclass
+class NetworkConfig:
+    """The keys that build a network in every task (a classifier, a detector's or segmenter's backbone); each task's
+    model section extends it."""
+
+    name: str = key("a registered model: cat's (ca_deit_tiny, ca_pvt_small, ...) or any timm model")
+    drop_path_rate: float | None = key(
+        "stochastic depth; null: the model factory's value", min=0, max=1, absent_means=None
+    )
+    kwargs: dict[str, Any] = key(
+        "extra model arguments, checked against the model's, e.g. {embed_dim: 64}", absent_means={}
+    )
+    lean_attention: Any = key(
+        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
+        "true (every block: least memory) or false (autograd: faster, more memory)",
+        choices=("auto", True, False),
+        resume=FREE,  # the same math, computed another way
+        absent_means="auto",
+    )
+    grad_checkpointing: bool = key(
+        "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE
+    )
 
 
 @dataclass

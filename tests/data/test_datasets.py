@@ -57,3 +57,31 @@ def test_val_folders_must_be_the_train_classes(tmp_path):
     # Without a train split (an evaluation), the val folders are the classes.
     (tmp_path / "train").rename(tmp_path / "elsewhere")
     assert len(build_dataset(cfg.data, cfg.aug, "val").classes) == 3
+
+
+def test_each_format_is_one_entry_that_the_schema_the_checks_and_the_reader_follow(tmp_path, monkeypatch):
+    """data.format's choices and doc, the layout a missing root is told, the cache rule and the reader a split is
+    built with all come from cat.data.registry.FORMATS: a format added there is read, named and checked."""
+    from dataclasses import fields, replace
+
+    from cat.data import FORMATS, DataConfig, data_root_problem, dataset_problems, registry
+
+    declared = next(f for f in fields(DataConfig) if f.name == "format").metadata["check"]
+    assert declared.choices == tuple(FORMATS) and all(spec.doc in declared.doc for spec in FORMATS.values())
+    read = []
+    npz = replace(
+        FORMATS["folder"],
+        read=lambda data, aug, request: read.append((data.format, request.split, request.rank)) or [],
+        layout="{train}.npz and {val}.npz arrays",
+        caches=True,
+    )
+    monkeypatch.setitem(registry.FORMATS, "npz", npz)
+    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "aug=none")
+    data = OmegaConf.merge(cfg.data, {"format": "npz", "cache_mode": "part"})
+    assert build_dataset(data, cfg.aug, "val", rank=1, world=2) == [] and read == [("npz", "val", 1)]
+    assert dataset_problems(data) == []  # it caches: cache_mode is its key too
+    missing = OmegaConf.merge(data, {"root": str(tmp_path / "absent")})
+    assert data_root_problem(missing).endswith("needs train.npz and val.npz arrays)")
+    assert dataset_problems(OmegaConf.merge(data, {"format": "tar"})) == [
+        "data.cache_mode=part: caches a zip or npz (data.format=zip or npz), not a tar"
+    ]
