@@ -11,7 +11,7 @@ import math
 import os
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,9 +33,6 @@ from .packed import ZipImageDataset
 from .request import SplitRequest
 from .shards import ShardStream
 from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular
-
-if TYPE_CHECKING:  # the sections are declared beside the registry, which imports these readers
-    from .config import AugConfig, DataConfig
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -93,7 +90,7 @@ class DraftCrop:
         return rgb.resize((out_w, out_h), F.pil_modes_mapping[interpolation], box=box)
 
 
-def build_decoding(data: DataConfig, aug: AugConfig, is_train: bool) -> tuple[DraftCrop | None, Any]:
+def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | None, Any]:
     """How a file dataset turns an encoded image into a tensor: ``(draft, transform)``. ``draft`` is None unless
     ``data.decode_draft`` asks for it when training: then it decodes and crops (:class:`DraftCrop`) and
     ``transform`` is the rest of timm's pipeline."""
@@ -106,7 +103,7 @@ def build_decoding(data: DataConfig, aug: AugConfig, is_train: bool) -> tuple[Dr
     return DraftCrop(first), Compose(rest)
 
 
-def read_zip(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+def read_zip(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     """A zip-packed split (:mod:`cat.data.packed`); validation is cached as ``part`` whenever training caches at
     all (each rank evaluates its own share)."""
     cache_mode = "part" if not request.train and data.cache_mode != "no" else data.cache_mode
@@ -125,7 +122,7 @@ def read_zip(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset
     )
 
 
-def read_shards(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+def read_shards(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     """A tar-sharded split, streamed (:mod:`cat.data.shards`)."""
     draft, transform = build_decoding(data, aug, request.train)
     return ShardStream(
@@ -145,11 +142,11 @@ def read_shards(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Data
     )
 
 
-def split_name(data: DataConfig, request: SplitRequest) -> str:
+def split_name(data: Any, request: SplitRequest) -> str:
     return data.train_split if request.train else data.val_split
 
 
-def read_folder(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Dataset:
+def read_folder(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     """An image-folder split (:mod:`cat.data.folders`), through torchvision ImageFolder's order."""
     folder = os.path.join(data.root, split_name(data, request))
     if not os.path.isdir(folder):
@@ -239,7 +236,7 @@ def _some(names: list[str]) -> str:
     return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
 
 
-def build_transform(data: DataConfig, aug: AugConfig, is_train: bool) -> Any:
+def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
     """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
     resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
     install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
@@ -267,7 +264,7 @@ class DeviceNormalize:
     """The end of timm's training transform for a batch on the training device (``data.normalize_on_device``),
     as timm's prefetching loader does it: uint8 images to float, normalised, randomly erased (``aug.reprob``)."""
 
-    def __init__(self, data: DataConfig, aug: AugConfig, device: torch.device) -> None:
+    def __init__(self, data: Any, aug: Any, device: torch.device) -> None:
         self.mean = torch.tensor([255 * m for m in data.mean], device=device).view(1, 3, 1, 1)
         self.std = torch.tensor([255 * s for s in data.std], device=device).view(1, 3, 1, 1)
         self.erase = (
@@ -279,7 +276,7 @@ class DeviceNormalize:
         return self.erase(images) if self.erase is not None else images
 
 
-def build_batch_transform(data: DataConfig, aug: AugConfig, device: torch.device) -> DeviceNormalize | None:
+def build_batch_transform(data: Any, aug: Any, device: torch.device) -> DeviceNormalize | None:
     """What a training batch needs on the device before the model: :class:`DeviceNormalize` when the data
     section asks for it, else nothing."""
     return DeviceNormalize(data, aug, device) if data.normalize_on_device else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from torch.utils.data import Dataset
 
@@ -17,9 +17,6 @@ from cat.errors import ConfigError
 from .images import read_folder, read_shards, read_zip
 from .request import SplitRequest
 from .tensor_sets import digits_dataset, synthetic_dataset
-
-if TYPE_CHECKING:  # the sections are declared from these tables
-    from .config import AugConfig, DataConfig
 
 __all__ = [
     "DatasetSpec",
@@ -34,7 +31,7 @@ __all__ = [
 ]
 
 # A dataset builder: (data section, aug section, what to read) -> Dataset.
-DatasetBuilder = Callable[["DataConfig", "AugConfig | None", SplitRequest], Dataset]
+DatasetBuilder = Callable[[Any, Any, SplitRequest], Dataset]
 
 
 @dataclass(frozen=True)
@@ -81,15 +78,15 @@ FORMATS: dict[str, FormatSpec] = {
 }
 
 
-def _image_files(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
+def _image_files(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     return FORMATS[data.format].read(data, aug, request)
 
 
-def _digits(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
+def _digits(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     return digits_dataset(request.split, img_size=data.img_size)
 
 
-def _synthetic(data: DataConfig, aug: AugConfig | None, request: SplitRequest) -> Dataset:
+def _synthetic(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     return synthetic_dataset(
         request.split,
         num_classes=data.num_classes,
@@ -129,17 +126,17 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def file_format(data: DataConfig) -> FormatSpec | None:
+def file_format(data: Any) -> FormatSpec | None:
     """The format ``data`` reads its image files in (:data:`FORMATS`); None for a dataset without files."""
     return FORMATS[data.format] if reads_files(data) else None
 
 
-def reads_files(data: DataConfig) -> bool:
+def reads_files(data: Any) -> bool:
     """Whether ``data.name`` reads image files under ``data.root`` (through timm's transform)."""
     return DATASETS[data.name].reads_files
 
 
-def dataset_problems(data: DataConfig) -> list[str]:
+def dataset_problems(data: Any) -> list[str]:
     """What the ``data`` section lacks for its dataset: the keys it needs, or a cache for a format without one."""
     spec = DATASETS[data.name]
     problems = [
@@ -158,7 +155,7 @@ def dataset_problems(data: DataConfig) -> list[str]:
     return problems
 
 
-def data_root_problem(data: DataConfig) -> str | None:
+def data_root_problem(data: Any) -> str | None:
     """Where the dataset reads files: a ``data.root`` that is no folder, with the layout its format needs."""
     if not reads_files(data) or (isinstance(data.root, str) and os.path.isdir(data.root)):
         return None
@@ -167,8 +164,8 @@ def data_root_problem(data: DataConfig) -> str | None:
 
 
 def build_dataset(
-    data: DataConfig,
-    aug: AugConfig | None,
+    data: Any,
+    aug: Any,
     split: str,
     rank: int = 0,
     world: int = 1,
