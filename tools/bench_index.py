@@ -7,8 +7,8 @@ the index, not the decoder), packs them with ``tools/pack_dataset.py`` (zip, and
 row in a fresh process, as rank 0 of ``--world``:
 
 * ``folder``, ``zip/no``, ``zip/part``, ``tar``: cat's readers (``data.format``; ``part`` holds the rank's share),
-  with the index kept in a fresh run folder (built: ``build_s``), then opened in another process as the node's
-  other ranks open it (mapped: ``other_rank_s``, ``other_rank_mb``);
+  with the index kept in a fresh run folder (built: ``build_s``), then opened in another process (forked before
+  the loader starts) as the node's other ranks open it (mapped: ``other_rank_s``, ``other_rank_mb``);
 * ``torchvision``, ``timm``: torchvision's ``ImageFolder`` and timm's ``create_dataset`` on the same folder.
 
 Then a DataLoader of ``--workers`` forked workers reads the rank's epoch (``DistributedSampler``, or the zip's
@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import glob
 import json
+import multiprocessing
 import os
 import runpy
 import subprocess
@@ -85,8 +86,9 @@ def make_folder(root: Path, images: int, classes: int) -> None:
         os.link(sources[i % 64], root / "train" / f"n{c:08d}" / f"n{c:08d}_{i}.JPEG")
 
 
-def prepare(data: Path, images: int, classes: int, shard_mb: float) -> Path:
-    """The folder, zip and tar copies of ``images`` tiny images under ``data/<images>`` (made once, then reused)."""
+def prepare(data: Path, images: int, classes: int, shard_mb: float, packs: tuple[str, ...] = ("zip", "tar")) -> Path:
+    """The folder, and the ``packs`` (zip, tar) copies, of ``images`` tiny images under ``data/<images>`` (made once,
+    then reused)."""
     root = data / str(images)
     if not (root / "folder" / ".complete").is_file():
         started = time.perf_counter()
@@ -96,7 +98,7 @@ def prepare(data: Path, images: int, classes: int, shard_mb: float) -> Path:
     pack = runpy.run_path(str(Path(__file__).with_name("pack_dataset.py")))["main"]
     with contextlib.redirect_stdout(sys.stderr):
         for fmt, extra in (("zip", []), ("tar", ["--shard-mb", str(shard_mb)])):
-            if not (root / fmt / "manifest.json").is_file():
+            if fmt in packs and not (root / fmt / "manifest.json").is_file():
                 pack([str(root / "folder"), str(root / fmt), "--splits", "train", "--format", fmt, *extra])
     return root
 
@@ -161,12 +163,19 @@ def _cat_reader(fmt: str) -> bool:
 def measure_rank(fmt: str, root: Path, world: int, batch: int, run: str | None) -> dict[str, Any]:
     """The dataset of a rank that finds the index already built (cat's readers), timed, and the private memory
     it adds (the index's mapped pages are the page cache's, counted once per node)."""
+    from cat.data.index import return_freed_memory
+
+    return_freed_memory()  # a forked rank starts from its parent's heap: what the parent freed is not this rank's
     before = private_memory()["anonymous"]
     started = time.perf_counter()
     dataset = _dataset(fmt, root, world, batch, run)
     seconds = time.perf_counter() - started
     held = getattr(dataset, "cached_bytes", lambda: 0)()
     return {"other_rank_s": seconds, "other_rank_mb": (private_memory()["anonymous"] - before - held) / _MB}
+
+
+def _other_rank(send: Any, fmt: str, root: Path, world: int, batch: int, run: str) -> None:
+    send.send(measure_rank(fmt, root, world, batch, run))
 
 
 def measure_row(fmt: str, root: Path, world: int, batch: int, workers: int, k: int) -> dict[str, Any]:
@@ -209,10 +218,13 @@ def measure_row(fmt: str, root: Path, world: int, batch: int, workers: int, k: i
         at_end = workers_private()
         del iterator
         other = {"other_rank_s": build_s, "other_rank_mb": builder_bytes / _MB}  # without an index: each rank builds
-        if _cat_reader(fmt):
-            command = [sys.executable, __file__, "--measure-rank", f"{fmt}:{root}", "--run", run, "--world", str(world)]
-            done = subprocess.run(command + ["--batch", str(batch)], check=True, capture_output=True, text=True)
-            other = json.loads(done.stdout.strip().splitlines()[-1])
+        if _cat_reader(fmt):  # another rank: a process with the same imports, its own memory, the index built
+            context = multiprocessing.get_context("fork")
+            receive, send = context.Pipe(duplex=False)
+            rank = context.Process(target=_other_rank, args=(send, fmt, root, world, batch, run))
+            rank.start()
+            other = receive.recv()
+            rank.join()
     return {
         "format": fmt,
         "images": len(dataset) if fmt != "tar" else sum(dataset.counts),
@@ -270,22 +282,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers-per-rank", type=positive_int, default=8)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # FORMAT:ROOT: one row, in this (fresh) process
-    parser.add_argument("--measure-rank", help=argparse.SUPPRESS)  # FORMAT:ROOT: another rank, mapping --run's
-    parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.measure or args.measure_rank:
-        fmt, root = (args.measure or args.measure_rank).split(":", 1)
-        if args.measure:
-            row = measure_row(fmt, Path(root), args.world, args.batch, args.workers, args.k)
-        else:
-            row = measure_rank(fmt, Path(root), args.world, args.batch, args.run)
-        print(json.dumps(row))
+    if args.measure:
+        fmt, root = args.measure.split(":", 1)
+        print(json.dumps(measure_row(fmt, Path(root), args.world, args.batch, args.workers, args.k)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or Path(tmp)
         for images in sorted(args.scale):
-            root = prepare(data, images, args.classes, args.shard_mb)
+            packs = tuple(p for p in ("zip", "tar") if any(f.startswith(p) for f in args.formats))
+            root = prepare(data, images, args.classes, args.shard_mb, packs)
             for fmt in args.formats:
                 command = [sys.executable, __file__, "--measure", f"{fmt}:{root}", "--world", str(args.world)]
                 command += ["--workers", str(args.workers), "--batch", str(args.batch), "--k", str(args.k)]

@@ -4,6 +4,7 @@ on with the run it started."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -30,10 +31,14 @@ def _cfg(tmp_path, *overrides: str):
     return check_config(compose_config("cls", f"output_dir={tmp_path / 'run'}", *overrides))
 
 
+def _with(cfg, **changes):
+    """``cfg`` with top-level keys changed, as a resume would see them (no second composition)."""
+    return dataclasses.replace(cfg, **changes)
+
+
 def test_a_run_resumes_only_when_training_with_resume_and_a_checkpoint(tmp_path):
-    cfg, starting_over = _cfg(tmp_path), _cfg(tmp_path, "resume=false")
-    (tmp_path / "weights.pth").write_bytes(b"")
-    evaluating = _cfg(tmp_path, "mode=eval", f"checkpoint={tmp_path / 'weights.pth'}")
+    cfg = _cfg(tmp_path)
+    starting_over, evaluating = _with(cfg, resume=False), _with(cfg, mode="eval")
     assert not resumes(cfg, "last.pth")  # no checkpoint yet
     os.makedirs(cfg.output_dir)
     (tmp_path / "run" / "last.pth").write_bytes(b"")
@@ -42,13 +47,14 @@ def test_a_run_resumes_only_when_training_with_resume_and_a_checkpoint(tmp_path)
 
 
 def test_what_a_resume_may_change(tmp_path):
-    saved = config_record(_cfg(tmp_path))
-    recipe = _cfg(tmp_path, "lr=0.01", "epochs=30", "resume=false")
+    cfg = _cfg(tmp_path)
+    saved = config_record(cfg)
+    recipe = _with(cfg, lr=0.01, epochs=30, resume=False)
     changed = check_resume("last.pth", saved, recipe)
     assert set(changed) == {"lr", "epochs"} and changed["lr"][1] == 0.01  # resume itself is no change
     assert recipe_changes(changed, recipe) == {"lr": changed["lr"]}  # epochs: free; lr: the recipe's
     assert describe_changes({"lr": [0.1, 0.01]}) == "lr: 0.1 -> 0.01"
-    fixed = _cfg(tmp_path, "batch_size=16", "seed=3")
+    fixed = _with(cfg, batch_size=16, seed=3)
     with pytest.raises(ConfigError) as refused:
         check_resume("last.pth", saved, fixed, ["world size 2 -> 4 (mid-epoch)"])
     lines = str(refused.value).splitlines()
@@ -72,7 +78,8 @@ def test_a_shorter_run_is_refused_saying_how_far_the_checkpoint_got():
 
 
 def test_a_file_inside_output_dir_is_no_start_for_a_run_that_starts_over(tmp_path):
-    starting_over, resuming = _cfg(tmp_path, "resume=false"), _cfg(tmp_path)
+    resuming = _cfg(tmp_path)
+    starting_over = _with(resuming, resume=False)
     inside = tmp_path / "run" / "best.pth"
     inside.parent.mkdir()
     inside.write_bytes(b"")

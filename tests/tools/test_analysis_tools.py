@@ -518,7 +518,7 @@ def test_bench_data_measures_every_format(run_tool, tmp_path):
 def test_bench_index_measures_each_format_at_each_scale(run_tool, tmp_path):
     """tools/bench_index.py, tiny: a row per format and scale, an index file for cat's readers that grows with the
     split (none for torchvision's folder), workers measured, and a node extrapolated per format."""
-    formats = ["folder", "zip/part", "tar", "torchvision"]
+    formats = ["folder", "zip/part", "torchvision"]
     args = ["--scale", "200", "400", "--classes", "4", "--world", "2", "--workers", "1", "--batch", "8", "--k", "2"]
     args += ["--shard-mb", "0.05", "--data", str(tmp_path), "--formats", *formats, "--json"]
     report = json.loads(run_tool("bench_index", *args, forked_workers=True))
