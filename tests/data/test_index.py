@@ -20,7 +20,7 @@ from torchvision.datasets.folder import make_dataset
 
 from cat.data import ZipImageDataset, build_dataset
 from cat.data.index import MAGIC, index_path
-from cat.errors import DataError
+from cat.errors import DataError, OutputError
 from cat.runtime.memory import private_memory
 from tests.conftest import compose_config
 
@@ -216,10 +216,15 @@ def test_an_altered_or_torn_index_is_rebuilt(tmp_path, caplog):
         assert "built" in said and why in said, (why, said)
         assert rebuilt.targets.tolist() == reference.targets.tolist() and rebuilt.member(7) == reference.member(7)
         assert Path(path).read_bytes() == pristine
-    os.remove(path)
-    os.symlink(tmp_path / "elsewhere", path)  # a link planted at the index's name is refused, not followed
-    with pytest.raises(Exception, match="symbolic link"):
-        ZipImageDataset(str(root), "train", index_dir=run)
+    for plant, kind in (
+        (lambda: os.symlink(tmp_path / "elsewhere", path), "symbolic link"),
+        (lambda: os.mkfifo(path), "FIFO"),
+    ):
+        os.remove(path)
+        plant()  # planted at the index's name: refused by name, not followed, not blocked on, not replaced
+        with pytest.raises(OutputError, match=kind):
+            ZipImageDataset(str(root), "train", index_dir=run)
+        assert not os.path.exists(tmp_path / "elsewhere")
 
 
 def test_an_index_altered_with_its_checksum_fixed_is_still_checked(tmp_path):
