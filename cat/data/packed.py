@@ -55,9 +55,8 @@ _MEMBER_FACTS = ("header_offsets", "compressed_sizes", "sizes", "crcs", "methods
 
 
 def _read_map(path: str) -> tuple[list[bytes], np.ndarray]:
-    """The members (UTF-8 bytes) and labels of a ``<split>_map.txt``, a line each; no member twice."""
-    if not os.path.lexists(path):
-        raise DataError(f"no image list {path} (the zip layout: <split>.zip and <split>_map.txt)")
+    """The members (UTF-8 bytes) and labels of a ``<split>_map.txt`` (its presence checked by the dataset), a line
+    each; no member twice."""
     with open_regular(path) as f:
         raw = f.read()
     try:
@@ -224,8 +223,8 @@ class ZipImageDataset(Dataset):
                 first = int(found[0])
                 method = int(arrays["methods"][first])
                 raise DataError(f"{self.member(first)} in {self.zip_path} {why.format(method=method)}")
-        largest = int(np.argmax(arrays["sizes"])) if len(self.index) else 0
-        if len(self.index):
+        if len(self.index):  # the largest member against the bound: one line naming it
+            largest = int(np.argmax(arrays["sizes"]))
             check_image_size(int(arrays["sizes"][largest]), limit, f"{self.member(largest)} in {self.zip_path}")
 
     def _fill_cache(self) -> None:
