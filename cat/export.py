@@ -100,6 +100,7 @@ def program_to_onnx(
     runtime infers them from the graph when it loads it.
     """
     onnx_program = torch.onnx.export(program, dynamo=True, opset_version=opset, verbose=False, optimize=True)
+    assert onnx_program is not None  # the dynamo exporter returns its program
     proto = onnx_program.model_proto
     del proto.graph.value_info[:]
     if path is not None:

@@ -155,6 +155,28 @@ def compose_config(task: str, *overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def checked_config(task: str, *overrides: str):
+    """The config ``train_<task>.py`` would run with ``overrides``, as the job checks it: typed and settled
+    (:func:`cat.runtime.cells.typed_job_config`), then the task's own checks (ConfigError: every problem)."""
+    from cat.runtime.cells import typed_job_config
+    from cat.runtime.schema import schema_of
+
+    typed, _ = typed_job_config(compose_config(task, *overrides), schema_of(task))
+    if task == "cls":
+        from cat.classification.checks import check_config
+
+        return check_config(typed)
+    from cat.mm.checks import check_mm_config
+
+    return check_mm_config(typed)
+
+
+def typed_cls(*overrides: str):
+    """The classification config ``train_cls.py`` would run with ``overrides``, checked against its schema and
+    typed: what a run hands its components (each its own section)."""
+    return as_typed(compose_config("cls", *overrides), "cls")
+
+
 def as_typed(cfg, task: str):
     """A composed config of ``task`` as the schema's typed object (what the trainers read once it is checked)."""
     from cat.runtime.schema import schema_of, typed_config

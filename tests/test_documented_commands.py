@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, checked_config
 
 # Where commands are shown: the README's bash blocks, and comment lines of the Slurm scripts and configs.
 SOURCES = [REPO / "README.md", *sorted((REPO / "scripts" / "slurm").glob("*.sbatch"))]
@@ -87,14 +87,5 @@ def test_the_commands_are_found():
 def test_documented_command_passes_its_check(where, task, overrides, tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "checkpoint.pth").write_bytes(b"")
-    if task == "cls":
-        from cat.classification.checks import check_config as check
-    else:
-        from cat.mm.checks import check_mm_config
-        from cat.runtime.schema import schema_of
-
-        def check(cfg):
-            check_mm_config(cfg, schema_of(task))
-
     for cell in _cells(overrides, tmp_path):
-        check(compose_config(task, *cell))  # ConfigError names each problem
+        checked_config(task, *cell)  # ConfigError names each problem

@@ -16,10 +16,10 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
 import cat
-from cat.data import FORMATS, AugConfig, ShardStream, build_dataset, file_format
+from cat.data import FORMATS, AugConfig, ShardStream, SplitDataset, build_dataset, file_format
 from cat.data.images import build_batch_transform
 from cat.data.packed import RankShardSampler
 from cat.errors import ConfigError
@@ -129,11 +129,11 @@ def build_model(
     convert_first = (
         conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
     )
-    if convert_first:
+    if convert_first and conversion is not None:
         _convert(model, conversion)
     if state_dict is not None:
         try:
-            load_weights(model, state_dict, strict, checkpoint, new_classifier=fine_tune)
+            load_weights(model, state_dict, strict, str(checkpoint), new_classifier=fine_tune)
         except CheckpointMismatchError as error:
             differences = model_differences(trained_config, model_cfg)
             if not differences:
@@ -148,7 +148,7 @@ def build_model(
         _convert(model, conversion)
     if model_cfg.grad_checkpointing:
         try:
-            model.set_grad_checkpointing(True)
+            model.set_grad_checkpointing(True)  # type: ignore[operator]  # timm's model API
         except (AssertionError, NotImplementedError) as error:  # timm's models that have none say so this way
             raise ConfigError(
                 f"model.grad_checkpointing=true: {model_cfg.name} does not support it ({error})"
@@ -184,13 +184,16 @@ def model_differences(trained_config: dict[str, Any] | None, model_cfg: ClsModel
     ]
 
 
-def num_classes_of(cfg: ClsConfig, dataset: Dataset) -> int:
+def num_classes_of(cfg: ClsConfig, dataset: SplitDataset | None) -> int:
+    """``data.num_classes``, else as many as ``dataset`` (a split of image files) has."""
     if cfg.data.num_classes is not None:
         return int(cfg.data.num_classes)
-    return len(dataset.classes)  # folder datasets: one class per folder
+    if dataset is None or isinstance(dataset, TensorDataset):  # the config's check names it first
+        raise ConfigError(f"data={cfg.data.name} needs data.num_classes")
+    return len(dataset.classes)  # image files: one class per folder, or as the packed split lists them
 
 
-def val_loader(cfg: ClsConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
+def val_loader(cfg: ClsConfig, dataset: SplitDataset, env: DistEnv) -> DataLoader:
     # A tar stream splits its shards over the ranks itself; files read by index are split here.
     streamed = (spec := file_format(cfg.data)) is not None and spec.streamed  # it splits its samples over the ranks
     sampler = None if streamed else ShardSampler(len(dataset), env.rank, env.world_size)
@@ -206,8 +209,8 @@ def val_loader(cfg: ClsConfig, dataset: Dataset, env: DistEnv) -> DataLoader:
 
 @dataclass
 class TrainData:
-    train_set: Dataset
-    val_set: Dataset
+    train_set: SplitDataset
+    val_set: SplitDataset
     num_classes: int
     sampler: ResumableSampler | ShardStream  # set_epoch(epoch, skip): where an epoch starts
     train_loader: DataLoader
@@ -237,6 +240,7 @@ def build_train_data(cfg: ClsConfig, env: DistEnv, run_folder: str | None = None
     spec = file_format(cfg.data)
     streamed = spec is not None and spec.streamed
     if streamed:  # the stream orders itself and resumes from its set_epoch
+        assert isinstance(train_set, ShardStream)  # what a streamed format's reader makes
         sampler: ResumableSampler | ShardStream = train_set
     elif spec is not None and spec.caches and cfg.data.cache_mode == "part":  # each rank its own share
         sampler = ResumableSampler(RankShardSampler(len(train_set), env.rank, env.world_size, seed=cfg.seed))
@@ -257,7 +261,7 @@ def build_train_data(cfg: ClsConfig, env: DistEnv, run_folder: str | None = None
         # A stream's workers take its epoch when they start: new ones each epoch.
         persistent_workers=cfg.workers > 0 and not streamed,
     )
-    per_rank = len(train_set) if streamed else len(sampler.base)
+    per_rank = len(sampler.base) if isinstance(sampler, ResumableSampler) else len(train_set)
     return TrainData(
         train_set,
         val_set,
@@ -307,10 +311,10 @@ def build_train_state(cfg: ClsConfig, env: DistEnv, data: TrainData, model: nn.M
         optimizer,
         sched=cfg.schedule.sched,
         num_epochs=cfg.epochs,
-        warmup_epochs=cfg.schedule.warmup_epochs,
+        warmup_epochs=cfg.schedule.warmup_epochs,  # type: ignore[arg-type]  # a fraction works; timm says int
         warmup_lr=cfg.schedule.warmup_lr,
         min_lr=cfg.schedule.min_lr,
-        cooldown_epochs=cfg.schedule.cooldown_epochs,
+        cooldown_epochs=cfg.schedule.cooldown_epochs,  # type: ignore[arg-type]  # as warmup_epochs
         step_on_epochs=False,
         updates_per_epoch=data.steps_per_epoch,
     )

@@ -10,7 +10,6 @@ import os
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from cat.data import DataConfig, build_transform, data_root_problem, dataset_problems, reads_files
 from cat.errors import CheckpointError, ConfigError, UserError
@@ -19,7 +18,7 @@ from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import output_dir_problems
-from cat.runtime.schema import absent_defaults, mapping_problems, schema_problems, typed_config, typed_section
+from cat.runtime.schema import absent_defaults, mapping_problems, typed_section
 
 from .builders import build_model
 from .checkpoints import LAST
@@ -176,7 +175,7 @@ def recorded_model_config(trained: dict[str, Any], source: str, img_size: int | 
     user's: anything may be in it)."""
     model = {k: trained["model"].get(k, default) for k, default in absent_defaults(ClsModelConfig).items()}
     model |= {"name": trained["model"]["name"], "grad_checkpointing": False}
-    data = trained.get("data") if isinstance(trained.get("data"), dict) else {}
+    data = recorded if isinstance(recorded := trained.get("data"), dict) else {}
     img_size, num_classes = img_size or data.get("img_size"), data.get("num_classes")
     problems = mapping_problems(model, ClsModelConfig, "model.") + [
         problem  # of the data section's keys, these two (the others are the data's, not the model's)
@@ -193,16 +192,13 @@ def recorded_model_config(trained: dict[str, Any], source: str, img_size: int | 
     return RecordedModel(section, img_size, num_classes)
 
 
-def check_config(cfg: DictConfig) -> ClsConfig:
-    """Every problem with a classification config, before data or weights are read (ConfigError); the config
-    as its typed object when there is none.
+def check_config(typed: ClsConfig) -> ClsConfig:
+    """Every problem with a classification config (typed and settled by
+    :func:`~cat.runtime.cells.typed_job_config`, which checked it against its schema) before data or weights are
+    read (ConfigError); the config when there is none.
 
-    The schema first; the rules that build things (optimizer, transform, model) only run on keys
-    the schema passed, so one mistake is reported once."""
-    problems = schema_problems(cfg, ClsConfig)
-    if problems:
-        raise ConfigError(problems)
-    typed = typed_config(cfg, ClsConfig)
+    The rules that build things (optimizer, transform, model) only run on keys the schema passed, so one mistake is
+    reported once."""
     if problems := dataset_problems(typed.data):
         raise ConfigError(problems)
     problems = _paths_problems(typed) + _optimizer_problems(typed) + _augment_problems(typed)

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import Dataset
+from torch import nn
 
-from cat.data import build_dataset
+from cat.data import SplitDataset, build_dataset
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
-from cat.runtime import DistEnv, Precision, RunFolder, run_job, settle_run_folder
+from cat.runtime import DistEnv, Precision, RunFolder, run_job, typed_job_config
 
 from .builders import build_model, num_classes_of, val_loader
 from .checkpoints import recorded_config
@@ -32,8 +32,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Training writes into ``output_dir``; eval and throughput into ``output_dir/eval`` and
     ``output_dir/throughput``, so they never overwrite a training run's record.
     """
-    notes = settle_run_folder(cfg)
-    typed = check_config(cfg)
+    typed, notes = typed_job_config(cfg, ClsConfig)
+    typed = check_config(typed)
     if typed.deterministic:
         torch.use_deterministic_algorithms(True)
     body = {"train": fit, "eval": _eval, "throughput": _throughput}[typed.mode]
@@ -47,6 +47,7 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     # The weights before the data where the config gives the class count, as training does: a file that does not
     # fit or is refused is named before the val folders are scanned.
     dataset = None if cfg.data.num_classes is not None else _val_set(cfg, env)
+    num_classes = num_classes_of(cfg, dataset)
     precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
     entries = load_checkpoint_file(checkpoint)
     # The model's weights, and the weight EMA where the run kept one: both are the run's result.
@@ -59,7 +60,7 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         prefix: precision.model(
             build_model(
                 cfg.model,
-                num_classes_of(cfg, dataset),
+                num_classes,
                 cfg.input_size()[0],
                 checkpoint,
                 cfg.strict_load,
@@ -88,7 +89,7 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
 
 
-def _val_set(cfg: ClsConfig, env: DistEnv) -> Dataset:
+def _val_set(cfg: ClsConfig, env: DistEnv) -> SplitDataset:
     return build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
 
 
@@ -107,7 +108,7 @@ def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, An
     )
     folder.write_config(cfg)
     if cfg.compile:
-        model = torch.compile(model)
+        model = cast(nn.Module, torch.compile(model))  # an OptimizedModule
     metrics = measure_throughput(
         model, cfg.throughput.batch_size, hw, precision, cfg.throughput.warmup, cfg.throughput.iters
     )

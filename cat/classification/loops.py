@@ -6,10 +6,12 @@ accounting and logging; :func:`evaluate` and :func:`measure_throughput`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -183,6 +185,11 @@ def optimizer_steps(
         yield group
 
 
+def _progress_fields(loss: Tensor, lr: float, stats: IntervalStats | None) -> dict[str, str]:
+    """The progress bar's fields after a step (made only when the bar is drawn: ``loss.item()`` waits for it)."""
+    return {"loss": f"{loss.item():.4f}", "lr": f"{lr:.2e}", **(stats.fields() if stats is not None else {})}
+
+
 def _interval_stats(state: TrainState, opts: TrainOptions) -> IntervalStats | None:
     """The meter's numbers for the interval ending at this step (every rank calls it at the same steps)."""
     if opts.meter is None:
@@ -243,17 +250,15 @@ def train_one_epoch(
             lr = state.optimizer.param_groups[0]["lr"]
             due = state.step_in_epoch % opts.log_interval == 0
             stats = _interval_stats(state, opts) if due else None
-            progress.update(
-                lambda loss=step.loss, lr=lr, stats=stats: {
-                    "loss": f"{loss.item():.4f}",
-                    "lr": f"{lr:.2e}",
-                    **(stats.fields() if stats is not None else {}),
-                }
-            )
+            progress.update(functools.partial(_progress_fields, step.loss, lr, stats))
             if due and opts.log_fn is not None:
-                metrics = {"train/loss_step": step.loss.item(), "train/lr": lr}
+                metrics: dict[str, float] = {"train/loss_step": step.loss.item(), "train/lr": lr}
                 opts.log_fn({**metrics, **(stats.metrics() if stats is not None else {})}, step_number)
-            warning = meter.data_bound_warning(stats, _interval_name(state, opts)) if stats is not None else None
+            warning = (
+                meter.data_bound_warning(stats, _interval_name(state, opts))
+                if meter is not None and stats is not None
+                else None
+            )
             if warning is not None and env.is_main:
                 log.warning("%s", warning)
             if step.stop:
@@ -325,7 +330,7 @@ def measure_throughput(
     precision: Precision,
     warmup: int = 10,
     iters: int = 30,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Forward images/s of ``model`` on random input; warm-up iterations are not timed."""
     model.eval()
     x = precision.inputs(torch.randn(batch_size, 3, *img_size))

@@ -6,7 +6,7 @@ the machine are :mod:`cat.classification.checks`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cat.data import AugConfig, DataConfig
 from cat.runtime.schema import FIXED, FREE, RECIPE, JobConfig, NetworkConfig, key, register_schema, section
@@ -19,11 +19,11 @@ __all__ = [
     "EmaConfig",
     "ThroughputConfig",
     "ProfileConfig",
-    "SCHEDULERS",
+    "Scheduler",
 ]
 
 # timm's per-step schedulers (plateau needs a metric at every step, which the trainer does not give)
-SCHEDULERS = ("cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt")
+Scheduler = Literal["cosine", "tanh", "step", "multistep", "poly", "constant", "wsd", "rsqrt"]
 
 
 @dataclass
@@ -53,7 +53,7 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    sched: str = key("timm scheduler, updated every step", choices=SCHEDULERS)
+    sched: Scheduler = key("timm scheduler, updated every step")
     warmup_epochs: float = key("linear warm-up from warmup_lr", min=0)
     warmup_lr: float = key("lr at the start of warm-up", min=0)
     min_lr: float = key("the schedule's floor", min=0)
@@ -88,7 +88,11 @@ class ProfileConfig:
 
 @dataclass
 class ClsConfig(JobConfig):
-    mode: str = key("train, eval a checkpoint, or measure throughput", choices=("train", "eval", "throughput"))
+    # Every job's modes and one more: the type widens JobConfig's (a section is read, never assigned through a
+    # JobConfig), which the checker would refuse for an attribute in general.
+    mode: Literal["train", "eval", "throughput"] = key(  # type: ignore[assignment]
+        "train, eval a checkpoint, or measure throughput"
+    )
     # A resume may change anything but what makes it another run (FIXED): the model, the data, the recipe's
     # augmentation, batch, seed, optimizer and whether there is an EMA. The recipe (RECIPE) applies from the
     # resumed step on.
@@ -127,7 +131,9 @@ class ClsConfig(JobConfig):
 
     def input_size(self) -> tuple[int, int]:
         """The (height, width) the run feeds its model."""
-        size = self.throughput.img_size if self.input_size_key() == "throughput.img_size" else self.data.img_size
+        size = (
+            self.throughput.img_size if self.mode == "throughput" and self.throughput.img_size else self.data.img_size
+        )
         return size, size
 
 

@@ -33,11 +33,10 @@ class TrainState:
     best_top1: float | None = None
     wall_time_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
-    train_model: nn.Module | None = None
+    train_model: nn.Module = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.train_model is None:
-            self.train_model = self.model
+        self.train_model = self.model
 
     def global_step(self, steps_per_epoch: int) -> int:
         return self.epoch * steps_per_epoch + self.step_in_epoch

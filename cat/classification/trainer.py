@@ -9,13 +9,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from cat.data import file_format
+from cat.data import ZipImageDataset, file_format
 from cat.errors import CheckpointError, ConfigError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.io import open_append
@@ -175,7 +176,7 @@ def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float 
 
 
 def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
-    train_model = torch.compile(model) if cfg.compile else model
+    train_model = cast(nn.Module, torch.compile(model)) if cfg.compile else model  # an OptimizedModule
     if env.distributed:
         train_model = DistributedDataParallel(
             train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
@@ -206,8 +207,8 @@ class Trainer:
         self.cfg, self.env, self.folder = cfg, env, folder
         # The model before the data where the config gives the class count: weights that do not fit (checkpoint=)
         # are refused before ImageNet's folders are scanned, which takes minutes on a network file system.
-        known = cfg.data.num_classes is not None
-        model = build_train_model(cfg, env, cfg.data.num_classes) if known else None
+        known = cfg.data.num_classes
+        model = build_train_model(cfg, env, known) if known is not None else None
         self.data = build_train_data(cfg, env, folder.path)
         self.state = build_train_state(cfg, env, self.data, model)
         # SIGTERM (and submitit's signal) asks the loop to finish its step, save and return.
@@ -292,6 +293,7 @@ class Trainer:
         spec = file_format(self.cfg.data)
         if spec is None or not spec.caches or self.cfg.data.cache_mode == "no":
             return
+        assert isinstance(train_set, ZipImageDataset)  # what the caching format's reader makes
         held = torch.zeros(env.world_size, dtype=torch.float64)
         held[env.rank] = train_set.cached_bytes()
         all_reduce_sum(held)

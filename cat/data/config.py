@@ -4,11 +4,12 @@ them (keys only some datasets have are ``required=False``; :mod:`cat.data.regist
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from cat.runtime.schema import FREE, key
 
-from .packed import CACHE_MODES
-from .registry import DATASETS, FORMATS
+from .packed import CacheMode
+from .registry import DATASETS, FORMATS, DatasetName, FormatName
 
 __all__ = ["DataConfig", "AugConfig"]
 
@@ -17,9 +18,7 @@ __all__ = ["DataConfig", "AugConfig"]
 class DataConfig:
     """The ``data`` section: which dataset (:data:`~cat.data.registry.DATASETS`), where, and how its images are read."""
 
-    name: str = key(
-        "the dataset: " + "; ".join(f"{name}: {spec.doc}" for name, spec in DATASETS.items()), choices=tuple(DATASETS)
-    )
+    name: DatasetName = key("the dataset: " + "; ".join(f"{name}: {spec.doc}" for name, spec in DATASETS.items()))
     root: str | None = key(
         "imagenet/folder: holds <train_split>/<class>/ and <val_split>/<class>/ (mode=throughput reads no data)",
         resume=FREE,
@@ -27,16 +26,14 @@ class DataConfig:
     )
     num_classes: int | None = key("classes; null (folder): one per class folder", min=1)
     img_size: int = key("training and evaluation resolution (square)", min=1)
-    format: str = key(
+    format: FormatName = key(
         "imagenet/folder: "
         + ", ".join(f"{name} ({spec.doc})" for name, spec in FORMATS.items())
         + "; tools/pack_dataset.py packs a folder",
-        choices=tuple(FORMATS),
         required=False,
     )
-    cache_mode: str = key(
+    cache_mode: CacheMode = key(
         "zip: images held in memory: no, part (each rank its 1/world share, sampling only it) or full",
-        choices=CACHE_MODES,
         required=False,
     )
     shuffle_buffer: int = key("tar: samples in the training stream's shuffle buffer", min=1, required=False)
@@ -62,8 +59,8 @@ class DataConfig:
         resume=FREE,  # the same transform, its last steps computed elsewhere
     )
     crop_pct: float = key("eval: resize to img_size / crop_pct, centre crop", min=0.05, max=1, required=False)
-    interpolation: str = key(
-        "resize interpolation", choices=("bicubic", "bilinear", "nearest", "lanczos", "random"), required=False
+    interpolation: Literal["bicubic", "bilinear", "nearest", "lanczos", "random"] = key(
+        "resize interpolation", required=False
     )
     mean: list[float] = key("normalisation mean per channel", required=False)
     std: list[float] = key("normalisation std per channel", min=0, exclusive_min=True, required=False)
@@ -79,11 +76,11 @@ class AugConfig:
     color_jitter: float | None = key("colour jitter strength; null: none", min=0)
     hflip: float = key("horizontal flip probability", min=0, max=1)
     reprob: float = key("random erasing probability", min=0, max=1)
-    remode: str = key("random erasing fill", choices=("pixel", "rand", "const"))
+    remode: Literal["pixel", "rand", "const"] = key("random erasing fill")
     recount: int = key("random erasing regions", min=1)
     mixup: float = key("mixup alpha; 0: off", min=0)
     cutmix: float = key("cutmix alpha; 0: off", min=0)
     mixup_prob: float = key("probability of mixing a batch", min=0, max=1)
     mixup_switch_prob: float = key("probability of cutmix rather than mixup when both are on", min=0, max=1)
-    mixup_mode: str = key("mix per batch, per pair or per element", choices=("batch", "pair", "elem"))
+    mixup_mode: Literal["batch", "pair", "elem"] = key("mix per batch, per pair or per element")
     smoothing: float = key("label smoothing", min=0, max=1, exclusive_max=True)

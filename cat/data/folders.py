@@ -149,7 +149,7 @@ def escaping_name(index: SampleIndex) -> int | None:
     owner = functools.partial(np.searchsorted, offsets, side="right")
     bad[owner(np.flatnonzero(names == 0)) - 1] = True
     dots = np.flatnonzero((names[:-1] == ord(".")) & (names[1:] == ord(".")))
-    sample = owner(dots) - 1
+    sample = np.asarray(owner(dots)) - 1
     opens = (offsets[sample] == dots) | (names[np.maximum(dots - 1, 0)] == ord("/"))
     closes = (offsets[sample + 1] == dots + 2) | (names[np.minimum(dots + 2, len(names) - 1)] == ord("/"))
     bad[sample[opens & closes]] = True

@@ -23,13 +23,15 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from torch.utils.data import Dataset
 from torchvision.transforms import Compose
 
-from cat.errors import DataError
+from cat.errors import ConfigError, DataError
 from cat.runtime.logger import DATA_LOGGER
 
 from .augment import install_timm_augment_fixes
+from .config import AugConfig, DataConfig
 from .folders import IMAGE_EXTENSIONS, class_folders, escaping_name, folder_index
 from .index import IndexSamples, SampleIndex, return_freed_memory
 from .packed import ZipImageDataset
+from .registry import DATASETS
 from .request import SplitRequest
 from .shards import ShardStream
 from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular
@@ -90,7 +92,7 @@ class DraftCrop:
         return rgb.resize((out_w, out_h), F.pil_modes_mapping[interpolation], box=box)
 
 
-def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | None, Any]:
+def build_decoding(data: DataConfig, aug: AugConfig, is_train: bool) -> tuple[DraftCrop | None, Any]:
     """How a file dataset turns an encoded image into a tensor: ``(draft, transform)``. ``draft`` is None unless
     ``data.decode_draft`` asks for it when training: then it decodes and crops (:class:`DraftCrop`) and
     ``transform`` is the rest of timm's pipeline."""
@@ -103,13 +105,13 @@ def build_decoding(data: Any, aug: Any, is_train: bool) -> tuple[DraftCrop | Non
     return DraftCrop(first), Compose(rest)
 
 
-def read_zip(data: Any, aug: Any, request: SplitRequest) -> Dataset:
+def read_zip(data: DataConfig, aug: AugConfig, request: SplitRequest) -> ZipImageDataset:
     """A zip-packed split (:mod:`cat.data.packed`); validation is cached as ``part`` whenever training caches at
     all (each rank evaluates its own share)."""
     cache_mode = "part" if not request.train and data.cache_mode != "no" else data.cache_mode
     draft, transform = build_decoding(data, aug, request.train)
     return ZipImageDataset(
-        data.root,
+        data_root(data),
         split_name(data, request),
         transform,
         cache_mode,
@@ -122,11 +124,11 @@ def read_zip(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     )
 
 
-def read_shards(data: Any, aug: Any, request: SplitRequest) -> Dataset:
+def read_shards(data: DataConfig, aug: AugConfig, request: SplitRequest) -> ShardStream:
     """A tar-sharded split, streamed (:mod:`cat.data.shards`)."""
     draft, transform = build_decoding(data, aug, request.train)
     return ShardStream(
-        data.root,
+        data_root(data),
         split_name(data, request),
         transform,
         request.train,
@@ -142,13 +144,21 @@ def read_shards(data: Any, aug: Any, request: SplitRequest) -> Dataset:
     )
 
 
-def split_name(data: Any, request: SplitRequest) -> str:
+def data_root(data: DataConfig) -> str:
+    """The folder the dataset's files are under; a dataset of files without one is refused."""
+    if data.root is None:
+        raise ConfigError(f"data={data.name} needs data.root=/path/to/dataset ({DATASETS[data.name].doc})")
+    return data.root
+
+
+def split_name(data: DataConfig, request: SplitRequest) -> str:
     return data.train_split if request.train else data.val_split
 
 
-def read_folder(data: Any, aug: Any, request: SplitRequest) -> Dataset:
+def read_folder(data: DataConfig, aug: AugConfig, request: SplitRequest) -> IndexedImageFolder:
     """An image-folder split (:mod:`cat.data.folders`), through torchvision ImageFolder's order."""
-    folder = os.path.join(data.root, split_name(data, request))
+    root = data_root(data)
+    folder = os.path.join(root, split_name(data, request))
     if not os.path.isdir(folder):
         raise DataError(
             f"dataset split folder not found: {folder} (data.root={data.root}; expected "
@@ -166,7 +176,7 @@ def read_folder(data: Any, aug: Any, request: SplitRequest) -> Dataset:
                 else ""
             )
         )
-    train_folder = os.path.join(data.root, data.train_split)
+    train_folder = os.path.join(root, data.train_split)
     if not request.train and os.path.isdir(train_folder) and classes != (train_classes := class_folders(train_folder)):
         # A label is its folder's index in the sorted list, so a class missing from one split shifts the rest.
         missing, extra = sorted(set(train_classes) - set(classes)), sorted(set(classes) - set(train_classes))
@@ -179,7 +189,7 @@ def read_folder(data: Any, aug: Any, request: SplitRequest) -> Dataset:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
     draft, transform = build_decoding(data, aug, request.train)
     loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
-    index = folder_index(folder, classes, data.root, request.index_dir)
+    index = folder_index(folder, classes, root, request.index_dir)
     return IndexedImageFolder(folder, classes, index, transform, loader)
 
 
@@ -236,11 +246,11 @@ def _some(names: list[str]) -> str:
     return (", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")) or "none"
 
 
-def build_transform(data: Any, aug: Any, is_train: bool) -> Any:
+def build_transform(data: DataConfig, aug: AugConfig, is_train: bool) -> Any:
     """timm's image pipeline for a file dataset: the ``aug`` recipe's augmentation when training,
     resize + centre crop otherwise; PIL image in, normalised (3, img_size, img_size) tensor out."""
     install_timm_augment_fixes()  # before create_transform: timm binds its ops when it builds them
-    train_args = {
+    train_args: dict[str, Any] = {
         "auto_augment": aug.auto_augment,
         "re_prob": aug.reprob,
         "re_mode": aug.remode,
@@ -264,7 +274,7 @@ class DeviceNormalize:
     """The end of timm's training transform for a batch on the training device (``data.normalize_on_device``),
     as timm's prefetching loader does it: uint8 images to float, normalised, randomly erased (``aug.reprob``)."""
 
-    def __init__(self, data: Any, aug: Any, device: torch.device) -> None:
+    def __init__(self, data: DataConfig, aug: AugConfig, device: torch.device) -> None:
         self.mean = torch.tensor([255 * m for m in data.mean], device=device).view(1, 3, 1, 1)
         self.std = torch.tensor([255 * s for s in data.std], device=device).view(1, 3, 1, 1)
         self.erase = (
@@ -276,7 +286,7 @@ class DeviceNormalize:
         return self.erase(images) if self.erase is not None else images
 
 
-def build_batch_transform(data: Any, aug: Any, device: torch.device) -> DeviceNormalize | None:
+def build_batch_transform(data: DataConfig, aug: AugConfig, device: torch.device) -> DeviceNormalize | None:
     """What a training batch needs on the device before the model: :class:`DeviceNormalize` when the data
     section asks for it, else nothing."""
     return DeviceNormalize(data, aug, device) if data.normalize_on_device else None

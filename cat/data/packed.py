@@ -31,7 +31,7 @@ import os
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -45,9 +45,9 @@ from .manifest import check_against_manifest, read_manifest
 from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular, parse_label
 from .zip_directory import LOCAL_HEADER_BYTES, read_directory, read_member
 
-__all__ = ["CACHE_MODES", "ZipImageDataset", "RankShardSampler", "zip_index"]
+__all__ = ["CacheMode", "ZipImageDataset", "RankShardSampler", "zip_index"]
 
-CACHE_MODES = ("no", "part", "full")
+CacheMode = Literal["no", "part", "full"]
 # The methods zipfile inflates (stored, deflate, bzip2, lzma); anything else fails only when read.
 _READABLE_METHODS = [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA]
 _LARGEST_LABEL = np.iinfo(np.int32).max
@@ -62,9 +62,9 @@ def _read_map(path: str) -> tuple[list[bytes], np.ndarray]:
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        line, line_start = raw.count(b"\n", 0, error.start) + 1, raw.rfind(b"\n", 0, error.start) + 1
+        bad_line, line_start = raw.count(b"\n", 0, error.start) + 1, raw.rfind(b"\n", 0, error.start) + 1
         raise DataError(
-            f"{path}, line {line}: not UTF-8 text ({error.reason} at byte {error.start - line_start})"
+            f"{path}, line {bad_line}: not UTF-8 text ({error.reason} at byte {error.start - line_start})"
         ) from None
     members, labels, numbers = [], [], []
     for number, line in enumerate(raw.split(b"\n"), 1):
@@ -84,10 +84,10 @@ def _read_map(path: str) -> tuple[list[bytes], np.ndarray]:
         raise DataError(f"{path} lists no images")
     if len(set(members)) != len(members):
         first: dict[bytes, int] = {}
-        for position, (member, label, number) in enumerate(zip(members, labels, numbers, strict=True)):
+        for position, (member, class_index, number) in enumerate(zip(members, labels, numbers, strict=True)):
             if member in first:
                 earlier = first[member]
-                relation = "again, with another label" if labels[earlier] != label else "twice"
+                relation = "again, with another label" if labels[earlier] != class_index else "twice"
                 shown = member.decode("utf-8")
                 raise DataError(
                     f"{path}, line {number}: {shown!r} is listed {relation} (line {numbers[earlier]}): each image once"
@@ -156,7 +156,7 @@ class ZipImageDataset(Dataset):
         root: str,
         split: str,
         transform: Callable[[Image.Image], Any] | None = None,
-        cache_mode: str = "no",
+        cache_mode: CacheMode = "no",
         rank: int = 0,
         world: int = 1,
         num_classes: int | None = None,
@@ -164,8 +164,8 @@ class ZipImageDataset(Dataset):
         draft: Callable[[Image.Image], Image.Image] | None = None,
         index_dir: str | None = None,
     ) -> None:
-        if cache_mode not in CACHE_MODES:
-            raise ValueError(f"cache_mode={cache_mode!r}: expected one of {', '.join(CACHE_MODES)}")
+        if cache_mode not in get_args(CacheMode):
+            raise ValueError(f"cache_mode={cache_mode!r}: expected one of {', '.join(get_args(CacheMode))}")
         self.zip_path = os.path.join(root, f"{split}.zip")
         self.transform, self.cache_mode, self.rank, self.world = transform, cache_mode, rank, world
         self.draft = draft

@@ -107,7 +107,7 @@ def shard_samples(path: str, limit: int, labels_only: bool = False) -> Iterator[
             with tarfile.open(fileobj=f, mode="r:*" if labels_only else "r|*") as archive:
                 sample: dict[str, Any] | None = None
                 for member in archive:
-                    archive.members.clear()  # tarfile keeps every member it passed: a shard's worth, per worker
+                    archive.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every member it passed: a shard's worth, per worker
                     match = _MEMBER.match(member.name)
                     if not member.isreg() or match is None:
                         continue  # folders, links, files without a field: no part of a sample
@@ -185,7 +185,7 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
             entry["labels"] = {str(k): v for k, v in entry["labels"].items()}
             cached[os.path.basename(path)], changed = entry, True
         found.append({"images": entry["images"], "labels": {int(k): v for k, v in entry["labels"].items()}})
-    if cache_path is not None and changed:  # a disposable cache: a torn write is rescanned, never trusted
+    if index_dir is not None and cache_path is not None and changed:  # a disposable cache: a torn write is rescanned
         os.makedirs(index_dir, exist_ok=True)
         atomic_write_json(cache_path, cached)
     return found
@@ -337,7 +337,7 @@ class ShardStream(IterableDataset):
     def _shard(self, index: int, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """Shard ``index``'s samples (its first ``stop``); one read to its end must find as many as its count says."""
         path, expected = self.shards[index], self.counts[index]
-        found, labels = 0, Counter()
+        found, labels = 0, Counter[int]()
         for sample in shard_samples(path, self.limit):
             found += 1
             if found > expected:

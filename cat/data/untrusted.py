@@ -141,7 +141,7 @@ def check_label_array(labels: np.ndarray, num_classes: int | None, source: str, 
     be in ``0 ... K-1``. K is ``num_classes`` when given, else the number of distinct labels: then any label at or
     above it means the labels are not ``0 ... K-1``, and the first such one is named."""
     derived = num_classes is None
-    count = len(np.unique(labels)) if derived else num_classes
+    count = len(np.unique(labels)) if num_classes is None else num_classes
     bad = np.flatnonzero(labels >= count)
     if bad.size:
         rule = (

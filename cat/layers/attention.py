@@ -16,7 +16,8 @@ class TokenReweightedAttention(Attention):
 
     def __init__(self, dim: int, *args, **kwargs) -> None:
         super().__init__(dim, *args, **kwargs)
-        self.gate = nn.Sequential(nn.Linear(dim, self.attn_dim), nn.SiLU())
+        # timm's own `gate` (its sigmoid-gated option, a Linear or None) is replaced: its checkpoints' `gate.0`.
+        self.gate = nn.Sequential(nn.Linear(dim, self.attn_dim), nn.SiLU())  # type: ignore[assignment]
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         B, N, _ = x.shape
@@ -24,5 +25,5 @@ class TokenReweightedAttention(Attention):
         q, k = self.q_norm(q), self.k_norm(k)
         dropout = self.attn_drop.p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
-        out = self.norm(out.transpose(1, 2).reshape(B, N, self.attn_dim)) * self.gate(x)
+        out = self.norm(out.transpose(1, 2).reshape(B, N, self.attn_dim)) * self.gate(x)  # type: ignore[misc]
         return self.proj_drop(self.proj(out))

@@ -29,7 +29,7 @@ class MissingStackError(UserError, ImportError):
     """The OpenMMLab packages a detection or segmentation job needs are not installed."""
 
 
-def require_stack(task: MMTask) -> None:
+def require_stack(task: MMTask[Any]) -> None:
     """Raise :class:`MissingStackError`, naming the missing packages and the setup command, unless
     the stack for ``task`` (:data:`DET` or :data:`SEG`) is installed."""
     missing = [name for name in task.stack if importlib.util.find_spec(name) is None]
@@ -39,7 +39,7 @@ def require_stack(task: MMTask) -> None:
         )
 
 
-def run_mm(cfg: DictConfig, task: MMTask) -> dict[str, Any]:
+def run_mm(cfg: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
     """Train or evaluate a detection (:data:`DET`) or segmentation (:data:`SEG`) job; see
     :func:`cat.mm.runner.run_mm`."""
     require_stack(task)

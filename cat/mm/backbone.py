@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import cat
 from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file, on_meta
-from cat.ops import set_lean_attention
+from cat.ops import LeanPolicy, set_lean_attention
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
 
@@ -48,23 +48,23 @@ class TimmBackbone(BaseModule):
         pretrained: str | None = None,
         strict_pretrained: bool = False,
         model_kwargs: dict[str, Any] | None = None,
-        lean_attention: bool | str = "auto",
+        lean_attention: LeanPolicy = "auto",
         grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:
         super().__init__(init_cfg=init_cfg)
-        self.model = set_lean_attention(
-            cat.create_model(model_name, num_classes=0, **(model_kwargs or {})), lean_attention
-        )
+        # A timm model: its feature API (feature_info, forward_intermediates, pruning) is timm's, not nn.Module's.
+        model: Any = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
+        self.model: Any = set_lean_attention(model, lean_attention)
         if grad_checkpointing:
-            self.model.set_grad_checkpointing(True)
+            model.set_grad_checkpointing(True)
         self.out_indices = tuple(out_indices)
         # The classifier's final norm feeds nothing here; DDP rejects parameters without gradients.
-        whole = self.model.state_dict().keys()
-        self.model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)
-        self.pruned = sorted(whole - self.model.state_dict().keys())  # a classification checkpoint's, unused here
+        whole = model.state_dict().keys()
+        model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)
+        self.pruned = sorted(whole - model.state_dict().keys())  # a classification checkpoint's, unused here
         self.pretrained, self.strict_pretrained = pretrained, strict_pretrained
-        channels = [self.model.feature_info[i]["num_chs"] for i in self.out_indices]
+        channels = [model.feature_info[i]["num_chs"] for i in self.out_indices]
         self.norms = nn.ModuleList(nn.LayerNorm(c) for c in channels) if out_norm else None
 
     def init_weights(self) -> None:
@@ -106,7 +106,7 @@ def backbone_features(model_name: str, **model_kwargs: Any) -> list[dict[str, An
     key = repr((model_name, sorted(model_kwargs.items())))
     if key not in _FEATURES:
         with on_meta():
-            model = cat.create_model(model_name, num_classes=0, **model_kwargs)
+            model: Any = cat.create_model(model_name, num_classes=0, **model_kwargs)  # timm's feature_info
         _FEATURES[key] = [dict(level) for level in model.feature_info]
     return [dict(level) for level in _FEATURES[key]]
 

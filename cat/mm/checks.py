@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import DictConfig
-
 from cat.errors import ConfigError
 from cat.models import model_arguments
 from cat.runtime.folder import run_dir_for
 from cat.runtime.resume import resumes, starting_file_problem
 from cat.runtime.rundir import output_dir_problems
-from cat.runtime.schema import schema_problems, typed_config
 
 from .bases import base_config_path
 from .safe_load import LAST_CHECKPOINT
 from .schema import MMConfig
+from .task import TaskConfig
 
 __all__ = ["check_mm_config"]
 
@@ -37,13 +35,11 @@ def _backbone_kwargs_problems(cfg: MMConfig) -> list[str]:
     ]
 
 
-def check_mm_config(raw: DictConfig, schema: type[MMConfig]) -> MMConfig:
-    """Every problem with a detection/segmentation config (``schema``: :class:`DetConfig` or :class:`SegConfig`),
-    before anything is built (ConfigError); the config as its typed object when there is none."""
-    problems = schema_problems(raw, schema)
-    if problems:
-        raise ConfigError(problems)
-    cfg = typed_config(raw, schema)
+def check_mm_config(cfg: TaskConfig) -> TaskConfig:
+    """Every problem with a detection/segmentation config (a :class:`DetConfig` or :class:`SegConfig`, typed and
+    settled by :func:`~cat.runtime.cells.typed_job_config`) before anything is built (ConfigError); the config
+    when there is none."""
+    problems: list[str] = []
     if cfg.data.classes is not None and not cfg.data.classes:
         problems.append("data.classes=[]: name one class or more, or null for all of the dataset's")
     if cfg.mode == "eval" and not cfg.checkpoint:

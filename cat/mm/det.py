@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from cat.errors import DataError
 
-from .schema import DetConfig, DetDataConfig, DetScheduleConfig
+from .schema import DetConfig
 from .task import MMTask
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ def _set_classes(mm: Config, classes: tuple[str, ...] | None) -> None:
         mm.model.roi_head.mask_head.num_classes = len(classes)
 
 
-def _pipelines(mm: Config, data: DetDataConfig) -> None:
+def _pipelines(mm: Config, cfg: DetConfig) -> None:
+    data = cfg.data
     scale = tuple(data.img_scale)
     for pipeline in (mm.train_pipeline, mm.test_pipeline):
         for step in pipeline:
@@ -67,7 +68,8 @@ def _evaluators(mm: Config, cfg: DetConfig, root: str) -> None:
     mm.auto_scale_lr = {"enable": False, "base_batch_size": cfg.schedule.total_batch}
 
 
-def _schedule(sched: DetScheduleConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _schedule(cfg: DetConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    sched = cfg.schedule
     train_cfg = {"type": "EpochBasedTrainLoop", "max_epochs": sched.epochs, "val_interval": sched.val_interval}
     return train_cfg, [
         {

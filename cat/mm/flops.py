@@ -35,7 +35,8 @@ def _roi_align_on_torchvision(node: Any) -> None:
             _roi_align_on_torchvision(value)
 
 
-def _build(model: MMModelConfig, registry: Any, device: str) -> torch.nn.Module:
+def _build(model: MMModelConfig, registry: Any, device: str) -> Any:
+    """The model (an mmdet detector or mmseg segmentor: its parts are its registry's, untyped) in eval mode."""
     model_cfg = base_with_backbone(model).model
     _roi_align_on_torchvision(model_cfg)
     with on_meta() if device == "meta" else torch.device(device):
@@ -64,7 +65,7 @@ def detector_macs(
         model.rpn_head(feats)
         return model.roi_head.forward(feats, [boxes], [sample])
 
-    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):  # type: ignore[attr-defined]  # torch's config module
         macs = count_macs(model, torch.rand(1, 3, *hw, device=device), forward)
     return sum(p.numel() for p in model.parameters()), macs
 

@@ -12,7 +12,7 @@ file (``import cat.mm``), so a resume keeps its smoothing windows; stock mmengin
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from mmengine.hooks import Hook
@@ -55,7 +55,7 @@ def plain_message_hub(hub: dict[str, Any]) -> dict[str, Any]:
     return {**{k: _plain(v) for k, v in hub.items() if k != "log_scalars"}, "log_scalars": scalars}
 
 
-def _numbers(values: Any) -> bool:
+def _numbers(values: Any) -> TypeGuard[list[numbers.Real]]:
     return isinstance(values, list) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values)
 
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cat.errors import ConfigError
-from cat.runtime import DistEnv, RunFolder, run_job, settle_run_folder
+from cat.runtime import DistEnv, RunFolder, run_job, typed_job_config
 from cat.runtime.logger import log_formatter
 from cat.runtime.resume import check_resume, describe_changes, refuse_shorter_run
 
@@ -35,7 +35,7 @@ def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
     with open(pointer) as f:  # checked by check_last_checkpoint: a checkpoint in this folder
         checkpoint = f.read().strip()
     try:  # OmegaConf's YAML loader builds plain data only: a tag that would construct an object is an error
-        before = OmegaConf.to_container(OmegaConf.load(saved))
+        before: Any = OmegaConf.to_container(OmegaConf.load(saved))
     except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as error:
         before = f"{type(error).__name__}: {error}".splitlines()[0]
     if not isinstance(before, dict):
@@ -81,15 +81,15 @@ def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: s
         refuse_shorter_run(f"{key}={length}", checkpoint, done, "epochs" if by_epoch else "iterations", begun)
 
 
-def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
+def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
     """Train (auto-resuming from ``output_dir``) or evaluate the ``task`` (:data:`~cat.mm.det.DET`,
     :data:`~cat.mm.seg.SEG`) the composed config ``raw`` describes; returns what metrics.json holds.
 
     Training writes into ``output_dir``, eval into ``output_dir/eval``. On SIGTERM a training run
     saves ``iter_N.pth`` after the running iteration and returns with ``preempted: true``.
     """
-    notes = settle_run_folder(raw)
-    cfg = check_mm_config(raw, task.schema)
+    typed, notes = typed_job_config(raw, task.schema)
+    cfg = check_mm_config(typed)
 
     def body(env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         # cat's process group comes first (run_job): mmengine's own init would call torch.cuda.set_device on CPU.
@@ -140,7 +140,7 @@ def run_mm(raw: DictConfig, task: MMTask) -> dict[str, Any]:
                 stop.checkpoint,
             )
             return {"mode": cfg.mode, "preempted": True, "iteration": stop.iteration, "checkpoint": stop.checkpoint}
-        metrics = {
+        metrics: dict[str, Any] = {
             key: None if results.get(mm_key) is None else float(results[mm_key])  # numpy -> JSON
             for key, mm_key in task.metrics.items()
         }

@@ -22,7 +22,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import numpy as np
@@ -243,7 +243,7 @@ def check_weights_match(model: torch.nn.Module, filename: str) -> None:
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
     state = extract_state_dict(state, filename)
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):  # mmengine loads into the wrapped model
-        model = model.module
+        model = cast(torch.nn.Module, model.module)
     own = model.state_dict()
     report = LoadReport.between(own, state)
     if not report.clean:

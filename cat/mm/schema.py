@@ -61,6 +61,28 @@ class MMSaveConfig(SaveConfig):
 
 
 @dataclass
+class MMDataConfig:
+    name: str = key("the dataset's name (coco, toy_coco; ade20k, toy_ade)")
+    root: str | None = key(
+        "the dataset folder (COCO: train2017/, val2017/, annotations/; ADE20K: images/, annotations/)",
+        resume=FREE,
+        in_run_name=False,
+    )
+    classes: list[str] | None = key(
+        "a subset of the dataset's classes (one or more names); null: all (COCO's 80, ADE20K's 150)", length=(1, 256)
+    )
+
+
+@dataclass
+class MMScheduleConfig:
+    """What both tasks' schedules have; each task's extends it (epochs or iterations)."""
+
+    val_interval: int = key("epochs or iterations between evaluations", min=1, resume=FREE)
+    warmup_iters: int = key("linear warm-up iterations", min=0)
+    optim: MMOptimConfig = section(MMOptimConfig, "the optimizer")
+
+
+@dataclass
 class MMConfig(JobConfig):
     # A resume may not change the model, data, batch, accumulation, seed or schedule (FIXED): mmengine's resume
     # restores the optimizer's and the schedulers' state over the config's (rates, milestones, ends), so a changed
@@ -76,20 +98,10 @@ class MMConfig(JobConfig):
         resume=FIXED,
     )
     find_unused_parameters: bool = key("DDP's find_unused_parameters")
+    # Each task's own (DetConfig, SegConfig) declares these again with its own section.
+    data: MMDataConfig = section(MMDataConfig, "the dataset", resume=FIXED)
+    schedule: MMScheduleConfig = section(MMScheduleConfig, "the schedule", resume=FIXED)
     mm: dict[str, Any] = key("extra mmengine config options, dotted keys: {train_cfg.val_interval: 2}")
-
-
-@dataclass
-class MMDataConfig:
-    name: str = key("the dataset's name (coco, toy_coco; ade20k, toy_ade)")
-    root: str | None = key(
-        "the dataset folder (COCO: train2017/, val2017/, annotations/; ADE20K: images/, annotations/)",
-        resume=FREE,
-        in_run_name=False,
-    )
-    classes: list[str] | None = key(
-        "a subset of the dataset's classes (one or more names); null: all (COCO's 80, ADE20K's 150)", length=(1, 256)
-    )
 
 
 @dataclass
@@ -99,14 +111,12 @@ class DetDataConfig(MMDataConfig):
 
 
 @dataclass
-class DetScheduleConfig:
+class DetScheduleConfig(MMScheduleConfig):
     epochs: int = key("training epochs", min=1, max=100_000, resume=FREE)
     steps: list[int] = key("epochs after which lr drops 10x", min=1)
     val_interval: int = key("epochs between evaluations", min=1, resume=FREE)
-    warmup_iters: int = key("linear warm-up iterations", min=0)
     warmup_ratio: float = key("warm-up start lr / lr", min=0, max=1, exclusive_min=True)
     total_batch: int = key("the paper's total batch (lr is for it)", min=1)
-    optim: MMOptimConfig = section(MMOptimConfig, "the optimizer")
 
 
 @dataclass
@@ -122,12 +132,10 @@ class SegDataConfig(MMDataConfig):
 
 
 @dataclass
-class SegScheduleConfig:
+class SegScheduleConfig(MMScheduleConfig):
     iters: int = key("training iterations", min=1, max=10**9, resume=FREE)
     val_interval: int = key("iterations between evaluations", min=1, resume=FREE)
-    warmup_iters: int = key("linear warm-up iterations", min=0)
     poly_power: float = key("poly decay power", min=0, exclusive_min=True)
-    optim: MMOptimConfig = section(MMOptimConfig, "the optimizer")
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from cat.errors import DataError
 
-from .schema import SegConfig, SegDataConfig, SegScheduleConfig
+from .schema import SegConfig
 from .task import MMTask
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ def _set_classes(mm: Config, classes: tuple[str, ...] | None) -> None:
         mm.model.auxiliary_head.num_classes = num_classes
 
 
-def _pipelines(mm: Config, data: SegDataConfig) -> None:
+def _pipelines(mm: Config, cfg: SegConfig) -> None:
+    data = cfg.data
     crop = tuple(data.crop_size)
     mm.model.data_preprocessor.size = crop
     for step in mm.train_pipeline:
@@ -81,7 +82,8 @@ def _test_time_augmentation(mm: Config, cfg: SegConfig, root: str) -> None:
         mm.model = ConfigDict({"type": "SegTTAModel", "module": mm.model.to_dict()})
 
 
-def _schedule(sched: SegScheduleConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _schedule(cfg: SegConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    sched = cfg.schedule
     train_cfg = {"type": "IterBasedTrainLoop", "max_iters": sched.iters, "val_interval": sched.val_interval}
     warmup = (
         [{"type": "LinearLR", "start_factor": 1e-6, "by_epoch": False, "begin": 0, "end": sched.warmup_iters}]

@@ -4,9 +4,9 @@ gradient checkpointing of blocks that take the token grid.
 No ``from __future__ import annotations`` here: FX copies the root ``forward``'s annotation into
 the code it generates, and TorchScript cannot read a string one (timm's FX -> TorchScript path)."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from cat.layers import init_vit_weights
 
 __all__ = ["TimmApiMixin", "family_cfg", "build_family_model", "checkpoint_blocks"]
+
+Model = TypeVar("Model", bound=nn.Module)
 
 
 def family_cfg(first_conv: str, classifier: str = "head", **kwargs: Any) -> dict[str, Any]:
@@ -39,21 +41,22 @@ def family_cfg(first_conv: str, classifier: str = "head", **kwargs: Any) -> dict
 
 
 def build_family_model(
-    cls: type[nn.Module],
+    cls: type[Model],
     variant: str,
     pretrained: bool,
     default_out_indices: int | Sequence[int] = (0, 1, 2, 3),
     **kwargs: Any,
-) -> nn.Module:
+) -> Model:
     """``timm.build_model_with_cfg`` for a cat family; ``features_only`` maps come from its
-    ``forward_intermediates`` (at ``out_indices``, by default ``default_out_indices``)."""
+    ``forward_intermediates`` (at ``out_indices``, by default ``default_out_indices``). Typed as the family's
+    model, as timm's factories are, though ``features_only`` makes timm's feature wrapper of it."""
     out_indices = kwargs.pop("out_indices", default_out_indices)
     return build_model_with_cfg(
         cls, variant, pretrained, feature_cfg={"feature_cls": "getter", "out_indices": out_indices}, **kwargs
     )
 
 
-def checkpoint_blocks(blocks: Sequence[Callable[..., Tensor]], x: Tensor, hw: tuple[int, int]) -> Tensor:
+def checkpoint_blocks(blocks: Iterable[Callable[..., Tensor]], x: Tensor, hw: tuple[int, int]) -> Tensor:
     """Run blocks that take ``(tokens, hw)`` in order through timm's ``checkpoint_seq``
     (activations recomputed in the backward pass). Callers keep it out of TorchScript."""
     return checkpoint_seq([partial(block, hw=hw) for block in blocks], x, use_reentrant=False)
@@ -67,7 +70,14 @@ class TimmApiMixin:
     for timm's layer grouping) and calls :meth:`init_head` last in ``__init__``.
     """
 
-    # No class-level annotations: TorchScript would read them as attribute types it cannot resolve.
+    # No class-level annotations at run time: TorchScript would read them as attribute types it cannot resolve.
+    if TYPE_CHECKING:  # what the family (an nn.Module) has
+        num_features: int
+        feature_info: list[dict[str, Any]]
+        layer_groups: dict[str, str]
+        stages: nn.Sequential | nn.ModuleList
+        norm: nn.Module
+        intermediate_formats: tuple[str, ...]
 
     def init_head(self, num_classes: int, drop_rate: float, global_pool: str, init: bool = True) -> None:
         """``head_drop`` and ``head``; ``init=False`` for families that initialise every module last."""
@@ -98,7 +108,7 @@ class TimmApiMixin:
     def forward_intermediates(
         self,
         x: Tensor,
-        indices: int | Sequence[int] | None = None,
+        indices: int | list[int] | None = None,
         norm: bool = False,
         stop_early: bool = False,
         output_fmt: str = "NCHW",
@@ -129,9 +139,9 @@ class TimmApiMixin:
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for module in self.modules():  # the model itself, or its stages
+        for module in cast(nn.Module, self).modules():  # the model itself, or its stages
             if hasattr(module, "grad_checkpointing"):
-                module.grad_checkpointing = enable
+                module.grad_checkpointing = enable  # type: ignore[assignment]  # a bool attribute, not a submodule
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -151,7 +161,7 @@ class TimmApiMixin:
         self.head = self._new_head(num_classes)
 
     def prune_intermediate_layers(
-        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
         """Drop what a feature extractor never uses (timm's API): the stages after the last of ``indices``,
         the head and, optionally, the final norm. DistributedDataParallel rejects parameters without

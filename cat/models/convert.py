@@ -16,9 +16,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
+from timm.layers import PatchEmbed
 from timm.layers.attention import AttentionRope
 from timm.models.eva import EvaAttention
 from timm.models.pvt_v2 import Attention as PvtV2Attention
@@ -60,9 +61,10 @@ class PluginCirculantAttention(nn.Module):
         if dim % head_dim:
             raise ValueError(f"head_dim={head_dim} must divide the attention width {dim}")
         self.qkv, self.proj = qkv, proj
-        self.gate = nn.Sequential(nn.Linear(qkv.in_features, dim), nn.SiLU())
-        nn.init.zeros_(self.gate[0].weight)
-        nn.init.constant_(self.gate[0].bias, GATE_IDENTITY_BIAS)
+        gate = nn.Linear(qkv.in_features, dim)
+        nn.init.zeros_(gate.weight)
+        nn.init.constant_(gate.bias, GATE_IDENTITY_BIAS)
+        self.gate = nn.Sequential(gate, nn.SiLU())
         self.num_heads = num_heads  # of the prefix tokens' softmax attention, as in the source
         self.head_dim = head_dim
         self.num_prefix_tokens = num_prefix_tokens
@@ -127,8 +129,8 @@ class _GridRecorder:
     def __init__(self, attentions: list[PluginCirculantAttention]) -> None:
         self.attentions = attentions
 
-    def __call__(self, patch_embed: nn.Module, args: tuple[Tensor, ...]) -> None:
-        grid = patch_embed.dynamic_feat_size(args[0].shape[-2:])
+    def __call__(self, patch_embed: PatchEmbed, args: tuple[Tensor, ...]) -> None:
+        grid = patch_embed.dynamic_feat_size(cast(tuple[int, int], args[0].shape[-2:]))  # (traced: symbolic)
         for attention in self.attentions:
             attention.grid = grid
 
@@ -168,10 +170,11 @@ def _qkv_of(attn: nn.Module) -> nn.Linear:
     if isinstance(attn, EvaAttention):  # a bias-free qkv Linear, q's and v's biases apart
         width = attn.qkv.weight.shape[0] // 3
         return _linear(list(attn.qkv.weight.split(width)), [attn.q_bias, None, attn.v_bias])
-    return attn.qkv  # ViT/DeiT, AttentionRope and Swin: one qkv Linear, with its bias
+    return cast(nn.Linear, attn.qkv)  # ViT/DeiT, AttentionRope and Swin: one qkv Linear, with its bias
 
 
-def _plugin(attn: nn.Module, head_dim: int, num_prefix_tokens: int = 0) -> PluginCirculantAttention:
+def _plugin(attn: Any, head_dim: int, num_prefix_tokens: int = 0) -> PluginCirculantAttention:
+    """``attn`` (any of timm's attention classes :func:`_qkv_of` reads) as circulant attention."""
     qkv = _qkv_of(attn)
     if qkv.out_features != 3 * qkv.in_features:
         raise ValueError(
@@ -234,7 +237,7 @@ def convert(
         if match is None or not wanted(name, int(match.group(1))):
             continue
         if isinstance(module, SwinTransformerBlock):
-            module.attn = _plugin(module.attn, head_dim)
+            module.attn = _plugin(module.attn, head_dim)  # type: ignore[assignment]  # its window attention replaced
             module.__class__ = CirculantSwinBlock
             converted.append(name)
         elif isinstance(getattr(module, "attn", None), PvtV2Attention):
@@ -245,5 +248,5 @@ def convert(
             f"nothing converted in {type(model).__name__}: no ViT/DeiT/EVA, Swin or PVT v2 attention block "
             f"matched {patterns or stages or 'the defaults'}"
         )
-    model.circulant_blocks = converted
+    model.circulant_blocks = converted  # type: ignore[assignment]  # a plain attribute: torch types a module's
     return model

@@ -14,8 +14,7 @@ annotations when it scripts an FX graph holding that leaf call.
 """
 
 import urllib.error
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import timm
 import torch
@@ -147,7 +146,7 @@ class CirculantVisionTransformer(TimmApiMixin, nn.Module):
         return self.norm(x), intermediates
 
     def prune_intermediate_layers(
-        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
     ) -> list[int]:
         """Keep the blocks up to the last of ``indices``; drop the head and, optionally, the final norm."""
         take, max_index = feature_take_indices(len(self.blocks), indices)
@@ -204,6 +203,7 @@ def ca_deit_base(pretrained: bool = False, **kwargs: Any) -> CirculantVisionTran
 @register_model
 def deit_small_reweight_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """DeiT-S whose softmax attention output is token-reweighted (``SiLU(Linear(x))``), Table 5's last row."""
-    return timm.create_model(
+    model = timm.create_model(
         "deit_small_patch16_224", pretrained=pretrained, attn_layer=TokenReweightedAttention, **kwargs
     )
+    return cast(VisionTransformer, model)

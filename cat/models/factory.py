@@ -175,7 +175,7 @@ def model_arguments(name: str) -> frozenset[str] | None:
     for cls in type(model).__mro__:
         if cls is nn.Module or "__init__" not in vars(cls):
             continue
-        parameters = inspect.signature(cls.__init__).parameters
+        parameters = inspect.signature(vars(cls)["__init__"]).parameters
         accepted |= {n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL} - {"self"}
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return frozenset(accepted - {"kwargs"})

@@ -22,7 +22,7 @@ import pickle
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -129,8 +129,8 @@ class RestrictedUnpickler(pickle._Unpickler):
         # pickle's own BUILD would call the target's __setstate__ or setattr() any name onto it,
         # including onto an allow-listed class or function (a process-wide change) or a tensor's
         # hook fields. Here: a dict of known attribute names, onto an instance of a known container.
-        state = self.stack.pop()
-        target = self.stack[-1]
+        state = self.stack.pop()  # type: ignore[attr-defined]  # pickle's pure-Python unpickler: untyped internals
+        target = self.stack[-1]  # type: ignore[attr-defined]
         known = type(target) in _BUILD_ATTRIBUTES
         allowed = _BUILD_ATTRIBUTES.get(type(target))
         names = isinstance(state, dict) and all(isinstance(name, str) for name in state)
@@ -140,7 +140,7 @@ class RestrictedUnpickler(pickle._Unpickler):
             raise UnsafeCheckpointError(f"refused BUILD on {what} (state {fields}): a weights file sets no such state")
         target.__dict__.update(state)
 
-    dispatch[pickle.BUILD[0]] = load_build
+    dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]  # its table, typed for its own methods
 
 
 class _RestrictedPickleModule:
@@ -354,11 +354,13 @@ _logger = logging.getLogger(__name__)
 
 # Per-family fixes for weights trained at another resolution (position embeddings resampled, Swin's
 # relative-position tables resized), registered by each family's module for its model class.
-_STATE_DICT_ADAPTERS: list[tuple[type, Callable[[dict[str, Tensor], nn.Module], dict[str, Tensor]]]] = []
+Model = TypeVar("Model", bound=nn.Module)
+# Each adapter with the class whose models (an instance of it) it takes.
+_STATE_DICT_ADAPTERS: list[tuple[type, Callable[[dict[str, Tensor], Any], dict[str, Tensor]]]] = []
 
 
 def register_state_dict_adapter(
-    cls: type, adapter: Callable[[dict[str, Tensor], nn.Module], dict[str, Tensor]]
+    cls: type[Model], adapter: Callable[[dict[str, Tensor], Model], dict[str, Tensor]]
 ) -> None:
     """``adapter(state_dict, model)`` fits checkpoints to models of ``cls`` (and its subclasses)."""
     _STATE_DICT_ADAPTERS.append((cls, adapter))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -243,25 +243,27 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
             reduction *= patch_sizes[s]
             grid = (img_hw[0] // reduction, img_hw[1] // reduction)
             cls_token = s == 3 and self.has_cls_token
-            blocks = []
+            blocks: list[nn.Module] = []
             for j in range(depths[s]):
                 if j < self.circulant_blocks[s]:
-                    block = CirculantBlock(
+                    circulant = CirculantBlock(
                         embed_dims[s], mlp_ratio=mlp_ratios[s], proj_drop=proj_drop_rate, drop_path=dpr[cursor + j]
                     )
-                    block.num_prefix_tokens = int(cls_token)  # the class token passes by circulant attention
+                    circulant.num_prefix_tokens = int(cls_token)  # the class token passes by circulant attention
+                    blocks.append(circulant)
                 else:
-                    block = PVTBlock(
-                        embed_dims[s],
-                        num_heads[s],
-                        mlp_ratios[s],
-                        qkv_bias,
-                        sr_ratios[s],
-                        proj_drop_rate,
-                        attn_drop_rate,
-                        dpr[cursor + j],
+                    blocks.append(
+                        PVTBlock(
+                            embed_dims[s],
+                            num_heads[s],
+                            mlp_ratios[s],
+                            qkv_bias,
+                            sr_ratios[s],
+                            proj_drop_rate,
+                            attn_drop_rate,
+                            dpr[cursor + j],
+                        )
                     )
-                blocks.append(block)
             stages.append(PVTStage(patch_sizes[s], in_ch, embed_dims[s], grid, blocks, cls_token, drop_rate))
             cursor += depths[s]
             in_ch = embed_dims[s]
@@ -285,19 +287,21 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
         self, x: Tensor, take: list[int], last: int, norm: bool, output_fmt: str
     ) -> tuple[Tensor, list[Tensor]]:
         intermediates = []
+        # Each stage a PVTStage, which torch types as a Module (no cast: TorchScript compiles this).
         for s, stage in enumerate(self.stages[: last + 1]):
             tokens, hw = stage(x)
             if s in take:
-                intermediates.append(stage.grid_map(self.norm(tokens) if (norm and s == 3) else tokens, hw))
-            x = stage.grid_map(tokens, hw)
+                normed = self.norm(tokens) if (norm and s == 3) else tokens
+                intermediates.append(stage.grid_map(normed, hw))  # type: ignore[operator]
+            x = stage.grid_map(tokens, hw)  # type: ignore[operator]
         return self.norm(tokens), intermediates
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens of the last stage, the class token first (as timm's ViT)."""
         tokens = x
-        for stage in self.stages:
+        for stage in self.stages:  # PVTStages (as in _stage_maps)
             tokens, hw = stage(x)
-            x = stage.grid_map(tokens, hw)
+            x = stage.grid_map(tokens, hw)  # type: ignore[operator]
         return self.norm(tokens)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -306,14 +310,14 @@ class PyramidVisionTransformer(TimmApiMixin, nn.Module):
         return x if pre_logits else self.head(x)
 
 
-def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: PyramidVisionTransformer) -> dict[str, Tensor]:
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: PyramidVisionTransformer) -> dict[str, Tensor]:
     """Resize position embeddings of a checkpoint trained at another resolution to ``model``'s grids."""
     state_dict = state_dict.get("model", state_dict)
     own = model.state_dict()
     out = {}
     for k, v in state_dict.items():
         if k.startswith("pos_embed") and k in own and v.shape != own[k].shape:
-            stage = model.stages[int(k[len("pos_embed") :]) - 1]
+            stage = cast(PVTStage, model.stages[int(k[len("pos_embed") :]) - 1])
             side = int(round((v.shape[1] - stage.num_prefix_tokens) ** 0.5))
             v = resize_pos_embed(v, (side, side), stage.grid_size, stage.num_prefix_tokens)
         out[k] = v

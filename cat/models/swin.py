@@ -61,8 +61,9 @@ class TraceableWindowBlock(SwinTransformerBlock):
         if not (self.shift_size[0] or self.shift_size[1]):
             return None
         if x is None:  # a fixed input size: the mask of its padded grid, once
-            H = math.ceil(self.input_resolution[0] / self.window_size[0]) * self.window_size[0]
-            W = math.ceil(self.input_resolution[1] / self.window_size[1]) * self.window_size[1]
+            # timm's block holds its resolution as a pair (no cast: TorchScript compiles this)
+            H = math.ceil(self.input_resolution[0] / self.window_size[0]) * self.window_size[0]  # type: ignore[index]
+            W = math.ceil(self.input_resolution[1] / self.window_size[1]) * self.window_size[1]  # type: ignore[index]
             x = torch.zeros((1, H, W, 1), device=device, dtype=dtype)
         return shifted_window_mask(x, self.window_size, self.shift_size)
 
@@ -74,9 +75,10 @@ class CirculantSwinTransformer(SwinTransformer):
         kwargs.setdefault("embed_layer", partial(PatchEmbed, dynamic_img_pad=not strict_img_size))
         super().__init__(strict_img_size=strict_img_size, **kwargs)
         self.attn_pattern = attn_pattern
-        depths = [len(stage.blocks) for stage in self.layers]
+        stages: list[Any] = list(self.layers)  # timm's SwinTransformerStage, each with its blocks
+        depths = [len(stage.blocks) for stage in stages]
         mlp_ratio = kwargs.get("mlp_ratio", 4.0)
-        for stage, num_circulant in zip(self.layers, parse_attn_pattern(attn_pattern, depths), strict=True):
+        for stage, num_circulant in zip(stages, parse_attn_pattern(attn_pattern, depths), strict=True):
             for j in range(num_circulant):
                 old = stage.blocks[j]
                 stage.blocks[j] = CirculantBlockNHWC(

@@ -3,6 +3,7 @@
 from .circulant import (
     LEAN_AUTO_MIN_FLOATS,
     CirculantAttention,
+    LeanPolicy,
     attend_spectra,
     bccb_project,
     circulant_attention,
@@ -13,6 +14,7 @@ from .circulant import (
 
 __all__ = [
     "LEAN_AUTO_MIN_FLOATS",
+    "LeanPolicy",
     "circulant_attention",
     "attend_spectra",
     "CirculantAttention",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -41,11 +41,11 @@ LEAN_AUTO_MIN_FLOATS = 2**19
 def check_lean(lean: object) -> LeanPolicy:
     """``lean`` if it is a lean policy: True (always the lean function), False (always autograd) or 'auto'."""
     if lean is True or lean is False or lean == "auto":
-        return lean  # type: ignore[return-value]
+        return lean
     raise ValueError(f"lean must be True, False or 'auto'; got {lean!r}")
 
 
-def uses_lean(lean: LeanPolicy, floats: int) -> bool:
+def uses_lean(lean: bool | str, floats: int) -> bool:
     """Whether a block whose input holds ``floats`` (B*N*C) trains through the lean function."""
     return lean is True or (lean == "auto" and floats >= LEAN_AUTO_MIN_FLOATS)
 
@@ -67,13 +67,13 @@ def _attend_pairs(
     return irfft2_matmul(out.reshape(B, C, Hf * Wf * 2), hw), weights
 
 
-def check_fft_backend(backend: FFTBackend) -> str:
+def check_fft_backend(backend: str) -> FFTBackend:
     """``backend`` if it is one cat has. There is no automatic choice ('auto' is gone: it picked
     'fft' everywhere, docs/perf.md); 'fft' is the default and 'matmul' is chosen for what it
     enables (ONNX without DFT ops, low-precision matrix units)."""
-    if backend not in ("fft", "matmul"):
-        raise ValueError(f"fft_backend must be 'fft' or 'matmul'; got {backend!r}")
-    return backend
+    if backend == "fft" or backend == "matmul":
+        return backend  # type: ignore[return-value]
+    raise ValueError(f"fft_backend must be 'fft' or 'matmul'; got {backend!r}")
 
 
 def spectrum(x: Tensor, backend: str) -> Tensor:
@@ -91,7 +91,7 @@ def attend(
     if backend == "matmul":
         return _attend_pairs(q, k, v, hw, head_dim, scale)
     q_f, k_f, v_f = (torch.view_as_complex(t) for t in (q, k, v))
-    return attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True)
+    return cast(tuple[Tensor, Tensor], attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True))
 
 
 def _evaluated_annotations(fn: Callable) -> Callable:
@@ -215,7 +215,8 @@ class CirculantAttention(nn.Module):
         gate_weight: Tensor | None = None
         gate_bias: Tensor | None = None
         if self.gate is not None:
-            gate_weight, gate_bias = self.gate[0].weight, self.gate[0].bias
+            # A Linear (no cast here: TorchScript compiles this method, and torch types a submodule's parameter loosely)
+            gate_weight, gate_bias = self.gate[0].weight, self.gate[0].bias  # type: ignore[assignment]
         out, weights = circulant_attention_layer(
             x,
             hw,
@@ -255,7 +256,7 @@ def circulant_attention_layer(
     head_dim: int,
     scale: float | None,
     reweight: str,
-    fft_backend: str,
+    fft_backend: str,  # FFTBackend and LeanPolicy: TorchScript, which compiles this, reads no Literal
     lean: bool | str,
     keep_weights: bool,
     pack_spectrum: bool,
@@ -285,10 +286,12 @@ def circulant_attention_layer(
     backend = check_fft_backend(fft_backend)
     if backend == "fft" and torch.jit.is_tracing() and not keep_weights:
         gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
-        weights = (qkv_weight, gate, proj_weight, proj_bias, qkv_bias)
         # From Python numbers: the tracer's sizes are tensors, whose power would round the scale to float32.
         traced_scale = (int(N) * head_dim) ** -0.5 if scale is None else float(scale)
-        return _traced_layer(x, hw, *weights, head_dim, traced_scale, reweight, prefix), x.new_empty(0)
+        traced = _traced_layer(
+            x, hw, qkv_weight, gate, proj_weight, proj_bias, qkv_bias, head_dim, traced_scale, reweight, prefix
+        )
+        return traced, x.new_empty(0)
     # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
     scale = (N * head_dim) ** -0.5 if scale is None else scale
     # Exported programs take the plain autograd ops: the lean function's channel groups depend on
@@ -323,6 +326,7 @@ def circulant_attention_layer(
     if reweight == "pre":  # v, not the output, is gated
         qk = torch.matmul(qkv_weight[: 2 * C], flat).to(work)
         q_f, k_f = qk.view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
+        assert gate is not None  # pre-reweighting has a gate (checked by the layer)
         v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
         with no_autocast(x.device):
             v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
@@ -335,9 +339,9 @@ def circulant_attention_layer(
     if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
         y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
     y = y.transpose(1, 2)
-    if P:
+    if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
-    if reweight == "post":
+    if reweight == "post" and gate is not None:
         y = y * gate
     return F.linear(y, proj_weight, proj_bias), weights
 
@@ -378,12 +382,12 @@ def _traced_layer(
     B, T, C = x.shape
     P = 0 if prefix is None else prefix.shape[1]
     q, k, v = F.linear(x[:, P:], qkv_weight, qkv_bias).view(B, *hw, 3 * C).chunk(3, dim=-1)
-    if reweight == "pre":  # no prefix here (refused above)
+    if reweight == "pre" and gate is not None:  # no prefix here (refused above)
         v = v * gate.view(B, *hw, C)
     y = traced_circulant_attention(q, k, v, head_dim, scale).reshape(B, T - P, C)
-    if P:
+    if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
-    if reweight == "post":
+    if reweight == "post" and gate is not None:
         y = y * gate
     return F.linear(y, proj_weight, proj_bias)
 
@@ -432,7 +436,7 @@ def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     check_fft_backend(backend)
     for module in model.modules():
         if isinstance(module, CirculantAttention) or hasattr(module, "fft_backend"):
-            module.fft_backend = backend
+            cast(Any, module).fft_backend = backend  # cat.convert's attention too
     return model
 
 
@@ -442,6 +446,6 @@ def set_lean_attention(model: nn.Module, lean: LeanPolicy) -> nn.Module:
     (``'auto'``: :data:`LEAN_AUTO_MIN_FLOATS`); returns ``model``."""
     lean = check_lean(lean)
     for module in model.modules():
-        if isinstance(module, CirculantAttention) or hasattr(module, "lean"):  # and cat.convert's attention
-            module.lean = lean
+        if isinstance(module, CirculantAttention) or hasattr(module, "lean"):
+            cast(Any, module).lean = lean  # cat.convert's attention too
     return model

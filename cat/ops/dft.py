@@ -12,6 +12,7 @@ with (re, im) pairs innermost. ``rfft2_matmul`` is unnormalised like ``torch.fft
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from functools import lru_cache
@@ -70,7 +71,7 @@ def _matrix(build: Callable[..., Tensor], hw: tuple[int, int], like: Tensor) -> 
     or torch.compile traces, where it is made in the graph (a cached one would be that trace's fake tensor, and
     every later eager call would get it)."""
     if torch.compiler.is_compiling():
-        return build.__wrapped__(hw, like.dtype, like.device)
+        return inspect.unwrap(build)(hw, like.dtype, like.device)
     return build(hw, like.dtype, like.device)
 
 
@@ -82,4 +83,5 @@ def rfft2_matmul(x: Tensor) -> Tensor:
 
 def irfft2_matmul(spectrum: Tensor, hw: tuple[int, int]) -> Tensor:
     """``irfft2(s=hw)`` of a (..., H*(W//2+1)*2) flattened (re, im) spectrum; returns (..., H, W)."""
-    return (spectrum @ _matrix(_synthesis, tuple(hw), spectrum)).unflatten(-1, tuple(hw))
+    H, W = hw
+    return (spectrum @ _matrix(_synthesis, (H, W), spectrum)).unflatten(-1, (H, W))

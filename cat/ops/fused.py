@@ -106,7 +106,8 @@ def group_spectra(spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: b
     spectrum of x: one FFT instead of three."""
     qkv = torch.matmul(rows, spectrum).to(spectrum.dtype)  # autocast may run the GEMM in bf16/fp16
     with no_autocast(spectrum.device):
-        return rows_spectrum(qkv, hw, packed).chunk(3, dim=1)
+        q, k, v = rows_spectrum(qkv, hw, packed).chunk(3, dim=1)
+    return q, k, v
 
 
 def silu_slope(z: Tensor, sig: Tensor) -> Tensor:
@@ -199,7 +200,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
                         y += value_bias(qkv_bias, lo, hi)[:, None].to(work)
                 # Through the projection and the gate (channels first: (B, c, N)).
                 g_u_g = g_u[:, P:, lo:hi].transpose(1, 2)
-                if gate_pre is not None:
+                if gate_pre is not None and g_gate_pre is not None:
                     z = gate_pre[:, P:, lo:hi].transpose(1, 2).to(work)
                     sig = torch.sigmoid(z)
                     gate = z * sig
@@ -236,7 +237,7 @@ class _LeanCirculantAttention(torch.autograd.Function):
             if P:  # the prefix rows: through the projection and the gate only
                 u = prefix.to(work)
                 g_prefix = g_u[:, :P].to(work)
-                if gate_pre is not None:
+                if gate_pre is not None and g_gate_pre is not None:
                     z = gate_pre[:, :P].to(work)
                     sig = torch.sigmoid(z)
                     g_gate_pre[:, :P] = g_prefix * u * silu_slope(z, sig)
@@ -292,10 +293,23 @@ def lean_circulant_attention(
     the qkv GEMM runs on the packed spectrum's N rows instead of the half spectrum's 2*H*(W//2+1), at the
     price of unpacking its output (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
     (:class:`cat.ops.CirculantAttention`)."""
-    args = (x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed)
-    args += (qkv_bias, prefix)
+    args = (
+        x,
+        qkv_weight,
+        gate_pre,
+        proj_weight,
+        proj_bias,
+        hw,
+        head_dim,
+        scale,
+        keep_weights,
+        packed,
+        qkv_bias,
+        prefix,
+    )
     # A trace (torch.jit.trace) cannot record the autograd.Function: it records the forward's plain ops instead.
-    needs_grad = any(t is not None and t.requires_grad for t in (*args[:5], qkv_bias, prefix))
+    tensors = (x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix)
+    needs_grad = any(t is not None and t.requires_grad for t in tensors)
     if torch.is_grad_enabled() and needs_grad and not torch.jit.is_tracing():
         return _lean_training(*args)
     return _forward(*args)  # inference: no autograd.Function overhead

@@ -41,7 +41,7 @@ def prefix_attention(x: Tensor, qkv_weight: Tensor, qkv_bias: Tensor | None, num
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """Autocast's dtype where it is on, else x's."""
     enabled, dtype = autocast_state(x.device)
-    return dtype if enabled else x.dtype
+    return dtype if enabled and dtype is not None else x.dtype
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -3,9 +3,11 @@ baseline the fast module is benchmarked against. Not used by the models."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .circulant import CirculantAttention
 
@@ -17,7 +19,9 @@ def released_circulant_attention(attn: CirculantAttention, x: Tensor, hw: tuple[
     ``rfft2`` over dims (1, 2), the qkv weight applied to ``view_as_real`` of the spectrum."""
     B, N, C = x.shape
     H, W = hw
-    t = F.silu(F.linear(x, attn.gate[0].weight, attn.gate[0].bias))
+    assert attn.gate is not None, "the release gates every block (reweight='post')"
+    gate = cast(nn.Linear, attn.gate[0])
+    t = F.silu(F.linear(x, gate.weight, gate.bias))
     X = torch.fft.rfft2(x.view(B, H, W, C), dim=(1, 2), norm="ortho")
     qkv = F.linear(torch.view_as_real(X).transpose(-1, -2), attn.qkv.weight)
     if qkv.dtype == torch.bfloat16:  # bf16 autocast: view_as_complex takes no bfloat16 (the FFTs run in float32)

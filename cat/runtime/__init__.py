@@ -3,7 +3,7 @@ atomic I/O, config checks, seeding and RNG state, mixed precision, console progr
 errors end a run. Imports ``cat.models`` and below only."""
 
 from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for
-from .cells import settle_run_folder
+from .cells import typed_job_config
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
 from .entry import hydra_entry, report_user_errors
 from .folder import RunFolder, open_run_folder, run_dir_for
@@ -33,7 +33,7 @@ __all__ = [
     "report_user_errors",
     "run_dir_for",
     "run_job",
-    "settle_run_folder",
+    "typed_job_config",
     "capture_rng_state",
     "restore_rng_state",
     "seed_everything",

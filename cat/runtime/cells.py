@@ -8,7 +8,10 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import TypeVar
 
+from hydra.conf import SweepDir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
@@ -22,10 +25,11 @@ from .io import atomic_write_text
 from .logger import LOG_TIME_FORMAT, last_log_line
 from .resume import resume_relaunched_start_over
 from .rundir import check_writable
+from .schema import JobConfig, schema_problems, typed_config
 
 __all__ = [
     "sweep_of_cell",
-    "settle_run_folder",
+    "typed_job_config",
     "cell_dir",
     "command_line_problems",
     "write_overrides",
@@ -33,36 +37,44 @@ __all__ = [
     "other_failed_cells",
 ]
 
+Job = TypeVar("Job", bound=JobConfig)
 
-def sweep_of_cell() -> DictConfig | None:
+
+def sweep_of_cell() -> SweepDir | None:
     """Hydra's ``sweep`` settings (``dir``, ``subdir``: the cell's overrides) where this runs as a multirun's cell."""
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return HydraConfig.get().sweep
     return None
 
 
-def settle_run_folder(cfg: DictConfig) -> list[str]:
-    """Where and how a run writes, settled before its config is checked: a sweep cell's own folder
-    (:func:`_use_sweep_cell_dir`), and ``resume`` for a relaunch of a run started over
-    (:func:`cat.runtime.resume.resume_relaunched_start_over`). Returns the lines for the run's log."""
-    _use_sweep_cell_dir(cfg)
-    relaunch = resume_relaunched_start_over(cfg)
-    return [relaunch] if relaunch else []
+def typed_job_config(raw: DictConfig, schema: type[Job]) -> tuple[Job, list[str]]:
+    """The composed config, typed before anything reads it: checked against ``schema`` (ConfigError: every problem,
+    a line each), then settled where and how the run writes: a sweep cell's own folder (:func:`_in_sweep_cell`) and
+    ``resume`` for a relaunch of a run started over (:func:`cat.runtime.resume.resume_relaunched_start_over`).
+    Returns it with the lines for the run's log; the task's own checks (paths among them) come after."""
+    if problems := schema_problems(raw, schema):
+        raise ConfigError(problems)
+    cfg, relaunch = resume_relaunched_start_over(_in_sweep_cell(typed_config(raw, schema)))
+    return cfg, [relaunch] if relaunch else []
 
 
-def _use_sweep_cell_dir(cfg: DictConfig) -> None:
-    """In a Hydra multirun, point ``cfg.output_dir`` at the cell's own folder,
-    ``<hydra.sweep.dir>/<the cell's overrides>``: cells never share a folder, and relaunching the
-    sweep finds each cell's checkpoints where it left them. Its W&B run is named after the cell too, in
-    the sweep's group, so seeds and settings of one sweep are told apart there as well."""
-    if (sweep := sweep_of_cell()) is not None:
-        wandb = cfg.logger.wandb
-        cfg.output_dir = cell_dir(sweep)
-        wandb.name = f"{wandb.name}/{sweep.subdir}" if sweep.subdir else wandb.name
-        wandb.group = cfg.sweep_name if wandb.group is None else wandb.group
+def _in_sweep_cell(cfg: Job) -> Job:
+    """In a Hydra multirun, ``cfg`` with ``output_dir`` at the cell's own folder, ``<hydra.sweep.dir>/<the cell's
+    overrides>``: cells never share a folder, and relaunching the sweep finds each cell's checkpoints where it left
+    them. Its W&B run is named after the cell too, in the sweep's group, so seeds and settings of one sweep are told
+    apart there as well. Elsewhere ``cfg`` as it is."""
+    if (sweep := sweep_of_cell()) is None:
+        return cfg
+    wandb = cfg.logger.wandb
+    wandb = replace(
+        wandb,
+        name=f"{wandb.name}/{sweep.subdir}" if sweep.subdir else wandb.name,
+        group=cfg.sweep_name if wandb.group is None else wandb.group,
+    )
+    return replace(cfg, output_dir=cell_dir(sweep), logger=replace(cfg.logger, wandb=wandb))
 
 
-def cell_dir(sweep: DictConfig) -> str:
+def cell_dir(sweep: SweepDir) -> str:
     """The cell's folder, ``<hydra.sweep.dir>/<the cell's overrides>``, inside the sweep's folder (a value with
     ``/``, a checkpoint's path, nests it there). A name that would leave it (a ``..`` part) or that holds control
     characters is a ConfigError naming it."""
@@ -102,11 +114,11 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[s
         values = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
         sweep = override.value() if override.is_sweep_override() else None
         if isinstance(sweep, RangeSweep):
-            bounds = (sweep.start, sweep.stop, sweep.step)
-            if sweep.step == 0 or not all(math.isfinite(float(b)) for b in bounds):
+            start, stop, step = sweep.start, sweep.stop, sweep.step
+            if start is None or stop is None or step == 0 or not all(math.isfinite(b) for b in (start, stop, step)):
                 problems.append(f"{override.input_line}: a range needs a finite start and stop and a step other than 0")
                 continue
-            cells *= max(1, math.ceil((sweep.stop - sweep.start) / sweep.step))
+            cells *= max(1, math.ceil((stop - start) / step))
         elif isinstance(sweep, ChoiceSweep):
             values = [str(v) for v in sweep.list]
             cells *= max(1, len(values))
@@ -135,7 +147,7 @@ def write_overrides(folder: str) -> None:
     atomic_write_text(os.path.join(folder, "overrides.yaml"), OmegaConf.to_yaml(overrides))
 
 
-def record_refused_cell(sweep: DictConfig, message: str) -> None:
+def record_refused_cell(sweep: SweepDir, message: str) -> None:
     """A sweep cell refused before its run opened its folder (a bad value, a missing file) leaves its one line
     there, in the ``log.txt`` and ``overrides.yaml`` a run writes, so the sweep's table names how it ended rather
     than counting it as never started. A folder that already holds a log (an earlier run of the cell, or one that

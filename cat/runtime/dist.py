@@ -7,6 +7,7 @@ import socket
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,8 @@ __all__ = [
     "broadcast_object",
     "barrier",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistEnv:
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
             timeout=timedelta(seconds=timeout_s),
-            **({"device_id": dev} if use_cuda else {}),
+            device_id=dev if use_cuda else None,
         )
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
@@ -115,7 +118,7 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     return t
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
+def broadcast_object(obj: T, src: int = 0) -> T:
     """``obj`` from rank ``src`` on every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return obj

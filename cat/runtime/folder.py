@@ -7,7 +7,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 
@@ -19,7 +18,7 @@ from .io import atomic_write_text, owned_subfolder
 from .logger import setup_logging
 from .metrics import MetricSinks
 from .rundir import RunDirLock, run_folder_problem
-from .schema import config_yaml
+from .schema import JobConfig, config_yaml
 
 __all__ = ["RunFolder", "open_run_folder", "run_dir_for"]
 
@@ -43,7 +42,7 @@ class RunFolder:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def write_config(self, cfg: Any) -> None:
+    def write_config(self, cfg: JobConfig) -> None:
         """``config.yaml``: the (typed) config this run goes on with."""
         if self.is_main:
             atomic_write_text(self.file("config.yaml"), config_yaml(cfg))

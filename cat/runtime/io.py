@@ -22,7 +22,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -99,7 +99,7 @@ def open_owned(path: str, mode: str = "r") -> int:
     return fd
 
 
-def open_append(path: str) -> TextIO:
+def open_append(path: str) -> io.TextIOWrapper:
     """``path`` opened to append text (:func:`open_owned`); a character the text cannot encode is written escaped,
     so appending never raises on what a run logs (a file name that is not UTF-8)."""
     return open(open_owned(path, "a"), "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
@@ -141,7 +141,7 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
+def atomic_write(path: str, write: Callable[[io.BufferedWriter], object]) -> None:
     """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     refuse_planted(path)

@@ -20,7 +20,7 @@ from .logger import FILE_ONLY
 from .metrics import build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .rng import seed_everything
-from .schema import config_record, config_yaml
+from .schema import JobConfig, config_record, config_yaml
 
 __all__ = ["run_job", "JobBody"]
 
@@ -28,7 +28,7 @@ __all__ = ["run_job", "JobBody"]
 JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
 
 
-def run_job(cfg: Any, body: JobBody, notes: Sequence[str] = ()) -> dict[str, Any]:
+def run_job(cfg: JobConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[str, Any]:
     """The lifecycle of every cat job: start distributed (``cfg.device``), open and lock the run
     folder of ``cfg.mode`` under ``cfg.output_dir`` (its log starts with ``notes``, what was settled
     before the folder was open), seed each rank from ``cfg.seed``, run
@@ -111,7 +111,7 @@ def _record_failure(folder: RunFolder, env: DistEnv, error: Exception, timeout_s
         folder.log.error("the run ended with %s: %s", type(error).__name__, first_line[:300], extra=FILE_ONLY)
 
 
-def _finished_record(cfg: Any, folder: RunFolder) -> dict[str, Any] | None:
+def _finished_record(cfg: JobConfig, folder: RunFolder) -> dict[str, Any] | None:
     """The metrics of a training run this folder already finished with exactly this config, if any."""
     metrics_path, config_path = folder.file("metrics.json"), folder.file("config.yaml")
     if cfg.mode != "train" or not (os.path.isfile(metrics_path) and os.path.isfile(config_path)):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import netrc
 import os
 import re
 import secrets
 import sys
-from typing import TextIO
 
 from cat.errors import OutputError
 
@@ -60,7 +60,7 @@ class _RunLogHandler(logging.FileHandler):
     """``log.txt``, opened as every file a run appends to (:func:`cat.runtime.io.open_append`): never through a
     link or into a FIFO, and what it cannot encode written escaped rather than lost to a logging error."""
 
-    def _open(self) -> TextIO:
+    def _open(self) -> io.TextIOWrapper:
         return open_append(self.baseFilename)
 
 

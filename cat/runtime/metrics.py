@@ -77,7 +77,7 @@ class WandbSink:
     (``metrics.jsonl``, the checkpoints) is complete either way, and the next run resumes the W&B run."""
 
     def __init__(self, wandb_cfg: WandbConfig, output_dir: str, config: dict[str, Any]) -> None:
-        self.settings = {
+        self.settings: dict[str, Any] = {
             "mode": resolve_wandb_mode(wandb_cfg.mode),
             "project": wandb_cfg.project,
             "entity": wandb_cfg.entity,
@@ -181,7 +181,7 @@ class WandbSink:
         with contextlib.suppress(Exception):
             from wandb.sdk import wandb_setup
 
-            wandb_setup._singleton._connection._cleanup()
+            wandb_setup._singleton._connection._cleanup()  # type: ignore[union-attr, misc]
 
 
 class MetricSinks:

@@ -137,7 +137,8 @@ def batches_until_stopped(batches: Iterable[T], grace: float = 0.0) -> Iterator[
         except StopIteration:
             return
         except StopWhileWaiting:
-            restore_rng_state(before)
+            if before is not None:
+                restore_rng_state(before)
             raise
         finally:
             if _active is not None:

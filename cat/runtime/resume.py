@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from cat.errors import ConfigError
 
 from .rundir import launch_record, read_started_over, relaunch_of
-from .schema import FIXED, RECIPE, config_record, file_problem, key_rule
+from .schema import FIXED, RECIPE, JobConfig, config_record, file_problem, key_rule
 
 __all__ = [
     "resumes",
@@ -25,37 +26,39 @@ __all__ = [
     "START_OVER",
 ]
 
+Job = TypeVar("Job", bound=JobConfig)
 
-def resumes(cfg: Any, latest: str) -> bool:
+
+def resumes(cfg: JobConfig, latest: str) -> bool:
     """Whether a training run goes on from its folder's checkpoint (``latest``: the file there that marks
     one, e.g. ``last.pth``). It then holds the model: ``checkpoint=`` (and a backbone's pretrained weights),
     where the run started, are neither read again nor needed, and may have moved since."""
     return cfg.mode == "train" and bool(cfg.resume) and os.path.lexists(os.path.join(cfg.output_dir, latest))
 
 
-def resume_relaunched_start_over(cfg: Any) -> str | None:
+def resume_relaunched_start_over(cfg: Job) -> tuple[Job, str | None]:
     """A training run with ``resume=false`` that is a later start of the launch that started its folder over (the
     Slurm job requeued, torchrun restarting its workers) goes on with that run: the command is the same, and
-    starting over at every requeue would never finish a run longer than the job's time limit. Sets
-    ``cfg.resume`` and returns the line to log; None (and ``cfg`` as it was) for any other run."""
+    starting over at every requeue would never finish a run longer than the job's time limit. Returns ``cfg`` with
+    ``resume=true`` and the line to log; ``cfg`` as it is and None for any other run."""
     if cfg.mode != "train" or cfg.resume or (record := read_started_over(cfg.output_dir)) is None:
-        return None
+        return cfg, None
     now = launch_record()
     if not relaunch_of(record, now):
-        return None
-    cfg.resume = True
+        return cfg, None
     if now["slurm_restarts"] > record["slurm_restarts"]:
         start = f"Slurm job {now['slurm_job_id']}, now in its restart {now['slurm_restarts']} (requeued)"
     else:
         start = f"torchrun run {now['torchelastic_run_id']}, now in its worker restart {now['torchelastic_restarts']}"
-    return f"resume=false: this folder's run was started over by {start}; it goes on with that run (resume=true)"
+    line = f"resume=false: this folder's run was started over by {start}; it goes on with that run (resume=true)"
+    return replace(cfg, resume=True), line
 
 
 # How a refusal offers to start the folder over (RunDirLock.set_aside_earlier_run).
 START_OVER = "resume=false, which starts the folder over and keeps its earlier run in earlier_runs/"
 
 
-def starting_file_problem(cfg: Any, name: str, path: str) -> str | None:
+def starting_file_problem(cfg: JobConfig, name: str, path: str) -> str | None:
     """What is wrong with reading the file ``name=path`` a run starts from: not a file (:func:`file_problem`), or,
     in a training run with ``resume=false``, a file in its ``output_dir``, which the run moves into
     ``earlier_runs/`` before it reads it."""
@@ -92,7 +95,9 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, 
     }
 
 
-def check_resume(checkpoint: str, saved: dict[str, Any], cfg: Any, refused: Sequence[str] = ()) -> dict[str, list]:
+def check_resume(
+    checkpoint: str, saved: dict[str, Any], cfg: JobConfig, refused: Sequence[str] = ()
+) -> dict[str, list]:
     """The one resume rule of every trainer: the changes from the config ``checkpoint``'s run recorded (``saved``)
     to the typed config ``cfg``, after refusing (ConfigError, one line each) every change of a key the schema
     declares FIXED (:func:`~cat.runtime.schema.key`), with the trainer's own ``refused`` lines."""
@@ -105,7 +110,7 @@ def check_resume(checkpoint: str, saved: dict[str, Any], cfg: Any, refused: Sequ
     return changed
 
 
-def recipe_changes(changed: dict[str, list], cfg: Any) -> dict[str, list]:
+def recipe_changes(changed: dict[str, list], cfg: JobConfig) -> dict[str, list]:
     """Of a resume's ``changed`` keys, those of the recipe (RECIPE): they change the training from the resumed step
     on, so a run with no step left cannot take them."""
     return {k: v for k, v in changed.items() if key_rule(type(cfg), k) == RECIPE}

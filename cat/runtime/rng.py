@@ -4,7 +4,7 @@ uninterrupted one would have."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG states, in a form ``weights_only`` loading accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     state = {
         "python": random.getstate(),
         "numpy": {

@@ -1,8 +1,9 @@
-"""The typed configuration: one dataclass per config section, registered in Hydra's ConfigStore.
+"""The typed configuration: one dataclass per config section, a schema per job (:func:`register_schema`).
 
-A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type, its one-line doc, its
-range or choices and every other fact about it (what a resume may do with it, whether it names a sweep
-cell, what a run recorded before it existed had) live here, next to the field (:func:`key`).
+A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type (a ``Literal`` for a key with
+choices, so the type checker holds the code to them too), its one-line doc, its range and every other fact
+about it (what a resume may do with it, whether it names a sweep cell, what a run recorded before it existed
+had) live here, next to the field (:func:`key`).
 :func:`schema_problems` checks a composed config against its schema and names every problem on one line
 each, all at once: types, ranges, choices, keys the schema does not know and keys the config lacks. Cat
 checks after Hydra composes rather than putting the schema in Hydra's defaults list, because Hydra stops at
@@ -23,11 +24,10 @@ import math
 import os
 import types
 import typing
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, Literal, TypeGuard, TypeVar, Union
 
-from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -64,7 +64,7 @@ _ABSENT = object()
 # nothing: a change makes it another run, and the resume is refused.
 FREE, RECIPE, FIXED = "free", "recipe", "fixed"
 T = TypeVar("T")
-SCHEMA_GROUP = "schema"  # ConfigStore group: schema/cls, schema/det, schema/seg
+_SCHEMAS: dict[str, type] = {}  # by job: cls, det, seg
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
@@ -115,7 +115,6 @@ class _Check:
 def key(
     doc: str,
     *,
-    choices: Sequence[Any] | None = None,
     min: float | None = None,
     max: float | None = None,
     exclusive_min: bool = False,
@@ -127,8 +126,8 @@ def key(
     in_run_name: bool | None = None,
     absent_means: Any = _ABSENT,
 ) -> Any:
-    """A config key: its value comes from the YAML; ``doc`` says what it means; ``choices``,
-    ``min``/``max``, or a string's ``length`` (least, most characters) and the characters it may not hold
+    """A config key: its value comes from the YAML; ``doc`` says what it means; its annotation's ``Literal``
+    (its choices), ``min``/``max``, or a string's ``length`` (least, most characters) and the characters it may not hold
     (``forbid``) bound it (for a list, each element). ``required=False``: only some options of its group
     have it (a dataset's keys: :mod:`cat.data.registry` says which).
 
@@ -139,7 +138,7 @@ def key(
     value a run recorded before the key existed had, for rebuilding such a run's model from its record."""
     check = _Check(
         doc,
-        tuple(choices) if choices is not None else None,
+        None,
         min,
         max,
         exclusive_min,
@@ -163,7 +162,7 @@ def section(schema: type, doc: str, *, resume: str | None = None, in_run_name: b
 @dataclass
 class AmpConfig:
     enabled: bool = key("mixed precision (autocast) for training and evaluation")
-    dtype: str = key("the autocast dtype (fp16 adds a gradient scaler on CUDA)", choices=("bf16", "fp16"))
+    dtype: Literal["bf16", "fp16"] = key("the autocast dtype (fp16 adds a gradient scaler on CUDA)")
 
 
 @dataclass
@@ -183,10 +182,9 @@ class NetworkConfig:
     kwargs: dict[str, Any] = key(
         "extra model arguments, checked against the model's, e.g. {embed_dim: 64}", absent_means={}
     )
-    lean_attention: Any = key(
+    lean_attention: Literal["auto", True, False] = key(
         "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
         "true (every block: least memory) or false (autograd: faster, more memory)",
-        choices=("auto", True, False),
         resume=FREE,  # the same math, computed another way
         absent_means="auto",
     )
@@ -211,10 +209,9 @@ class ClusterConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = key(
+    mode: Literal["auto", "online", "offline", "disabled"] = key(
         "auto: online with an API key, else offline (and online falls back to offline when W&B's server is "
         "unreachable); disabled: no W&B (metrics.jsonl is always written)",
-        choices=("auto", "online", "offline", "disabled"),
         in_run_name=False,
     )
     # W&B's limits: another value fails W&B's init, or the sync of an offline run
@@ -237,7 +234,7 @@ class JobConfig:
     """The keys every cat job (train_cls.py, train_det.py, train_seg.py) has, with one meaning each."""
 
     name: str = key("run name: names output_dir and the W&B run", length=(1, 255))
-    mode: str = key("train, or eval a checkpoint", choices=("train", "eval"))
+    mode: Literal["train", "eval"] = key("train, or eval a checkpoint")
     output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
     checkpoint: str | None = key("eval: the weights to evaluate; training: the weights a run starts from")
     resume: bool = key("continue from output_dir's last checkpoint when there is one")
@@ -246,7 +243,7 @@ class JobConfig:
     )
     seed: int = key("random seed (each rank and epoch derives its own)", min=0, max=2**31 - 1, resume=FIXED)
     debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)", in_run_name=False)
-    device: str = key("auto: CUDA when available", choices=("auto", "cuda", "cpu"), in_run_name=False)
+    device: Literal["auto", "cuda", "cpu"] = key("auto: CUDA when available", in_run_name=False)
     amp: AmpConfig = section(AmpConfig, "mixed precision", resume=RECIPE)
     workers: int = key("data-loading processes per training process", min=0, in_run_name=False)
     dist_timeout_s: int = key(
@@ -268,22 +265,39 @@ class JobConfig:
 
 
 def register_schema(name: str, schema: type) -> None:
-    """Store ``schema`` as ``schema/<name>`` in Hydra's ConfigStore (and so for :func:`schema_of`)."""
-    ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=schema)
+    """Name ``schema`` as the job ``name``'s (for :func:`schema_of`: ``--help`` and the command-line check)."""
+    _SCHEMAS[name] = schema
 
 
 def schema_of(name: str) -> type:
-    """The dataclass stored as ``schema/<name>``."""
-    node = ConfigStore.instance().load(f"{SCHEMA_GROUP}/{name}.yaml").node
-    return OmegaConf.get_type(node)
+    """The schema registered as job ``name``'s."""
+    return _SCHEMAS[name]
 
 
-@functools.cache
+_KEYS_OF: dict[type, tuple[tuple[str, Any, _Check], ...]] = {}
+
+
 def _checks(schema: type) -> tuple[tuple[str, Any, _Check], ...]:
-    """Each key of ``schema``: its name, its type, its check. Cached: a schema is a class defined once, and every
+    """Each key of ``schema``: its name, its type, its check. Kept: a schema is a class defined once, and every
     composition (its folder-name keys), check and conversion walks it."""
-    hints = typing.get_type_hints(schema)
-    return tuple((f.name, hints[f.name], f.metadata["check"]) for f in dataclasses.fields(schema))
+    if schema not in _KEYS_OF:
+        hints = typing.get_type_hints(schema)
+        _KEYS_OF[schema] = tuple(
+            (f.name, hints[f.name], _with_choices(hints[f.name], f.metadata["check"]))
+            for f in dataclasses.fields(schema)
+        )
+    return _KEYS_OF[schema]
+
+
+def _with_choices(annotation: Any, check: _Check) -> _Check:
+    """``check`` with the choices a ``Literal`` annotation (or an optional one) names."""
+    tp, _ = _unwrap_optional(annotation)
+    return dataclasses.replace(check, choices=typing.get_args(tp)) if typing.get_origin(tp) is Literal else check
+
+
+def _is_section(tp: Any) -> TypeGuard[type[Any]]:
+    """Whether a key's annotation is a section of keys (a dataclass) rather than a value."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -305,6 +319,8 @@ def _type_name(tp: Any) -> str:
 def _is_type(value: Any, tp: Any) -> bool:
     if tp is Any:
         return True
+    if typing.get_origin(tp) is Literal:  # one of the choices, of its type too (0 is not False)
+        return any(type(value) is type(choice) and value == choice for choice in typing.get_args(tp))
     if tp is bool:
         return isinstance(value, bool)
     if isinstance(value, bool):
@@ -340,7 +356,7 @@ def mapping_problems(node: dict[str, Any], schema: type, prefix: str = "") -> li
                 problems.append(f"{path}: missing from the config")
             continue
         value = node[name]
-        if dataclasses.is_dataclass(annotation):
+        if _is_section(annotation):
             if isinstance(value, dict):
                 problems += mapping_problems(value, annotation, path + ".")
             else:
@@ -382,11 +398,11 @@ def section_keys(schema: type, path: str) -> list[str] | None:
     for a free-form mapping (``model.kwargs``), [] for a single value or a path the schema lacks."""
     section: Any = schema
     for name in filter(None, path.split(".")):
-        if not dataclasses.is_dataclass(section):
+        if not _is_section(section):
             break  # inside a mapping or below a value: what that is decides
         fields = {n: a for n, a, _ in _checks(section)}
         section = _unwrap_optional(fields[name])[0] if name in fields else None
-    if dataclasses.is_dataclass(section):
+    if _is_section(section):
         return [name for name, _, _ in _checks(section)]
     return None if _is_mapping(section) else []
 
@@ -398,10 +414,17 @@ def _is_mapping(tp: Any) -> bool:
 def schema_problems(cfg: DictConfig, schema: type) -> list[str]:
     """Every way ``cfg`` departs from ``schema``, one line each (``key=value: expected ...``)."""
     try:
-        node = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        node = _plain(cfg)
     except Exception as error:  # an interpolation that does not resolve, or a ??? value left
         return [f"{str(error).strip().splitlines()[0]}"]
     return mapping_problems(node, schema)
+
+
+def _plain(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as plain data, interpolations resolved (a ??? value left raises)."""
+    node = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(node, dict)  # a DictConfig's container
+    return typing.cast(dict[str, Any], node)
 
 
 def typed_section(schema: type[T], node: dict[str, Any]) -> T:
@@ -410,14 +433,14 @@ def typed_section(schema: type[T], node: dict[str, Any]) -> T:
     values = {}
     for name, annotation, _ in _checks(schema):
         value = node.get(name)
-        values[name] = typed_section(annotation, value) if dataclasses.is_dataclass(annotation) else value
+        values[name] = typed_section(annotation, value or {}) if _is_section(annotation) else value
     return schema(**values)
 
 
 def typed_config(cfg: DictConfig, schema: type[T]) -> T:
     """``cfg``, composed by Hydra and checked against ``schema`` (:func:`schema_problems` found nothing), as the
     schema's dataclasses, interpolations resolved: the object every component reads its own section of."""
-    return typed_section(schema, OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+    return typed_section(schema, _plain(cfg))
 
 
 def config_record(cfg: Any) -> dict[str, Any]:
@@ -443,7 +466,7 @@ def _key_facts(schema: type, path: str) -> list[_Check]:
     into a mapping (``model.kwargs.depth``) stops at the mapping's key, one the schema lacks where it leaves it."""
     facts, section_type = [], schema
     for name in path.split("."):
-        fields = {n: (a, c) for n, a, c in _checks(section_type)} if dataclasses.is_dataclass(section_type) else {}
+        fields = {n: (a, c) for n, a, c in _checks(section_type)} if _is_section(section_type) else {}
         if name not in fields:
             break
         section_type, check = fields[name]
@@ -479,7 +502,7 @@ def schema_keys(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]
     """Every key of ``schema``: (dotted name, expected type and bounds, doc)."""
     for name, annotation, check in _checks(schema):
         path = prefix + name
-        if dataclasses.is_dataclass(annotation):
+        if _is_section(annotation):
             yield from schema_keys(annotation, path + ".")
             continue
         tp, nullable = _unwrap_optional(annotation)

@@ -84,7 +84,7 @@ def model_from_args(args: argparse.Namespace) -> nn.Module:
     entries = None if args.checkpoint is None else load_checkpoint_file(args.checkpoint)
     state_dict = None if entries is None else extract_state_dict(entries, args.checkpoint, use_ema=args.ema)
     trained = recorded_config(entries)
-    if trained is not None and args.model is None:
+    if trained is not None and state_dict is not None and args.model is None:
         return _model_of_run(args, trained, state_dict, overrides).eval()
     args.model = args.model or args.default_model
     args.img_size = args.img_size or args.default_img_size

@@ -23,6 +23,8 @@ def _axis_length(override) -> int:
     value = override.value()
     if isinstance(value, RangeSweep):
         start, stop, step = value.start, value.stop, value.step or 1
+        if start is None or stop is None:
+            raise ConfigError(f"{override.input_line}: a range needs a start and a stop")
         return max(0, math.ceil((stop - start) / step))
     if isinstance(value, ChoiceSweep):
         return len(value.list)

@@ -5,6 +5,7 @@ processes, and peak memory."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,7 +121,7 @@ def op_differences(runs: Sequence[dict[str, dict[str, float]]], baseline: str, n
     can put the same operator tens of ms apart from one run to the next on a shared CPU; a difference with the
     same sign in every process is one the two functions make."""
     ops = set().union(*(set(run[baseline]) | set(run[name]) for run in runs))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for op in ops:
         base = [run[baseline].get(op, 0.0) for run in runs]
         own = [run[name].get(op, 0.0) for run in runs]

@@ -21,7 +21,7 @@ from timm.data.auto_augment import RandAugment
 from cat.classification.builders import build_mixup
 from cat.data import build_transform
 from cat.data.augment import POSTERIZE_OPS, install_timm_augment_fixes, posterize
-from tests.conftest import REPO, compose_config
+from tests.conftest import REPO, typed_cls
 
 CLS_EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "cls" / "experiment").glob("*.yaml"))
 SWEEP_SIZE = 32  # the transforms' output size here: the ops do not depend on it
@@ -35,10 +35,10 @@ def recipes() -> dict[str, object]:
     collects every file, and composing the 31 experiments takes seconds."""
     found = {}
     for experiment in CLS_EXPERIMENTS:
-        cfg = compose_config("cls", f"experiment={experiment}", "data=folder", f"data.img_size={SWEEP_SIZE}")
+        cfg = typed_cls(f"experiment={experiment}", "data=folder", f"data.img_size={SWEEP_SIZE}")
         if cfg.aug.auto_augment is None and cfg.aug.mixup == 0 and cfg.aug.cutmix == 0:
             continue  # the quick-start's aug=none
-        found.setdefault(repr(sorted(cfg.aug.items())), (experiment, cfg))
+        found.setdefault(repr(cfg.aug), (experiment, cfg))
     assert found, "no shipped classification recipe with augmentation"
     return dict(found.values())
 

@@ -1,26 +1,28 @@
-"""The dataset builders: tensor sets, the ImageNet folder layout and its errors."""
+"""The dataset builders: tensor sets, the ImageNet folder layout and its errors. Each gets the typed sections a run
+gives it (tests.conftest.typed_cls)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from omegaconf import OmegaConf
 from PIL import Image
 
 from cat.data import build_dataset
 from cat.errors import ConfigError, DataError
-from tests.conftest import compose_config
+from tests.conftest import typed_cls
 
 
 def test_tensor_sets():
-    digits = build_dataset(compose_config("cls").data, None, "train")
-    image, label = digits[0]
+    cfg = typed_cls()
+    image, label = build_dataset(cfg.data, cfg.aug, "train")[0]
     assert image.shape == (3, 32, 32) and 0 <= int(label) < 10
-    data = compose_config("cls", "data=synthetic", "data.samples_per_class=3").data
-    assert len(build_dataset(data, None, "val")) == 3 * data.num_classes
+    cfg = typed_cls("data=synthetic", "data.samples_per_class=3")
+    assert len(build_dataset(cfg.data, cfg.aug, "val")) == 3 * cfg.data.num_classes
 
 
 def test_image_folder_and_its_errors(tmp_path):
-    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
+    cfg = typed_cls("data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
     with pytest.raises(DataError, match="dataset split folder not found"):
         build_dataset(cfg.data, cfg.aug, "train")
     (tmp_path / "train").mkdir()
@@ -37,14 +39,14 @@ def test_image_folder_and_its_errors(tmp_path):
     assert image.shape == (3, 32, 32) and label == 0 and dataset.classes == ["cat"]
     with pytest.raises(ConfigError, match="split must be"):
         build_dataset(cfg.data, cfg.aug, "test")
-    with pytest.raises(ConfigError, match="unknown dataset"):
-        build_dataset(OmegaConf.merge(cfg.data, {"name": "mnist"}), cfg.aug, "train")
+    with pytest.raises(ConfigError, match=r"data=folder needs data.root=/path/to/dataset"):
+        build_dataset(replace(cfg.data, root=None), cfg.aug, "train")
 
 
 def test_val_folders_must_be_the_train_classes(tmp_path):
     """Labels are indices into each split's sorted class folders: a class missing from val shifts
     every later label, which only a comparison with train can catch."""
-    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
+    cfg = typed_cls("data=folder", f"data.root={tmp_path}", "data.img_size=32", "aug=none")
     for split, classes in (("train", ["ant", "bee", "cat"]), ("val", ["bee", "cat"])):
         for name in classes:
             (tmp_path / split / name).mkdir(parents=True)
@@ -60,28 +62,46 @@ def test_val_folders_must_be_the_train_classes(tmp_path):
 
 
 def test_each_format_is_one_entry_that_the_schema_the_checks_and_the_reader_follow(tmp_path, monkeypatch):
-    """data.format's choices and doc, the layout a missing root is told, the cache rule and the reader a split is
-    built with all come from cat.data.registry.FORMATS: a format added there is read, named and checked."""
-    from dataclasses import fields, replace
+    """data.format's choices are the FormatName Literal (the type checker holds the code to them), each with one
+    FORMATS entry and one reader; the key's doc, --help's choices, the layout a missing root is told, the cache rule
+    and the reader a split is built with all come from those: a format added there is read, named and checked."""
+    from typing import get_args
 
-    from cat.data import FORMATS, DataConfig, data_root_problem, dataset_problems, registry
+    from cat.classification.schema import ClsConfig
+    from cat.data import FORMATS, data_root_problem, dataset_problems, registry
+    from cat.data import build as builders
+    from cat.runtime.schema import schema_keys
 
-    declared = next(f for f in fields(DataConfig) if f.name == "format").metadata["check"]
-    assert declared.choices == tuple(FORMATS) and all(spec.doc in declared.doc for spec in FORMATS.values())
+    assert get_args(registry.FormatName) == tuple(FORMATS) == tuple(builders.FORMAT_READERS)
+    assert get_args(registry.DatasetName) == tuple(registry.DATASETS) == tuple(builders.READERS)
+    _, expected, doc = next(key for key in schema_keys(ClsConfig) if key[0] == "data.format")
+    assert expected == "one of folder, zip, tar" and all(spec.doc in doc for spec in FORMATS.values())
     read = []
-    npz = replace(
-        FORMATS["folder"],
-        read=lambda data, aug, request: read.append((data.format, request.split, request.rank)) or [],
-        layout="{train}.npz and {val}.npz arrays",
-        caches=True,
-    )
+    npz = replace(FORMATS["folder"], layout="{train}.npz and {val}.npz arrays", caches=True)
     monkeypatch.setitem(registry.FORMATS, "npz", npz)
-    cfg = compose_config("cls", "data=folder", f"data.root={tmp_path}", "aug=none")
-    data = OmegaConf.merge(cfg.data, {"format": "npz", "cache_mode": "part"})
-    assert build_dataset(data, cfg.aug, "val", rank=1, world=2) == [] and read == [("npz", "val", 1)]
+    monkeypatch.setitem(
+        builders.FORMAT_READERS,
+        "npz",
+        lambda data, aug, request: read.append((data.format, request.split, request.rank)),
+    )
+    cfg = typed_cls("data=folder", f"data.root={tmp_path}", "aug=none")
+    data = replace(cfg.data, format="npz", cache_mode="part")
+    assert build_dataset(data, cfg.aug, "val", rank=1, world=2) is None and read == [("npz", "val", 1)]
     assert dataset_problems(data) == []  # it caches: cache_mode is its key too
-    missing = OmegaConf.merge(data, {"root": str(tmp_path / "absent")})
-    assert data_root_problem(missing).endswith("needs train.npz and val.npz arrays)")
-    assert dataset_problems(OmegaConf.merge(data, {"format": "tar"})) == [
+    assert data_root_problem(replace(data, root=str(tmp_path / "absent"))).endswith(
+        "needs train.npz and val.npz arrays)"
+    )
+    assert dataset_problems(replace(data, format="tar")) == [
         "data.cache_mode=part: caches a zip or npz (data.format=zip or npz), not a tar"
     ]
+
+
+def test_a_dataset_or_format_outside_the_schema_is_refused_before_any_reader():
+    """The readers are reached only with a name the schema's Literal allows: one it does not is a config problem."""
+    from cat.classification.schema import ClsConfig
+    from cat.runtime.schema import schema_problems
+    from tests.conftest import compose_config
+
+    problems = schema_problems(compose_config("cls", "data=folder", "data.name=mnist", "data.format=zp"), ClsConfig)
+    assert [p.split(":")[0] for p in problems] == ["data.name='mnist'", "data.format='zp'"], problems
+    assert "expected one of imagenet, folder, digits, synthetic" in problems[0]

@@ -12,7 +12,7 @@ import torch
 from cat.errors import ConfigError, DataError
 from cat.runtime.dist import DistEnv
 from cat.runtime.resume import START_OVER
-from tests.conftest import as_typed, compose_config, mm_builder, refusal_line, typed_config
+from tests.conftest import as_typed, checked_config, compose_config, mm_builder, refusal_line, typed_config
 from tests.entry_cases import run_entry_cases
 
 pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -147,23 +147,16 @@ def test_backbone_levels_must_match_the_heads(task, override, expected, tmp_path
     a timm ResNet's first four levels (strides 2-16) trained a toy detector to bbox_mAP_50 0.0 where its levels
     1-4 reach 0.16. Refused with the indices that fit; an index past the last level is named (it was an
     IndexError). The fitting indices pass, as do UperNet's heads, which name no strides."""
-    from cat.mm.checks import check_mm_config
-    from cat.runtime.schema import schema_of
 
     (tmp_path / "data").mkdir()
     common = [f"data.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled"]
     with pytest.raises(ConfigError) as refused:
-        check_mm_config(compose_config(task, *common, override), schema_of(task))
+        checked_config(task, *common, override)
     (problem,) = refused.value.problems
     assert problem.startswith("model.backbone.out_indices=") and expected in problem, problem
     if "resnet18" in override:
-        check_mm_config(
-            compose_config(task, *common, override, "model.backbone.out_indices=[1,2,3,4]"), schema_of(task)
-        )
-    check_mm_config(
-        compose_config("seg", *common, "experiment=toy_upernet_ca_swin", "model.backbone.name=resnet18"),
-        schema_of("seg"),
-    )
+        checked_config(task, *common, override, "model.backbone.out_indices=[1,2,3,4]")
+    checked_config("seg", *common, "experiment=toy_upernet_ca_swin", "model.backbone.name=resnet18")
 
 
 @pytest.mark.parametrize("task", ["det", "seg"])
@@ -398,15 +391,12 @@ def test_backbone_grad_checkpointing_recomputes_and_matches(name):
 def test_a_base_config_names_a_file_and_runs_nothing_else(base, refusal, tmp_path):
     """``model.base``: a packaged base resolves inside its package's config tree, or the check refuses it in one
     line; nothing named is imported or executed on the way (an mmengine config is Python)."""
-    from cat.mm.checks import check_mm_config
-    from cat.runtime.schema import schema_of
 
     marker = tmp_path / "ran"
     (tmp_path / "payload.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     spec = base.format(up="../" * 30, tmp=str(tmp_path).lstrip("/") if "{up}" in base else tmp_path)
-    raw = compose_config("det", f"model.base={spec}", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}")
     with pytest.raises(ConfigError) as refused:
-        check_mm_config(raw, schema_of("det"))
+        checked_config("det", f"model.base={spec}", f"data.root={tmp_path}", f"output_dir={tmp_path / 'run'}")
     assert any(refusal in problem for problem in refused.value.problems), refused.value.problems
     assert not marker.exists()
 

@@ -131,15 +131,17 @@ def test_a_relaunch_of_a_run_started_over_goes_on_with_it(tmp_path, monkeypatch,
     """resume=false starts the folder over once per launch: the same command requeued by Slurm (or its workers
     restarted by torchrun) goes on with the run that launch started, rather than starting it over at every
     requeue; a new launch, even by hand inside the same Slurm allocation, starts over as asked."""
-    from cat.runtime import settle_run_folder
+    from cat.runtime import typed_job_config
+    from cat.runtime.schema import schema_of
 
     (run_folder(tmp_path) / "last.pth").write_text("the earlier run")
     _launch(monkeypatch, **started_by)
     open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
     (tmp_path / "last.pth").write_text("this launch's run")
     _launch(monkeypatch, **relaunch)
-    cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", "resume=false")
-    notes = settle_run_folder(cfg)
+    cfg, notes = typed_job_config(
+        compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", "resume=false"), schema_of("cls")
+    )
     assert cfg.resume is (goes_on is not None)
     if goes_on is None:
         assert notes == []
@@ -157,14 +159,15 @@ def test_a_relaunch_of_a_run_started_over_goes_on_with_it(tmp_path, monkeypatch,
 def test_settling_the_folder_leaves_other_runs_as_they_are(tmp_path, monkeypatch):
     """Only a training run with resume=false reads the launch record: an eval of the folder, or a resume=true
     run, does not, even where it is damaged."""
-    from cat.runtime import settle_run_folder
+    from cat.runtime import typed_job_config
+    from cat.runtime.schema import schema_of
 
     (tmp_path / ".started_over").write_text("not json")
     _launch(monkeypatch, job="41", restarts=1)
     for overrides in (["mode=eval", "resume=false"], ["resume=true"]):
-        cfg = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", *overrides)
-        resume = cfg.resume
-        assert settle_run_folder(cfg) == [] and cfg.resume == resume
+        raw = compose_config("cls", *TINY_CLS, f"output_dir={tmp_path}", *overrides)
+        cfg, notes = typed_job_config(raw, schema_of("cls"))
+        assert notes == [] and cfg.resume == raw.resume
 
 
 # Two ranks of a real gloo group; rank 1 joins, then never reaches the collective (a lost node, as seen

@@ -9,15 +9,16 @@ import socket
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
 from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
+from cat.runtime.schema import LoggerConfig, WandbConfig
 from tests import prewarmed
 from tests.conftest import REPO
 
-LOGGER = OmegaConf.create(
-    {"wandb": {"mode": "disabled", "project": "p", "entity": None, "tags": [], "name": "n", "group": None}}
-)
+
+def logger_section(mode: str = "disabled") -> LoggerConfig:
+    """The typed ``logger`` section a run hands its metric sinks."""
+    return LoggerConfig(WandbConfig(mode=mode, project="p", entity=None, tags=[], name="n", group=None))
 
 
 def test_history_lines_and_replayed_steps(tmp_path):
@@ -45,19 +46,19 @@ def test_history_lines_and_replayed_steps(tmp_path):
 
 
 def test_fan_out_and_ranks(tmp_path):
-    sinks = build_metric_sinks(LOGGER, str(tmp_path), {}, is_main=True, training=True)
+    sinks = build_metric_sinks(logger_section(), str(tmp_path), {}, is_main=True, training=True)
     assert [type(s).__name__ for s in sinks.sinks] == ["JsonlSink"]  # W&B disabled
     sinks.log({"a": 1.0}, 1)
     sinks.finish()
     sinks.finish()  # idempotent: the lifecycle finishes whatever the body did
     assert read_history(tmp_path / METRICS_HISTORY)[0]["a"] == 1.0
-    other = build_metric_sinks(LOGGER, str(tmp_path / "nowhere"), {}, is_main=False, training=True)
+    other = build_metric_sinks(logger_section(), str(tmp_path / "nowhere"), {}, is_main=False, training=True)
     other.log({"a": 1.0}, 1)
     assert other.sinks == [] and not (tmp_path / "nowhere").exists()
 
 
 def test_wandb_only_for_training_runs(tmp_path):
-    logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "offline"}})
+    logger = logger_section("offline")
     assert len(build_metric_sinks(logger, str(tmp_path), {}, is_main=True, training=False).sinks) == 1
     sinks = build_metric_sinks(logger, str(tmp_path), {}, is_main=True, training=True)
     assert [type(s).__name__ for s in sinks.sinks] == ["JsonlSink", "WandbSink"]
@@ -77,11 +78,10 @@ def test_no_file_until_the_first_line(tmp_path):
 # step's stop signal reaches it), or after the run finished (submitit requeues a preempted cell as it closes).
 SERVICE_ENDS = """
 import contextlib, os, signal, sys, time
-from omegaconf import OmegaConf
 from cat.runtime.logger import setup_logging
 from cat.runtime.metrics import build_metric_sinks
 from tests.conftest import descendant_pids
-from tests.runtime.test_metrics import LOGGER
+from tests.runtime.test_metrics import logger_section
 
 def end_service():
     for pid in services:
@@ -91,7 +91,7 @@ def end_service():
         time.sleep(0.05)
 
 setup_logging(True)
-logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "offline"}})
+logger = logger_section("offline")
 sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
 sinks.log({"a": 1.0}, 1)  # starts the W&B run and its service process
 services = descendant_pids(os.getpid())
@@ -133,13 +133,12 @@ def test_a_lost_wandb_service_ends_only_wandb(tmp_path, when):
 # A compute node without a route to W&B's server, whose shared home holds the user's API key: `auto` goes online.
 UNREACHABLE_SERVER = """
 import sys
-from omegaconf import OmegaConf
 from cat.runtime.logger import setup_logging
 from cat.runtime.metrics import build_metric_sinks
-from tests.runtime.test_metrics import LOGGER
+from tests.runtime.test_metrics import logger_section
 
 setup_logging(True)
-logger = OmegaConf.merge(LOGGER, {"wandb": {"mode": "auto"}})
+logger = logger_section("auto")
 sinks = build_metric_sinks(logger, sys.argv[1], {}, is_main=True, training=True)
 for step in (1, 2, 3):
     sinks.log({"a": float(step)}, step)

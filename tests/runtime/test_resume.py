@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from cat.classification.checks import check_config
 from cat.errors import ConfigError
 from cat.runtime.resume import (
     START_OVER,
@@ -24,11 +23,11 @@ from cat.runtime.resume import (
     starting_file_problem,
 )
 from cat.runtime.schema import config_record
-from tests.conftest import compose_config
+from tests.conftest import checked_config
 
 
 def _cfg(tmp_path, *overrides: str):
-    return check_config(compose_config("cls", f"output_dir={tmp_path / 'run'}", *overrides))
+    return checked_config("cls", f"output_dir={tmp_path / 'run'}", *overrides)
 
 
 def _with(cfg, **changes):
@@ -104,7 +103,7 @@ def test_a_relaunched_start_over_goes_on_with_its_run(tmp_path, monkeypatch, lau
     (tmp_path / "run" / ".started_over").write_text(json.dumps(record))
     for name, value in launch.items():
         monkeypatch.setenv(name, value)
-    line = resume_relaunched_start_over(cfg)
-    assert (line is not None) == goes_on and cfg.resume == goes_on
+    settled, line = resume_relaunched_start_over(cfg)
+    assert (line is not None) == goes_on and settled.resume == goes_on and not cfg.resume
     if goes_on:
         assert "Slurm job 7, now in its restart 1 (requeued)" in line

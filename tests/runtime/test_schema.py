@@ -4,7 +4,7 @@ conforming, and the checker's verdicts on hand-made configs (in-process, no trai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from omegaconf import OmegaConf
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from cat.classification.schema import ClsConfig
 from cat.mm.schema import DetConfig, SegConfig
 from cat.runtime.schema import key, schema_help, schema_keys, schema_of, schema_problems, section
-from tests.conftest import REPO, compose_config, run_folder
+from tests.conftest import REPO, checked_config, compose_config, run_folder
 
 SCHEMAS = {"cls": ClsConfig, "det": DetConfig, "seg": SegConfig}
 
@@ -125,7 +125,8 @@ class _Inner:
 
 @dataclass
 class _Outer:
-    mode: str = key("a choice", choices=("a", "b"))
+    mode: Literal["a", "b"] = key("a choice")
+    lean: Literal["auto", True, False] = key("a choice of a string or a boolean", required=False)
     rate: float | None = key("a rate", min=0, max=1, exclusive_max=True)
     only_sometimes: int = key("may be absent", min=0, required=False)
     inner: _Inner = section(_Inner, "nested")
@@ -136,6 +137,9 @@ class _Outer:
     [
         ({"mode": "a", "rate": None, "inner": {"size": [1, 2], "extra": {"x": [1]}}}, []),
         ({"mode": "a", "rate": 0.5, "only_sometimes": 3, "inner": {"size": [], "extra": {}}}, []),
+        ({"mode": "b", "lean": False, "rate": 0, "inner": {"size": [1], "extra": {}}}, []),
+        ({"mode": "b", "lean": 0, "rate": 0, "inner": {"size": [1], "extra": {}}}, ["lean=0"]),  # 0 is not False
+        ({"mode": "b", "lean": "true", "rate": 0, "inner": {"size": [1], "extra": {}}}, ["lean='true'"]),
         ({"mode": "c", "rate": 1, "inner": {"size": [0], "extra": {}}}, ["mode='c'", "rate=1", "inner.size=[0]"]),
         (
             {"mode": "a", "rate": float("nan"), "inner": {"size": [True], "extra": []}},
@@ -161,9 +165,7 @@ def test_help_lists_documented_keys_with_their_values():
 
 def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     """checkpoint= a run's folder (for the best.pth in it) is not 'no such file': both trainers say what is there."""
-    from cat.classification.checks import check_config
     from cat.errors import ConfigError
-    from cat.mm.checks import check_mm_config
     from cat.runtime.schema import file_problem
 
     run = tmp_path / "run"
@@ -176,18 +178,18 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     assert file_problem("checkpoint", str(tmp_path / "gone.pth")) == f"checkpoint={tmp_path / 'gone.pth'}: no such file"
     named = f"checkpoint={run}: a folder, not a file (it holds best.pth, last.pth: give one)"
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_config("cls", f"checkpoint={run}", f"output_dir={tmp_path / 'out'}"))
+        checked_config("cls", f"checkpoint={run}", f"output_dir={tmp_path / 'out'}")
     assert named in refused.value.problems
     # resume=false moves the folder's files aside before the run reads them: its own best.pth cannot start it.
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_config("cls", f"checkpoint={run / 'best.pth'}", f"output_dir={run}", "resume=false"))
+        checked_config("cls", f"checkpoint={run / 'best.pth'}", f"output_dir={run}", "resume=false")
     assert refused.value.problems == [
         f"checkpoint={run / 'best.pth'}: inside output_dir, whose files resume=false moves into earlier_runs/ before "
         "the run starts; copy it elsewhere first, or choose another output_dir"
     ]
     pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
     with pytest.raises(ConfigError) as refused:
-        check_mm_config(compose_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}"), schema_of("seg"))
+        checked_config("seg", f"model.pretrained={run}", f"data.root={tmp_path}")
     assert f"model.pretrained={run}: a folder, not a file (it holds best.pth, last.pth: give one)" in (
         refused.value.problems
     )
