@@ -19,7 +19,8 @@ from cat.runtime import DistEnv, Precision, RunFolder, run_job, typed_job_config
 from .builders import build_model, num_classes_of, val_loader
 from .checkpoints import recorded_config
 from .checks import check_config
-from .loops import evaluate, measure_throughput
+from .loops import measure_throughput
+from .metrics import EVAL_METRICS, console_text, evaluate, split_names
 from .schema import ClsConfig
 from .trainer import fit
 
@@ -76,17 +77,18 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     for prefix, model in models.items():
         result = evaluate(model, loader, env, precision)
         folder.log.info(
-            "eval %s%s: top1 %.2f top5 %.2f loss %.4f on %d images",
+            "eval %s%s: %s on %d images",
             checkpoint,
             ", its weight EMA" if prefix else "",
-            result["top1"],
-            result["top5"],
-            result["loss"],
+            console_text(result),
             result["num_images"],
         )
-        metrics.update({f"{prefix}{k}": v for k, v in result.items() if not prefix or k != "num_images"})
-    folder.metrics.log({f"eval/{k}": v for k, v in metrics.items() if k != "num_images"}, step=0)
-    return {**metrics, "checkpoint": os.path.abspath(checkpoint)}
+        metrics.update({f"{prefix}{metric.name}": result[metric.name] for metric in EVAL_METRICS})
+        metrics.setdefault("num_images", result["num_images"])
+    # One name per metric (cat.classification.metrics): eval/<name> in metrics.json, metrics.jsonl and W&B.
+    record = split_names("eval", metrics)
+    folder.metrics.log({k: v for k, v in record.items() if k != "eval/num_images"}, step=0)
+    return {**record, "checkpoint": os.path.abspath(checkpoint)}
 
 
 def _val_set(cfg: ClsConfig, env: DistEnv) -> SplitDataset:

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from cat.errors import UserError
 from cat.runtime.amp import Precision
 from cat.runtime.clock import time_calls
-from cat.runtime.console import StepProgress, progress_bar
+from cat.runtime.console import StepProgress
 from cat.runtime.dist import DistEnv, all_reduce_sum
 from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.meter import IntervalStats, StepMeter
@@ -40,7 +40,6 @@ __all__ = [
     "EpochResult",
     "NonFiniteLossError",
     "train_one_epoch",
-    "evaluate",
     "measure_throughput",
 ]
 
@@ -285,41 +284,6 @@ def train_one_epoch(
         interrupted=interrupted,
         progress=mine,
     )
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], env: DistEnv, precision: Precision
-) -> dict[str, float]:
-    """Top-1, top-5 (percent) and mean cross-entropy over the whole split, summed across ranks."""
-    model.eval()
-    criterion = nn.CrossEntropyLoss(reduction="sum")
-    totals = torch.zeros(4, dtype=torch.float64, device=env.device)  # loss, top1, top5, count
-    for images, targets in progress_bar(loader, "eval", env.is_main):
-        images = precision.inputs(images)
-        targets = targets.to(env.device, non_blocking=True)
-        with precision.autocast():
-            logits = model(images)
-        logits = logits.float()
-        k = min(5, logits.shape[1])
-        top = logits.topk(k, dim=1).indices
-        hit = top.eq(targets[:, None])
-        totals += torch.stack(
-            [
-                criterion(logits, targets).double(),
-                hit[:, 0].sum().double(),
-                hit.any(dim=1).sum().double(),
-                torch.tensor(float(len(targets)), dtype=torch.float64, device=env.device),
-            ]
-        )
-    all_reduce_sum(totals)
-    n = totals[3].clamp(min=1)
-    return {
-        "top1": (100 * totals[1] / n).item(),
-        "top5": (100 * totals[2] / n).item(),
-        "loss": (totals[0] / n).item(),
-        "num_images": int(totals[3].item()),
-    }
 
 
 @torch.inference_mode()

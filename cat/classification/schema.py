@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cat.data import AugConfig, DataConfig
-from cat.runtime.schema import FIXED, FREE, RECIPE, JobConfig, NetworkConfig, key, register_schema, section
+from cat.runtime.schema import FIXED, FREE, GROW, RECIPE, JobConfig, NetworkConfig, key, register_schema, section
 
 __all__ = [
     "ClsConfig",
@@ -101,7 +101,7 @@ class ClsConfig(JobConfig):
     aug: AugConfig = section(AugConfig, "training augmentation (timm's)", resume=FIXED)
     optim: OptimConfig = section(OptimConfig, "the optimizer (timm's)", resume=RECIPE)
     schedule: ScheduleConfig = section(ScheduleConfig, "the learning-rate schedule (timm's)", resume=RECIPE)
-    epochs: int = key("training epochs", min=1, max=100_000)
+    epochs: int = key("training epochs", min=1, max=100_000, resume=GROW)
     batch_size: int = key(
         "images per process and forward; the global batch is batch_size x world x accum_steps", min=1, resume=FIXED
     )

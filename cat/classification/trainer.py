@@ -17,11 +17,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cat.data import ZipImageDataset, file_format
-from cat.errors import CheckpointError, ConfigError
+from cat.errors import CheckpointError
 from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
 from cat.runtime.io import open_append
 from cat.runtime.preemption import stop_requested
-from cat.runtime.resume import check_resume, describe_changes, recipe_changes, refuse_shorter_run
+from cat.runtime.resume import Progress, check_resume, describe_changes
 from cat.runtime.schema import config_record
 
 from .builders import (
@@ -33,7 +33,8 @@ from .builders import (
     build_train_state,
 )
 from .checkpoints import CheckpointManager
-from .loops import EpochProgress, EpochResult, NonFiniteLossError, evaluate, train_one_epoch
+from .loops import EpochProgress, EpochResult, NonFiniteLossError, train_one_epoch
+from .metrics import BEST, EMA, console_text, evaluate, split_names
 from .schema import ClsConfig
 from .state import TrainState
 
@@ -77,16 +78,8 @@ def resume(
     refused = []
     if saved["step_in_epoch"] and saved.get("world_size", env.world_size) != env.world_size:
         refused.append(f"world size {saved['world_size']} -> {env.world_size} (mid-epoch)")
-    changed = check_resume(ckpt.last, saved.get("config") or {}, cfg, refused)
-    trained, mid_epoch = saved["epoch"] + 1, bool(saved["step_in_epoch"])
-    if cfg.epochs < trained + mid_epoch:  # what trained cannot be taken back: the record would claim a shorter run
-        refuse_shorter_run(f"epochs={cfg.epochs}", ckpt.last, trained, "epochs", begun=mid_epoch)
-    recipe = recipe_changes(changed, cfg)
-    if cfg.epochs == trained and not mid_epoch and recipe:  # e.g. a new lr tried in the default output_dir
-        raise ConfigError(
-            f"{ckpt.last} has finished its {trained} epochs, so {describe_changes(recipe)} would train nothing: a run "
-            "with them needs its own output_dir (or name=), or more epochs to continue this one"
-        )
+    trained = Progress(saved["epoch"] + 1, begun=bool(saved["step_in_epoch"]))
+    changed = check_resume(ckpt.last, saved.get("config") or {}, cfg, trained, refused)
     state.load_state_dict(saved)
     point = ResumePoint(resumed=True, changed=changed or None)
     rng, progress = saved.get("rng"), saved.get("epoch_progress")
@@ -187,7 +180,7 @@ def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> 
 def _summary(state: TrainState, **extra: Any) -> dict[str, Any]:
     return {
         **state.metrics,
-        "best_top1": state.best_top1,
+        f"val/{BEST}": state.best_top1,
         "epoch": state.epoch,
         "wall_time_s": state.wall_time_s,
         **extra,
@@ -337,49 +330,31 @@ class Trainer:
         state, data, env = self.state, self.data, self.env
         evaluating = time.perf_counter()
         metrics = evaluate(state.train_model, data.val_loader, env, self.precision)
+        del metrics["num_images"]
         _check_finite(state, self.checkpoints, metrics["loss"])
         if state.ema is not None:
-            metrics["ema_top1"] = evaluate(state.ema.module, data.val_loader, env, self.precision)["top1"]
+            metrics[EMA] = evaluate(state.ema.module, data.val_loader, env, self.precision)["top1"]
         if self.opts.meter is not None:  # the time left counts the evaluations to come at this one's time
             self.opts.meter.eval_done(time.perf_counter() - evaluating)
         is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
         state.best_top1 = metrics["top1"] if is_best else state.best_top1
         state.wall_time_s += time.perf_counter() - started
-        state.metrics = {
-            "top1": metrics["top1"],
-            "top5": metrics["top5"],
-            "val_loss": metrics["loss"],
-            "train_loss": result.loss,
-            **({"ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
-        }
+        # One name per metric (cat.classification.metrics): the checkpoint's summary, metrics.json, metrics.jsonl, W&B.
+        state.metrics = {**split_names("train", {"loss": result.loss}), **split_names("val", metrics)}
         state.epoch, state.step_in_epoch = state.epoch + 1, 0
         self.checkpoints.save_epoch_end(state, is_best)
         self.folder.log.info(
-            "epoch %d/%d  train loss %.4f  lr %.2e  val top1 %.2f top5 %.2f loss %.4f  best %.2f%s  "
-            "(%.1f s, %.0f img/s)",
+            "epoch %d/%d  train loss %.4f  lr %.2e  val %s  best %.2f%s  (%.1f s, %.0f img/s)",
             state.epoch,
             self.cfg.epochs,
             result.loss,
             result.lr,
-            metrics["top1"],
-            metrics["top5"],
-            metrics["loss"],
+            console_text(metrics),
             state.best_top1,
-            f"  ema top1 {metrics['ema_top1']:.2f}" if "ema_top1" in metrics else "",
+            f"  ema top1 {metrics[EMA]:.2f}" if EMA in metrics else "",
             time.perf_counter() - started,
             result.images_per_s,
         )
-        self.folder.metrics.log(
-            {
-                "epoch": state.epoch,
-                "train/loss": result.loss,
-                "train/lr": result.lr,
-                "train/images_per_s": result.images_per_s,
-                "val/top1": metrics["top1"],
-                "val/top5": metrics["top5"],
-                "val/loss": metrics["loss"],
-                "val/best_top1": state.best_top1,
-                **({"val/ema_top1": metrics["ema_top1"]} if "ema_top1" in metrics else {}),
-            },
-            step=state.epoch * data.steps_per_epoch,
-        )
+        train = {"loss": result.loss, "lr": result.lr, "images_per_s": result.images_per_s}
+        record = {**split_names("train", train), **split_names("val", {**metrics, BEST: state.best_top1})}
+        self.folder.metrics.log({"epoch": state.epoch, **record}, step=state.epoch * data.steps_per_epoch)

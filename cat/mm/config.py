@@ -21,6 +21,7 @@ from cat.runtime.dist import DistEnv
 from cat.runtime.io import atomic_write_text
 from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.resume import resumes
+from cat.runtime.schema import config_record
 
 from .backbone import backbone_features
 from .bases import base_config_path
@@ -270,6 +271,7 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         *mm.get("custom_hooks", []),
         {"type": "PreemptionHook", "backend_args": atomic},
         {"type": "PortableCheckpointHook"},  # checkpoints torch's weights-only loader reads (stock tools, torch.load)
+        {"type": "RunConfigHook", "config": config_record(cfg)},  # what a resume compares with
     ]
     mm.custom_imports = CUSTOM_IMPORTS
     # A resume loads no image of the batches it trained (mmengine's loops replay or load them).

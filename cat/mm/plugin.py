@@ -10,7 +10,7 @@ from __future__ import annotations
 from .analysis import register_flop_handles
 from .backbone import register_backbones
 from .metric_sink import MetricSinkBackend
-from .portable import PortableCheckpointHook
+from .portable import PortableCheckpointHook, RunConfigHook
 from .preemption import (
     PreemptionHook,
     ResumableDefaultSampler,
@@ -27,6 +27,7 @@ REGISTERED_AS_DEFINED = (
     MetricSinkBackend,
     PortableCheckpointHook,
     PreemptionHook,
+    RunConfigHook,
     ResumableDefaultSampler,
     ResumableEpochBasedTrainLoop,
     ResumableInfiniteSampler,

@@ -11,6 +11,7 @@ file (``import cat.mm``), so a resume keeps its smoothing windows; stock mmengin
 
 from __future__ import annotations
 
+import json
 import numbers
 from typing import Any, TypeGuard
 
@@ -19,7 +20,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import HistoryBuffer
 from mmengine.registry import HOOKS
 
-__all__ = ["PLAIN_BUFFER_KEYS", "PortableCheckpointHook", "plain_message_hub", "restore_message_hub"]
+__all__ = ["PLAIN_BUFFER_KEYS", "PortableCheckpointHook", "RunConfigHook", "plain_message_hub", "restore_message_hub"]
 
 PLAIN_BUFFER_KEYS = frozenset({"log_history", "count_history", "max_length"})
 
@@ -94,3 +95,18 @@ class PortableCheckpointHook(Hook):
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         if isinstance(checkpoint.get("message_hub"), dict):
             checkpoint["message_hub"] = plain_message_hub(checkpoint["message_hub"])
+
+
+@HOOKS.register_module(force=True)
+class RunConfigHook(Hook):
+    """Writes the run's config record (cat's, as ``config.yaml`` holds it) into each checkpoint under ``config``, as
+    classification's checkpoints carry theirs: a resume compares against the config the weights were trained with
+    (:func:`cat.runtime.resume.check_resume`), wherever the file has moved."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        # As plain data: the Runner hands its hooks' arguments over as ConfigDicts, which torch's weights-only
+        # loader (stock tools, a bare torch.load) refuses to unpickle.
+        self.config = json.loads(json.dumps(config))
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint["config"] = self.config

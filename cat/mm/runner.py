@@ -14,7 +14,8 @@ from omegaconf.errors import OmegaConfBaseException
 from cat.errors import ConfigError
 from cat.runtime import DistEnv, RunFolder, run_job, typed_job_config
 from cat.runtime.logger import log_formatter
-from cat.runtime.resume import check_resume, describe_changes, refuse_shorter_run
+from cat.runtime.resume import Progress, check_resume, describe_changes
+from cat.runtime.schema import run_length_key
 
 from .backbone import check_pretrained
 from .checks import check_mm_config
@@ -26,27 +27,24 @@ __all__ = ["run_mm"]
 
 
 def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
-    """Where mmengine will auto-resume: the config differs from the one the run folder's checkpoints were
-    trained with (its ``config.yaml``) only where a resume can take it (:func:`~cat.runtime.resume.check_resume`),
-    and the changes are logged. A folder without a checkpoint to resume, or without ``config.yaml``, starts over."""
-    saved, pointer = folder.file("config.yaml"), folder.file(LAST_CHECKPOINT)
-    if not (os.path.isfile(pointer) and os.path.isfile(saved)):
+    """Where mmengine will auto-resume: the config differs from the one the run folder's last checkpoint was trained
+    with only where a resume can take it (:func:`~cat.runtime.resume.check_resume`, the rule both trainers follow),
+    and the changes are logged. The checkpoint's own record of its config is compared (:class:`RunConfigHook`), or
+    for a run saved before checkpoints carried it, the folder's ``config.yaml``; a folder without a checkpoint to
+    resume, or a checkpoint without either, starts over."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    pointer = folder.file(LAST_CHECKPOINT)
+    if not os.path.isfile(pointer):
         return
     with open(pointer) as f:  # checked by check_last_checkpoint: a checkpoint in this folder
         checkpoint = f.read().strip()
-    try:  # OmegaConf's YAML loader builds plain data only: a tag that would construct an object is an error
-        before: Any = OmegaConf.to_container(OmegaConf.load(saved))
-    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as error:
-        before = f"{type(error).__name__}: {error}".splitlines()[0]
-    if not isinstance(before, dict):
-        raise ConfigError(
-            f"{saved} is not the config a run wrote ({str(before)[:200]}); delete it to resume without comparing "
-            "configs, or start a new run in another output_dir"
-        )
-    changed = check_resume(checkpoint, before, cfg)
-    for key in ("schedule.epochs", "schedule.iters"):
-        if key in changed and isinstance(changed[key][0], int) and changed[key][1] < changed[key][0]:
-            _refuse_a_schedule_shorter_than_trained(key, changed[key][1], checkpoint)
+    loaded = CheckpointLoader.load_checkpoint(checkpoint, map_location="cpu")  # cat's safe loader
+    saved = loaded.get("config") if isinstance(loaded, dict) else None
+    if not isinstance(saved, dict) and (saved := _config_yaml(folder)) is None:
+        return
+    by_epoch = run_length_key(type(cfg)) == "schedule.epochs"
+    changed = check_resume(checkpoint, saved, cfg, _progress(checkpoint, loaded, by_epoch))
     if changed:
         folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))
     for key in ("schedule.epochs", "schedule.iters"):
@@ -59,26 +57,36 @@ def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
             )
 
 
-def _refuse_a_schedule_shorter_than_trained(key: str, length: int, checkpoint: str) -> None:
-    """A ConfigError if ``checkpoint`` has trained past, or begun past, a schedule of ``length`` epochs or iterations
-    (``key``): mmengine's loop would end at once and the record would claim the shorter run. How far it got is in
-    the name mmengine and cat's preemption give it (``epoch_N.pth`` at an epoch's end, ``iter_N.pth`` after
-    iteration N); a mid-epoch file of an epoch-based run, or one renamed, is read for it."""
-    by_epoch = key == "schedule.epochs"
-    name = re.fullmatch(r"(epoch|iter)_(\d+)\.pth", os.path.basename(checkpoint))
-    if name is not None and (name[1] == "epoch") == by_epoch:
-        done, begun = int(name[2]), False
-    else:
-        from mmengine.runner.checkpoint import CheckpointLoader
+def _config_yaml(folder: RunFolder) -> dict[str, Any] | None:
+    """The run folder's ``config.yaml`` as plain data, None where there is none; refused (ConfigError) where it is
+    not a config a run wrote. OmegaConf's YAML loader builds plain data only: a tag that would construct an object
+    is an error."""
+    saved = folder.file("config.yaml")
+    if not os.path.isfile(saved):
+        return None
+    try:
+        before: Any = OmegaConf.to_container(OmegaConf.load(saved))
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as error:
+        before = f"{type(error).__name__}: {error}".splitlines()[0]
+    if not isinstance(before, dict):
+        raise ConfigError(
+            f"{saved} is not the config a run wrote ({str(before)[:200]}); delete it to resume without comparing "
+            "configs, or start a new run in another output_dir"
+        )
+    return before
 
-        loaded = CheckpointLoader.load_checkpoint(checkpoint, map_location="cpu")
-        meta = loaded.get("meta") if isinstance(loaded, dict) else None
-        if not isinstance(meta, dict) or not isinstance(meta.get("epoch" if by_epoch else "iter"), int):
-            return  # not a checkpoint mmengine saved: its resume will say so
-        # mmengine's meta: the epochs finished (the one under way, in a mid-epoch save) or the iterations run.
-        done, begun = (meta["epoch"], name is not None) if by_epoch else (meta["iter"], False)
-    if length < done + begun:
-        refuse_shorter_run(f"{key}={length}", checkpoint, done, "epochs" if by_epoch else "iterations", begun)
+
+def _progress(checkpoint: str, loaded: Any, by_epoch: bool) -> Progress | None:
+    """How far ``checkpoint`` (``loaded``) trained, in epochs or iterations: mmengine's meta holds the epochs
+    finished (the one under way, in a mid-epoch save: cat's preemption names it ``iter_N.pth``) and the iterations
+    run. None for a file mmengine did not save (its resume will say so)."""
+    meta = loaded.get("meta") if isinstance(loaded, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("epoch" if by_epoch else "iter"), int):
+        return None
+    if not by_epoch:
+        return Progress(meta["iter"])
+    mid_epoch = re.fullmatch(r"iter_\d+\.pth", os.path.basename(checkpoint)) is not None
+    return Progress(meta["epoch"], begun=mid_epoch)
 
 
 def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 from cat.runtime.schema import (
     FIXED,
     FREE,
+    GROW,
     JobConfig,
     NetworkConfig,
     SaveConfig,
@@ -62,7 +63,9 @@ class MMSaveConfig(SaveConfig):
 
 @dataclass
 class MMDataConfig:
-    name: str = key("the dataset's name (coco, toy_coco; ade20k, toy_ade)")
+    """What both tasks' datasets have. Which dataset is the config group's choice (data=coco, data=toy_ade): its
+    layout is the task's (:class:`~cat.mm.task.MMTask`), so a run's data section names no dataset of its own."""
+
     root: str | None = key(
         "the dataset folder (COCO: train2017/, val2017/, annotations/; ADE20K: images/, annotations/)",
         resume=FREE,
@@ -112,7 +115,7 @@ class DetDataConfig(MMDataConfig):
 
 @dataclass
 class DetScheduleConfig(MMScheduleConfig):
-    epochs: int = key("training epochs", min=1, max=100_000, resume=FREE)
+    epochs: int = key("training epochs", min=1, max=100_000, resume=GROW)
     steps: list[int] = key("epochs after which lr drops 10x", min=1)
     val_interval: int = key("epochs between evaluations", min=1, resume=FREE)
     warmup_ratio: float = key("warm-up start lr / lr", min=0, max=1, exclusive_min=True)
@@ -133,7 +136,7 @@ class SegDataConfig(MMDataConfig):
 
 @dataclass
 class SegScheduleConfig(MMScheduleConfig):
-    iters: int = key("training iterations", min=1, max=10**9, resume=FREE)
+    iters: int = key("training iterations", min=1, max=10**9, resume=GROW)
     val_interval: int = key("iterations between evaluations", min=1, resume=FREE)
     poly_power: float = key("poly decay power", min=0, exclusive_min=True)
 

@@ -6,22 +6,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from cat.errors import ConfigError
 
 from .rundir import launch_record, read_started_over, relaunch_of
-from .schema import FIXED, RECIPE, JobConfig, config_record, file_problem, key_rule
+from .schema import FIXED, RECIPE, JobConfig, config_record, file_problem, key_rule, run_length_key
 
 __all__ = [
     "resumes",
     "resume_relaunched_start_over",
     "flatten_config",
     "config_changes",
+    "Progress",
     "check_resume",
-    "recipe_changes",
-    "refuse_shorter_run",
     "describe_changes",
     "START_OVER",
 ]
@@ -95,35 +94,47 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, 
     }
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far a checkpoint's run got, in its run length's unit (:func:`~cat.runtime.schema.run_length_key`):
+    ``done`` epochs or iterations finished, and whether the next one had ``begun`` (a mid-epoch checkpoint)."""
+
+    done: int
+    begun: bool = False
+
+
 def check_resume(
-    checkpoint: str, saved: dict[str, Any], cfg: JobConfig, refused: Sequence[str] = ()
+    checkpoint: str, saved: dict[str, Any], cfg: JobConfig, progress: Progress | None, refused: Sequence[str] = ()
 ) -> dict[str, list]:
-    """The one resume rule of every trainer: the changes from the config ``checkpoint``'s run recorded (``saved``)
-    to the typed config ``cfg``, after refusing (ConfigError, one line each) every change of a key the schema
-    declares FIXED (:func:`~cat.runtime.schema.key`), with the trainer's own ``refused`` lines."""
+    """The one resume rule of every trainer, as the schema declares it on the keys (:func:`~cat.runtime.schema.key`):
+    the changes from the config ``checkpoint``'s run recorded (``saved``) to the typed config ``cfg``, after
+    refusing (ConfigError, every problem on a line) a change of a FIXED key, the trainer's own ``refused`` lines, a
+    run length (GROW) below the checkpoint's ``progress`` (the record would claim the shorter run), and RECIPE
+    changes for a run with no step left to train them. ``progress`` None (not known): no length is refused."""
+    schema = type(cfg)
     changed = config_changes(saved, config_record(cfg))
-    fixed = [k for k in changed if key_rule(type(cfg), k) == FIXED]
-    lines = [f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in fixed] + list(refused)
-    problems = [f"cannot resume {checkpoint} with a different {line}" for line in lines]
+    lines = [f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in changed if key_rule(schema, k) == FIXED]
+    problems = [f"cannot resume {checkpoint} with a different {line}" for line in [*lines, *refused]]
     if problems:
-        raise ConfigError([*problems, f"start a new run in another output_dir, or pass {START_OVER}"])
+        problems.append(f"start a new run in another output_dir, or pass {START_OVER}")
+    length_key = run_length_key(schema)
+    length = flatten_config(config_record(cfg))[length_key]
+    unit = "epochs" if length_key.endswith("epochs") else "iterations"
+    if progress is not None and length < progress.done + progress.begun:
+        trained = f"begun {unit[:-1]} {progress.done + 1}" if progress.begun else f"trained {progress.done} {unit}"
+        problems.append(
+            f"{length_key}={length}: {checkpoint} has {trained}; a shorter run needs another output_dir "
+            f"(or {START_OVER})"
+        )
+    recipe = {k: v for k, v in changed.items() if key_rule(schema, k) == RECIPE}
+    if progress is not None and recipe and length == progress.done and not progress.begun:
+        problems.append(
+            f"{checkpoint} has finished its {progress.done} {unit}, so {describe_changes(recipe)} would train "
+            "nothing: a run with them needs its own output_dir (or name=), or a longer run to continue this one"
+        )
+    if problems:
+        raise ConfigError(problems)
     return changed
-
-
-def recipe_changes(changed: dict[str, list], cfg: JobConfig) -> dict[str, list]:
-    """Of a resume's ``changed`` keys, those of the recipe (RECIPE): they change the training from the resumed step
-    on, so a run with no step left cannot take them."""
-    return {k: v for k, v in changed.items() if key_rule(type(cfg), k) == RECIPE}
-
-
-def refuse_shorter_run(setting: str, checkpoint: str, done: int, unit: str, begun: bool = False) -> None:
-    """The refusal of a run length (``setting``, e.g. ``epochs=3``) below what ``checkpoint`` trained (``done``
-    ``unit``) or began (``begun``: the next one): the record would claim the shorter run."""
-    raise ConfigError(
-        f"{setting}: {checkpoint} has "
-        + (f"begun {unit.removesuffix('s')} {done + 1}" if begun else f"trained {done} {unit}")
-        + f"; a shorter run needs another output_dir (or {START_OVER})"
-    )
 
 
 def describe_changes(changed: dict[str, list]) -> str:

@@ -37,11 +37,13 @@ __all__ = [
     "FIXED",
     "FREE",
     "RECIPE",
+    "GROW",
     "typed_config",
     "typed_section",
     "config_record",
     "config_yaml",
     "key_rule",
+    "run_length_key",
     "run_name_excluded",
     "unnamed_keys",
     "absent_defaults",
@@ -60,9 +62,10 @@ __all__ = [
 
 _ABSENT = object()
 # What a resume may do with a key (:func:`key`'s ``resume``): change it (applied from the resumed step on),
-# change it as part of the recipe (applied from the resumed step on; a finished run has no step left for it), or
-# nothing: a change makes it another run, and the resume is refused.
-FREE, RECIPE, FIXED = "free", "recipe", "fixed"
+# change it as part of the recipe (applied from the resumed step on; a finished run has no step left for it), grow
+# it (the run's length: never below what its checkpoint trained or began), or nothing: a change makes it another
+# run, and the resume is refused.
+FREE, RECIPE, GROW, FIXED = "free", "recipe", "grow", "fixed"
 T = TypeVar("T")
 _SCHEMAS: dict[str, type] = {}  # by job: cls, det, seg
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -79,7 +82,7 @@ class _Check:
     required: bool = True  # False: a key only some options of its group have (e.g. data.train_split)
     length: tuple[int, int] | None = None  # a string's least and most characters
     forbid: str = ""  # characters a string may not hold
-    resume: str | None = None  # FREE, RECIPE or FIXED; None: its section's
+    resume: str | None = None  # FREE, RECIPE, GROW or FIXED; None: its section's
     in_run_name: bool | None = None  # names a sweep cell's folder; None: its section's (top level: yes)
     absent_means: Any = _ABSENT  # the value of a run recorded before the key existed
 
@@ -132,8 +135,9 @@ def key(
     have it (a dataset's keys: :mod:`cat.data.registry` says which).
 
     ``resume``: what resuming a run with the key changed does (FREE: applied from the resumed step on;
-    RECIPE: the same, refused for a finished run, which has no step left to apply it to; FIXED: refused,
-    it would be another run); None: as its section says (FREE at the top). ``in_run_name=False``: a sweep
+    RECIPE: the same, refused for a finished run, which has no step left to apply it to; GROW: the run's length,
+    which may grow but not shrink below what the resumed checkpoint trained or began; FIXED: refused, it would be
+    another run); None: as its section says (FREE at the top). ``in_run_name=False``: a sweep
     cell's folder name leaves the key out (where the data is, how many workers read it). ``absent_means``: the
     value a run recorded before the key existed had, for rebuilding such a run's model from its record."""
     check = _Check(
@@ -475,11 +479,17 @@ def _key_facts(schema: type, path: str) -> list[_Check]:
 
 
 def key_rule(schema: type, path: str) -> str:
-    """What a resume may do with the key at dotted ``path`` (FREE, RECIPE or FIXED): its own ``resume``, else
+    """What a resume may do with the key at dotted ``path`` (FREE, RECIPE, GROW or FIXED): its own ``resume``, else
     its nearest section's; FREE for a key the schema does not declare (one a checkpoint recorded before it
     was removed)."""
     rules = [check.resume for check in _key_facts(schema, path) if check.resume is not None]
     return rules[-1] if rules else FREE
+
+
+def run_length_key(schema: type) -> str:
+    """The key that says how long a run of ``schema`` trains (declared GROW: ``epochs``, ``schedule.iters``)."""
+    (length,) = [path for path, _, _ in schema_keys(schema) if key_rule(schema, path) == GROW]
+    return length
 
 
 def _in_run_name(schema: type, path: str) -> bool:

@@ -14,6 +14,7 @@ from hydra.errors import HydraException
 
 import cat.classification.schema  # noqa: F401  (registers schema/cls)
 import cat.mm.schema  # noqa: F401  (registers schema/det and schema/seg: needs none of the OpenMMLab stack)
+from cat.classification.metrics import BEST
 from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock
@@ -34,10 +35,11 @@ __all__ = [
 ]
 
 # The paper's metric names (cat/paper_tables.yaml) -> the metrics.json keys of a run (the first
-# one present is used: best_top1 over the last epoch's top1) and the factor to the paper's percent
-# scale (mmdet's COCO metrics are fractions).
+# one present is used: a training run's best top-1 over its last epoch's, then an evaluation's; then the names runs
+# recorded before one name per metric had: cat.classification.metrics) and the factor to the paper's percent scale
+# (mmdet's COCO metrics are fractions).
 RUN_METRICS = {
-    "top1": (("best_top1", "top1"), 1.0),
+    "top1": ((f"val/{BEST}", "val/top1", "eval/top1", BEST, "top1"), 1.0),
     "AP_b": (("bbox_mAP",), 100.0),
     "AP_b50": (("bbox_mAP_50",), 100.0),
     "AP_b75": (("bbox_mAP_75",), 100.0),

@@ -32,7 +32,7 @@ def test_deit_recipe_on_a_jpeg_folder(toy_imagenet, tmp_path):
     proc = prewarmed.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["epoch"] == 3 and 0.0 <= metrics["top1"] <= 100.0
+    assert metrics["epoch"] == 3 and 0.0 <= metrics["val/top1"] <= 100.0
     log = (out / "log.txt").read_text()
     assert "300 train / 60 val images, 6 classes" in log
     assert sum(line.count("epoch ") and "train loss" in line for line in log.splitlines()) == 3

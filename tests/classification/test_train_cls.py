@@ -142,7 +142,7 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
         "logger.wandb.mode=disabled",
     )
     metrics = run(cfg)
-    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["top1"] == metrics["top1"]
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["eval/top1"] == metrics["eval/top1"]
     # The same numbers computed directly from the released weights.
     model = cat.create_model(
         "ca_deit_tiny", checkpoint=ckpt, embed_dim=64, depth=2, patch_size=8, img_size=64, num_classes=10
@@ -150,9 +150,9 @@ def test_eval_mode_on_official_checkpoint(official_ca_deit, tmp_path):
     images, labels = synthetic_dataset("val", num_classes=10, img_size=64, samples_per_class=16).tensors
     with torch.no_grad():
         logits = model(images)
-    assert metrics["num_images"] == len(labels)
-    assert metrics["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
-    assert metrics["top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
+    assert metrics["eval/num_images"] == len(labels)
+    assert metrics["eval/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
+    assert metrics["eval/top1"] == pytest.approx(100 * (logits.argmax(1) == labels).float().mean().item())
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +168,9 @@ def test_two_process_gloo_matches_single_process(tmp_path, split, single_process
     batch of 8, or of two accumulated batches of 4): the same lr, schedule and training."""
     single, a = single_process_batch_16
     ddp = run_train(tmp_path / "ddp", "epochs=2", *split, nproc=2)
-    assert ddp["top1"] == pytest.approx(single["top1"], abs=1e-6)
-    assert ddp["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
-    assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+    assert ddp["val/top1"] == pytest.approx(single["val/top1"], abs=1e-6)
+    assert ddp["train/loss"] == pytest.approx(single["train/loss"], rel=1e-4)
+    assert ddp["val/loss"] == pytest.approx(single["val/loss"], rel=1e-4)
     b = final_weights(tmp_path / "ddp")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=1e-5, msg=k)
@@ -231,7 +231,7 @@ def test_sigkill_and_resume_ends_with_identical_weights(tmp_path, uninterrupted)
     assert not (out / "metrics.json").exists()  # it really was cut short
     resumed = run_train(out, *RESUME_RUN)
     expected_metrics, expected_weights = uninterrupted
-    assert resumed["top1"] == expected_metrics["top1"]
+    assert resumed["val/top1"] == expected_metrics["val/top1"]
     got = final_weights(out)
     for k, v in expected_weights.items():
         assert torch.equal(got[k], v), k
@@ -344,7 +344,7 @@ def test_compiled_bf16_run_with_ema_resumes_identically(tmp_path, uninterrupted)
     proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, *SPEED_FLAGS)
     log = proc.stdout.read()
     assert proc.returncode == 0 and "stop requested" in log, log
-    assert run_train(out, *RESUME_RUN, *SPEED_FLAGS)["top1"] == whole["top1"]
+    assert run_train(out, *RESUME_RUN, *SPEED_FLAGS)["val/top1"] == whole["val/top1"]
     expected = torch.load(tmp_path / "whole" / "last.pth", map_location="cpu", weights_only=True)
     got = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
     assert expected["model"].keys() == uninterrupted[1].keys()
@@ -437,7 +437,7 @@ def test_tar_stream_trains_as_the_folder_and_resumes_exactly(image_data, folder_
     uninterrupted = run_train(tmp_path / "whole", *IMAGE_RUN, *_format("tar", image_data))
     folder = json.loads((folder_run / "metrics.json").read_text())
     assert uninterrupted["epoch"] == folder["epoch"] == 12
-    assert folder["top1"] >= 90 and uninterrupted["top1"] == folder["top1"], (uninterrupted, folder)
+    assert folder["val/top1"] >= 90 and uninterrupted["val/top1"] == folder["val/top1"], (uninterrupted, folder)
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format("tar", image_data))
     assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
@@ -469,7 +469,7 @@ def test_foreign_shards_train_through_the_trainer_with_their_scan_in_the_run_fol
     overrides = [f"data.root={data}", "data.format=tar", "data.shuffle_buffer=16"]
     metrics = run_train(tmp_path / "run", *IMAGE_RUN, *overrides)
     folder = json.loads((folder_run / "metrics.json").read_text())
-    assert metrics["top1"] >= 90 and folder["top1"] >= 90, (metrics, folder)
+    assert metrics["val/top1"] >= 90 and folder["val/top1"] >= 90, (metrics, folder)
     assert len(list((tmp_path / "run").glob(".shard-index-*.json"))) == 1
     assert sorted(p.name for p in data.iterdir()) == written
 
@@ -588,7 +588,10 @@ def test_wandb_offline_files_and_outputs(tmp_path):
         "log_interval=2",
         "profile.steps=[2,3]",
     )
-    assert set(metrics) >= {"top1", "top5", "best_top1", "ema_top1", "epoch", "wall_time_s"}
+    assert set(metrics) >= {"val/top1", "val/top5", "val/loss", "val/best_top1", "val/ema_top1", "train/loss", "epoch"}
+    # One name per metric (cat.classification.metrics): metrics.json's are metrics.jsonl's (and W&B's).
+    last_epoch = [row for row in read_history(tmp_path / "metrics.jsonl") if "val/top1" in row][-1]
+    assert {k: v for k, v in metrics.items() if "/" in k} == {k: last_epoch[k] for k in metrics if "/" in k}
     intervals = [row for row in read_history(tmp_path / "metrics.jsonl") if "step_s" in row]
     assert intervals and all(set(row) >= {f.name for f in dataclasses.fields(IntervalStats)} for row in intervals)
     assert all(row["mfu"] is None and row["tflops"] > 0 and row["img_s"] > 0 for row in intervals)  # a CPU
@@ -598,10 +601,10 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     log = (tmp_path / "log.txt").read_text()
     assert (tmp_path / "config.yaml").is_file() and log.count("epoch 1/1  train loss") == 1
-    assert f"ema top1 {metrics['ema_top1']:.2f}" in log
+    assert f"ema top1 {metrics['val/ema_top1']:.2f}" in log
     # An evaluation reports both results of the run: the model's and its weight EMA's.
     evaluated = run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
-    assert (evaluated["top1"], evaluated["ema_top1"]) == (metrics["top1"], metrics["ema_top1"])
+    assert (evaluated["eval/top1"], evaluated["eval/ema_top1"]) == (metrics["val/top1"], metrics["val/ema_top1"])
     assert "its weight EMA: top1" in (tmp_path / "eval" / "log.txt").read_text()
     # A fine-tune from the weight EMA (checkpoint_ema=true) says what it starts from; a profiler window past its
     # end says at the start that it will record nothing.
@@ -709,7 +712,7 @@ def test_model_convert_fine_tunes_a_softmax_checkpoint(tmp_path):
             f"output_dir={tmp_path / 'eval'}",
         )
     )  # fmt: skip
-    assert evaluated["top1"] == pytest.approx(trained["best_top1"])
+    assert evaluated["eval/top1"] == pytest.approx(trained["val/best_top1"])
     # Evaluated as the softmax model it came from: the error names the setting its run had.
     with pytest.raises(CheckpointMismatchError) as error:
         run(

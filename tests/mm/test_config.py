@@ -167,6 +167,7 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
     taken and logged. Without a checkpoint to resume, the folder starts over."""
 
     from cat.mm.runner import check_resume_config
+    from cat.mm.safe_load import install_safe_checkpoint_io
     from cat.runtime import RunFolder
 
     length = "schedule.epochs=24" if task == "det" else "schedule.iters=80000"
@@ -177,7 +178,9 @@ def test_resume_refuses_what_mmengine_would_not_apply(task, tmp_path, caplog):
         task, "data.root=/data/a", "logger.wandb.mode=disabled", "schedule.optim.lr=5e-4", "seed=7", "batch_size=8"
     )
     check_resume_config(as_typed(changed, task), folder)  # no last_checkpoint: nothing to resume
-    (tmp_path / "iter_8.pth").write_bytes(b"")
+    install_safe_checkpoint_io()
+    # A checkpoint saved before checkpoints recorded their config: the folder's config.yaml is compared.
+    torch.save({"meta": {"epoch": 1, "iter": 8}, "state_dict": {}}, tmp_path / "iter_8.pth")
     (tmp_path / "last_checkpoint").write_text(str(tmp_path / "iter_8.pth"))
     with pytest.raises(ConfigError) as refused:
         check_resume_config(as_typed(changed, task), folder)
@@ -257,8 +260,10 @@ def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
     written."""
 
     from cat.mm.runner import check_resume_config
+    from cat.mm.safe_load import install_safe_checkpoint_io
     from cat.runtime import RunFolder
 
+    install_safe_checkpoint_io()
     marker = tmp_path / "MARKER"
     contents = {
         "hostile": f"model: !!python/object/apply:os.system ['touch {marker}']\n".encode(),
@@ -271,7 +276,7 @@ def test_resume_refuses_a_broken_or_hostile_run_config(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "config.yaml").write_bytes(content)
-        (folder / "epoch_1.pth").write_bytes(b"")
+        torch.save({"meta": {"epoch": 1, "iter": 12}, "state_dict": {}}, folder / "epoch_1.pth")  # no config in it
         (folder / "last_checkpoint").write_text(str(folder / "epoch_1.pth"))
         with pytest.raises(ConfigError) as refused:
             check_resume_config(

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from cat.runtime.dist import DistEnv
 from cat.runtime.metrics import read_history
@@ -46,13 +47,13 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
     assert dumped.model.backbone.type == "TimmBackbone" and dumped.custom_imports.imports == ["cat.mm"]
     assert "work_dir" not in dumped and dumped.resume is False
     # The message hub's HistoryBuffers were written as plain data: torch's weights-only loader reads the file with
-    # no allow-list (a fresh interpreter); cat's loader makes them HistoryBuffers again for the resume below.
-    probe = subprocess.run(
-        [sys.executable, "-c", f"import torch; print(type(torch.load({str(out / 'epoch_1.pth')!r})['meta']))"],
-        capture_output=True,
-        text=True,
-    )
-    assert probe.returncode == 0 and "dict" in probe.stdout, probe.stderr
+    # no allow-list (a fresh interpreter); cat's loader makes them HistoryBuffers again for the resume below. The
+    # checkpoint carries the run's config as config.yaml has it: what a resume compares against.
+    code = f"import json, torch; c = torch.load({str(out / 'epoch_1.pth')!r}); print(type(c['meta']))"
+    code += "; print(json.dumps(c['config']))"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert probe.returncode == 0 and "dict" in probe.stdout.splitlines()[0], probe.stderr
+    assert json.loads(probe.stdout.splitlines()[1]) == yaml.safe_load((out / "config.yaml").read_text())
     proc = run_entry(
         "train_det.py",
         f"experiment={experiment}",

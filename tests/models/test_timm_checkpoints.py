@@ -88,5 +88,6 @@ def test_mode_eval_takes_a_timm_checkpoint_and_its_ema(timm_checkpoint, tmp_path
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "eval" / "metrics.json").read_text())  # an evaluation's folder
-    assert metrics["num_images"] == 360 and 0 <= metrics["top1"] <= 100 and 0 <= metrics["ema_top1"] <= 100
+    assert metrics["eval/num_images"] == 360
+    assert 0 <= metrics["eval/top1"] <= 100 and 0 <= metrics["eval/ema_top1"] <= 100
     assert metrics["checkpoint"] == str(path)

@@ -68,7 +68,7 @@ def test_two_models_two_seeds_sweep_and_its_table(run_tool, tmp_path):
         f"{KWARGS},epochs=2,model={m}" for m in ("ca_deit_tiny", "deit_tiny")
     ]
     for row, model in zip(rows, ("ca_deit_tiny", "deit_tiny"), strict=True):
-        top1 = [json.loads((folders[names[model, s]] / "metrics.json").read_text())["best_top1"] for s in (0, 1)]
+        top1 = [json.loads((folders[names[model, s]] / "metrics.json").read_text())["val/best_top1"] for s in (0, 1)]
         mean, std = sum(top1) / 2, abs(top1[0] - top1[1]) / 2**0.5
         assert f"| 2 | {mean:.2f} ± {std:.2f} |" in row and row.rstrip(" |").endswith("2 finished")
     assert (tmp_path / "sweep.csv").read_text().count("\n") == 3  # header + two groups

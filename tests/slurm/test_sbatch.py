@@ -274,7 +274,7 @@ def test_two_node_jobs_side_by_side_train_as_two_processes_on_one_node(two_nodes
         assert "world size 2: cat-n1 (rank 0), cat-n2 (rank 1)" in (run / "log.txt").read_text()
     reference = local_run(tmp_path / "one_node", [*SYNTHETIC, "seed=0"], nproc=2)
     got, expected = (json.loads((path / "metrics.json").read_text()) for path in (runs[0], reference))
-    for key in ("top1", "top5", "val_loss", "train_loss", "epoch"):
+    for key in ("val/top1", "val/top5", "val/loss", "train/loss", "epoch"):
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
     steps = re.compile(r"\d+ steps/epoch")
     assert steps.findall((runs[0] / "log.txt").read_text()) == steps.findall((reference / "log.txt").read_text())

@@ -228,7 +228,7 @@ def test_make_tables_fills_rows_from_real_runs(run_tool, tmp_path):
     )
     out_md = tmp_path / "tables.md"
     text = run_tool("make_tables", str(tmp_path / "runs"), "--table", "2", "--out", str(out_md))
-    top1 = json.loads((run_dir / "metrics.json").read_text())["best_top1"]
+    top1 = json.loads((run_dir / "metrics.json").read_text())["val/best_top1"]
     assert _row(text, "CA-DeiT-T")[3:6] == [f"{top1:.2f}", "75.0", f"`{run_dir}`"]
     assert _row(text, "DeiT-T")[3:] == ["—", "72.2", "not run"]
     assert out_md.read_text().startswith("### Table 2")
@@ -255,7 +255,7 @@ def test_make_tables_fills_rows_from_real_runs(run_tool, tmp_path):
         f"output_dir={eval_dir}",
     )
     text = run_tool("make_tables", str(tmp_path / "evals"), "--table", "2")
-    top1 = json.loads((eval_dir / "eval" / "metrics.json").read_text())["top1"]
+    top1 = json.loads((eval_dir / "eval" / "metrics.json").read_text())["eval/top1"]
     assert _row(text, "CA-DeiT-T")[3:6] == [f"{top1:.2f}", "75.0", f"`{eval_dir / 'eval'}`"]
 
     ablation_dir = tmp_path / "ablation" / "pre"
