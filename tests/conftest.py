@@ -140,7 +140,7 @@ def descendant_pids(pid: int) -> list[int]:
 
 def run_folder(path: Path) -> Path:
     """``path`` made as a cat run's folder (its marker written), for a test that puts a run's files there by hand."""
-    from cat.runtime.rundir import RUN_MARKER
+    from cat.runtime.ownership import RUN_MARKER
 
     path.mkdir(parents=True, exist_ok=True)
     (path / RUN_MARKER).write_text('{"cat_run": 1}\n')

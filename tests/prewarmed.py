@@ -56,7 +56,7 @@ STACK = (
     "wandb",
     "hydra",
     "cat.classification.job",
-    "cat.classification.builders",
+    "cat.classification.trainer",
     "cat.toolkit",
     "mmengine.runner",
     "mmdet.models",

@@ -41,7 +41,7 @@ from cat.flops import count_macs
 from cat.runtime.dist import DistEnv
 from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.meter import StepMeter
-from cat.runtime.metrics import JsonlSink
+from cat.runtime.metric_sinks import JsonlSink
 from cat.runtime.profiling import ProfileWindow
 from cat.toolkit import non_negative_int, positive_int
 

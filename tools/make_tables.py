@@ -34,7 +34,7 @@ from cat.errors import DataError
 from cat.paper import available_tables, paper_table
 from cat.runtime import report_user_errors
 from cat.runtime.logger import last_log_line
-from cat.runtime.metrics import METRICS_HISTORY, read_history
+from cat.runtime.metric_sinks import METRICS_HISTORY, read_history
 from cat.toolkit.runs import RUN_METRICS, collect_runs, paper_values, run_metric, runs_of_row, sweep_cells
 
 # Validation metrics in a metrics.jsonl history (classification, detection, segmentation) and

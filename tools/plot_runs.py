@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cat.errors import DataError
 from cat.runtime import report_user_errors
-from cat.runtime.metrics import METRICS_HISTORY, read_history
+from cat.runtime.metric_sinks import METRICS_HISTORY, read_history
 from cat.toolkit.runs import paper_values, run_record, sweep_cells
 
 # (metrics.jsonl key of the per-epoch row, the panel's title)

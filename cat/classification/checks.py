@@ -16,12 +16,12 @@ from cat.errors import CheckpointError, ConfigError, UserError
 from cat.models import model_arguments, on_meta
 from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
+from cat.runtime.ownership import output_dir_problems
 from cat.runtime.resume import resumes, starting_file_problem
-from cat.runtime.rundir import output_dir_problems
 from cat.runtime.schema import absent_defaults, mapping_problems, typed_section
 
-from .builders import build_model
 from .checkpoints import LAST
+from .model_building import build_model
 from .schema import ClsConfig, ClsModelConfig
 
 __all__ = ["check_config", "recorded_model_config", "RecordedModel"]

@@ -16,11 +16,12 @@ from cat.errors import ConfigError
 from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
 from cat.runtime import DistEnv, Precision, RunFolder, run_job, typed_job_config
 
-from .builders import build_model, num_classes_of, val_loader
 from .checkpoints import recorded_config
 from .checks import check_config
+from .data_loading import num_classes_of, val_loader
 from .loops import measure_throughput
 from .metrics import EVAL_METRICS, console_text, evaluate, split_names
+from .model_building import build_model
 from .schema import ClsConfig
 from .trainer import fit
 

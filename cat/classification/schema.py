@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cat.data import AugConfig, DataConfig
-from cat.runtime.schema import FIXED, FREE, GROW, RECIPE, JobConfig, NetworkConfig, key, register_schema, section
+from cat.runtime.job_config import JobConfig, NetworkConfig
+from cat.runtime.schema import FIXED, FREE, GROW, RECIPE, key, register_schema, section
 
 __all__ = [
     "ClsConfig",
@@ -28,7 +29,7 @@ Scheduler = Literal["cosine", "tanh", "step", "multistep", "poly", "constant", "
 
 @dataclass
 class ClsModelConfig(NetworkConfig):
-    """The ``model`` section: the network a run builds (:func:`~cat.classification.builders.build_model`)."""
+    """The ``model`` section: the network a run builds (:func:`~cat.classification.model_building.build_model`)."""
 
     convert: dict[str, Any] | None = key(
         "cat.convert a timm ViT/Swin/PVT v2 to circulant attention: {} (defaults), {stages: [0, 1]}, ...",
@@ -41,7 +42,7 @@ class ClsModelConfig(NetworkConfig):
 
 @dataclass
 class OptimConfig:
-    """The ``optim`` section: timm's optimizer (:func:`~cat.classification.builders.build_train_state`)."""
+    """The ``optim`` section: timm's optimizer (:func:`~cat.classification.optimization.build_train_state`)."""
 
     opt: str = key("any timm optimizer name (timm.optim.list_optimizers())", resume=FIXED)
     weight_decay: float = key("none on norms, biases and the model's no_weight_decay()", min=0)

@@ -24,17 +24,13 @@ from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import Progress, check_resume, describe_changes
 from cat.runtime.schema import config_record
 
-from .builders import (
-    build_profile_window,
-    build_step_meter,
-    build_train_data,
-    build_train_model,
-    build_train_options,
-    build_train_state,
-)
 from .checkpoints import CheckpointManager
+from .data_loading import build_train_data
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, train_one_epoch
+from .meters import build_profile_window, build_step_meter
 from .metrics import BEST, EMA, console_text, evaluate, split_names
+from .model_building import build_train_model
+from .optimization import build_train_options, build_train_state
 from .schema import ClsConfig
 from .state import TrainState
 

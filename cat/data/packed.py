@@ -293,7 +293,7 @@ class ZipImageDataset(Dataset):
 class RankShardSampler(Sampler[int]):
     """Indices ``rank, rank + world, ...`` (the share ``cache_mode=part`` holds), shuffled per epoch
     (``seed`` + epoch) when ``shuffle``, cut to the length every rank has so all take the same steps.
-    ``set_epoch`` as ``DistributedSampler``'s, so :class:`~cat.classification.builders.ResumableSampler`
+    ``set_epoch`` as ``DistributedSampler``'s, so :class:`~cat.classification.data_loading.ResumableSampler`
     wraps either."""
 
     def __init__(self, size: int, rank: int, world: int, seed: int = 0, shuffle: bool = True) -> None:

@@ -9,8 +9,8 @@ import os
 from cat.errors import ConfigError
 from cat.models import model_arguments
 from cat.runtime.folder import run_dir_for
+from cat.runtime.ownership import output_dir_problems
 from cat.runtime.resume import resumes, starting_file_problem
-from cat.runtime.rundir import output_dir_problems
 
 from .bases import base_config_path
 from .safe_load import LAST_CHECKPOINT

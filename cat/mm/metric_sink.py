@@ -13,7 +13,7 @@ from typing import Any
 from mmengine.registry import VISBACKENDS
 from mmengine.visualization import BaseVisBackend
 
-from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks
+from cat.runtime.metric_sinks import METRICS_HISTORY, JsonlSink, MetricSinks
 
 __all__ = ["MetricSinkBackend", "sinks_for_new_backends"]
 
@@ -34,7 +34,7 @@ def sinks_for_new_backends(sinks: MetricSinks) -> Iterator[None]:
 
 @VISBACKENDS.register_module(force=True)
 class MetricSinkBackend(BaseVisBackend):
-    """A vis backend over a run's :class:`~cat.runtime.metrics.MetricSinks`: what mmengine's
+    """A vis backend over a run's :class:`~cat.runtime.metric_sinks.MetricSinks`: what mmengine's
     LoggerHook reports (train losses and lr every ``log_interval`` iterations, validation metrics)
     goes to them at its iteration. Images and configs are not metrics; cat records its configs itself.
 

@@ -6,17 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cat.runtime.schema import (
-    FIXED,
-    FREE,
-    GROW,
-    JobConfig,
-    NetworkConfig,
-    SaveConfig,
-    key,
-    register_schema,
-    section,
-)
+from cat.runtime.job_config import JobConfig, NetworkConfig, SaveConfig
+from cat.runtime.schema import FIXED, FREE, GROW, key, register_schema, section
 
 __all__ = ["MMConfig", "MMModelConfig", "DetConfig", "SegConfig"]
 

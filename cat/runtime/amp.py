@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .schema import AmpConfig
+from .job_config import AmpConfig
 
 __all__ = ["AMP_DTYPES", "amp_dtype", "autocast_for", "Precision"]
 

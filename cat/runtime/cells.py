@@ -22,10 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from cat.errors import ConfigError, SweepCellError
 
 from .io import atomic_write_text
+from .job_config import JobConfig
 from .logger import LOG_TIME_FORMAT, last_log_line
+from .ownership import check_writable
 from .resume import resume_relaunched_start_over
-from .rundir import check_writable
-from .schema import JobConfig, schema_problems, typed_config
+from .schema import schema_problems, typed_config
 
 __all__ = [
     "sweep_of_cell",

@@ -20,7 +20,8 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from cat.errors import SweepCellError, UserError
 
 from .cells import command_line_problems, other_failed_cells, record_refused_cell, sweep_of_cell
-from .schema import schema_of, section_keys, unknown_key_problem, unnamed_keys
+from .config_help import unnamed_keys
+from .schema import schema_of, section_keys, unknown_key_problem
 
 __all__ = ["hydra_entry", "report_user_errors", "user_error_message"]
 

@@ -15,10 +15,11 @@ from cat.errors import OutputError, UserError
 from .cells import write_overrides
 from .dist import DistEnv, barrier, broadcast_object
 from .io import atomic_write_text, owned_subfolder
+from .job_config import JobConfig
 from .logger import setup_logging
-from .metrics import MetricSinks
-from .rundir import RunDirLock, run_folder_problem
-from .schema import JobConfig, config_yaml
+from .metric_sinks import MetricSinks
+from .ownership import RunDirLock, run_folder_problem
+from .schema import config_yaml
 
 __all__ = ["RunFolder", "open_run_folder", "run_dir_for"]
 

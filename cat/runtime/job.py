@@ -16,11 +16,12 @@ from .dist import DistEnv, describe_hosts, init_distributed
 from .entry import user_error_message
 from .folder import RunFolder, open_run_folder
 from .io import atomic_write_json
+from .job_config import JobConfig
 from .logger import FILE_ONLY
-from .metrics import build_metric_sinks
+from .metric_sinks import build_metric_sinks
 from .preemption import Stopped, StopSignals
 from .rng import seed_everything
-from .schema import JobConfig, config_record, config_yaml
+from .schema import config_record, config_yaml
 
 __all__ = ["run_job", "JobBody"]
 

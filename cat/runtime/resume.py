@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 from cat.errors import ConfigError
 
-from .rundir import launch_record, read_started_over, relaunch_of
-from .schema import FIXED, RECIPE, JobConfig, config_record, file_problem, key_rule, run_length_key
+from .job_config import JobConfig
+from .ownership import launch_record, read_started_over, relaunch_of
+from .schema import FIXED, RECIPE, config_record, key_rule, run_length_key
 
 __all__ = [
     "resumes",
@@ -23,6 +24,8 @@ __all__ = [
     "check_resume",
     "describe_changes",
     "START_OVER",
+    "file_problem",
+    "starting_file_problem",
 ]
 
 Job = TypeVar("Job", bound=JobConfig)
@@ -55,6 +58,17 @@ def resume_relaunched_start_over(cfg: Job) -> tuple[Job, str | None]:
 
 # How a refusal offers to start the folder over (RunDirLock.set_aside_earlier_run).
 START_OVER = "resume=false, which starts the folder over and keeps its earlier run in earlier_runs/"
+
+
+def file_problem(name: str, path: str) -> str | None:
+    """What is wrong with ``name=path`` where a file is needed: nothing there, or a folder (a run's folder given
+    for its checkpoint: the checkpoints in it are named)."""
+    if os.path.isfile(path):
+        return None
+    if not os.path.isdir(path):
+        return f"{name}={path}: no such file"
+    held = sorted(entry.name for entry in os.scandir(path) if entry.name.endswith((".pth", ".pt", ".safetensors")))
+    return f"{name}={path}: a folder, not a file" + (f" (it holds {', '.join(held[:6])}: give one)" if held else "")
 
 
 def starting_file_problem(cfg: JobConfig, name: str, path: str) -> str | None:

@@ -1,4 +1,6 @@
-"""The typed configuration: one dataclass per config section, a schema per job (:func:`register_schema`).
+"""The key language of cat's typed configuration: one dataclass per config section, a schema per job
+(:func:`register_schema`). The sections every job has are :mod:`cat.runtime.job_config`'s; ``--help`` and the
+keys a sweep cell's name leaves out, which Hydra asks for while it composes, are :mod:`cat.runtime.config_help`'s.
 
 A key's value lives in the YAML (``configs/``, ``cat/configs/``); its type (a ``Literal`` for a key with
 choices, so the type checker holds the code to them too), its one-line doc, its range and every other fact
@@ -10,25 +12,19 @@ checks after Hydra composes rather than putting the schema in Hydra's defaults l
 the first mistyped value with a multi-line report and exit status 1, where cat's jobs end with
 ``error: ...`` and 2. A config that passes becomes the schema's dataclasses (:func:`typed_config`): that
 object is what the code reads, each component its own section.
-
-:class:`JobConfig` holds the keys every job has; classification (``cat.classification.schema``) and
-detection/segmentation (``cat.mm.schema``) extend it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
-import os
 import types
 import typing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeGuard, TypeVar, Union
 
-from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 __all__ = [
@@ -45,19 +41,14 @@ __all__ = [
     "key_rule",
     "run_length_key",
     "run_name_excluded",
-    "unnamed_keys",
     "absent_defaults",
-    "JobConfig",
-    "NetworkConfig",
     "register_schema",
     "schema_of",
     "schema_problems",
     "mapping_problems",
     "section_keys",
     "unknown_key_problem",
-    "file_problem",
     "schema_keys",
-    "schema_help",
 ]
 
 _ABSENT = object()
@@ -161,111 +152,6 @@ def section(schema: type, doc: str, *, resume: str | None = None, in_run_name: b
     """A nested section of keys, typed by the dataclass ``schema``; ``resume`` and ``in_run_name`` are its keys'
     unless a key says otherwise (:func:`key`)."""
     return field(default_factory=schema, metadata={"check": _Check(doc, resume=resume, in_run_name=in_run_name)})
-
-
-@dataclass
-class AmpConfig:
-    enabled: bool = key("mixed precision (autocast) for training and evaluation")
-    dtype: Literal["bf16", "fp16"] = key("the autocast dtype (fp16 adds a gradient scaler on CUDA)")
-
-
-@dataclass
-class SaveConfig:
-    keep_last: int = key("periodic snapshots kept besides the last (and, for classification, the best)", min=0)
-
-
-@dataclass
-class NetworkConfig:
-    """The keys that build a network in every task (a classifier, a detector's or segmenter's backbone); each task's
-    model section extends it."""
-
-    name: str = key("a registered model: cat's (ca_deit_tiny, ca_pvt_small, ...) or any timm model")
-    drop_path_rate: float | None = key(
-        "stochastic depth; null: the model factory's value", min=0, max=1, absent_means=None
-    )
-    kwargs: dict[str, Any] = key(
-        "extra model arguments, checked against the model's, e.g. {embed_dim: 64}", absent_means={}
-    )
-    lean_attention: Literal["auto", True, False] = key(
-        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
-        "true (every block: least memory) or false (autograd: faster, more memory)",
-        resume=FREE,  # the same math, computed another way
-        absent_means="auto",
-    )
-    grad_checkpointing: bool = key(
-        "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE
-    )
-
-
-@dataclass
-class ClusterConfig:
-    partition: str | None = key("Slurm partition (hydra/launcher=slurm)")
-    account: str | None = key("Slurm account")
-    constraint: str | None = key("Slurm node constraint")
-    time_min: int = key("minutes per job; near it the cell saves and submitit requeues it", min=1)
-    nodes: int = key("nodes per job", min=1)
-    gpus_per_node: int = key("GPUs per node (0 on a CPU partition)", min=0)
-    tasks_per_node: int = key("processes per node: one per GPU (1 on a CPU partition)", min=1)
-    cpus_per_task: int = key("CPU cores per process", min=1)
-    mem_gb: int | None = key("memory per node in GB; null: the partition's default", min=1)
-    max_requeues: int = key("how many times a preempted or timed-out job is requeued", min=0)
-
-
-@dataclass
-class WandbConfig:
-    mode: Literal["auto", "online", "offline", "disabled"] = key(
-        "auto: online with an API key, else offline (and online falls back to offline when W&B's server is "
-        "unreachable); disabled: no W&B (metrics.jsonl is always written)",
-        in_run_name=False,
-    )
-    # W&B's limits: another value fails W&B's init, or the sync of an offline run
-    project: str = key("W&B project", length=(1, 128), forbid="/\\#?%:", in_run_name=False)
-    entity: str | None = key("W&B entity (team or user); null: the key's default", in_run_name=False)
-    tags: list[str] = key("W&B run tags", length=(1, 64))
-    name: str = key("W&B run name (in a multirun the cell's folder name is added: <name>/<the cell's overrides>)")
-    group: str | None = key(
-        "W&B run group; null: a multirun's cells are grouped by sweep_name, other runs not", in_run_name=False
-    )
-
-
-@dataclass
-class LoggerConfig:
-    wandb: WandbConfig = section(WandbConfig, "Weights & Biases, one run per output_dir (resumed with it)")
-
-
-@dataclass
-class JobConfig:
-    """The keys every cat job (train_cls.py, train_det.py, train_seg.py) has, with one meaning each."""
-
-    name: str = key("run name: names output_dir and the W&B run", length=(1, 255))
-    mode: Literal["train", "eval"] = key("train, or eval a checkpoint")
-    output_dir: str = key("the run folder: config, log, checkpoints, metrics.json(l); eval/ for mode=eval")
-    checkpoint: str | None = key("eval: the weights to evaluate; training: the weights a run starts from")
-    resume: bool = key("continue from output_dir's last checkpoint when there is one")
-    strict_load: bool = key(
-        "checkpoint= (and a backbone's model.pretrained=) must match the model key for key; false: load what fits"
-    )
-    seed: int = key("random seed (each rank and epoch derives its own)", min=0, max=2**31 - 1, resume=FIXED)
-    debug: bool = key("user errors keep their traceback (as HYDRA_FULL_ERROR=1)", in_run_name=False)
-    device: Literal["auto", "cuda", "cpu"] = key("auto: CUDA when available", in_run_name=False)
-    amp: AmpConfig = section(AmpConfig, "mixed precision", resume=RECIPE)
-    workers: int = key("data-loading processes per training process", min=0, in_run_name=False)
-    dist_timeout_s: int = key(
-        "seconds a rank waits for the others in a collective before it fails (a lost node ends the job after it); "
-        "longer than anything one rank does alone (saving, COCO evaluation)",
-        min=1,
-        max=7 * 24 * 3600,
-        in_run_name=False,
-    )
-    log_interval: int = key("steps between console and metric log lines", min=1, in_run_name=False)
-    save: SaveConfig = section(SaveConfig, "checkpoints")
-    sweep_name: str = key(
-        "multirun (-m): the sweep's folder, outputs/<task>/sweeps/<sweep_name>/<cell>", in_run_name=False
-    )
-    cluster: ClusterConfig = section(
-        ClusterConfig, "Slurm resources, read by hydra/launcher=slurm (submitit)", in_run_name=False
-    )
-    logger: LoggerConfig = section(LoggerConfig, "metric sinks besides output_dir/metrics.jsonl")
 
 
 def register_schema(name: str, schema: type) -> None:
@@ -384,17 +270,6 @@ def mapping_problems(node: dict[str, Any], schema: type, prefix: str = "") -> li
 def unknown_key_problem(path: str, known: Iterable[str]) -> str:
     """The line for a key (dotted ``path``) that its section of the schema does not declare."""
     return f"{path}: not a key of this config (known here: {', '.join(sorted(known))})"
-
-
-def file_problem(name: str, path: str) -> str | None:
-    """What is wrong with ``name=path`` where a file is needed: nothing there, or a folder (a run's folder given
-    for its checkpoint: the checkpoints in it are named)."""
-    if os.path.isfile(path):
-        return None
-    if not os.path.isdir(path):
-        return f"{name}={path}: no such file"
-    held = sorted(entry.name for entry in os.scandir(path) if entry.name.endswith((".pth", ".pt", ".safetensors")))
-    return f"{name}={path}: a folder, not a file" + (f" (it holds {', '.join(held[:6])}: give one)" if held else "")
 
 
 def section_keys(schema: type, path: str) -> list[str] | None:
@@ -517,56 +392,3 @@ def schema_keys(schema: type, prefix: str = "") -> Iterator[tuple[str, str, str]
             continue
         tp, nullable = _unwrap_optional(annotation)
         yield path, _expected(tp, check, nullable), check.doc
-
-
-def schema_help(schema: type, cfg: DictConfig | None = None) -> str:
-    """The documented keys, one per line: ``key: type — doc [now: value]``."""
-    lines = []
-    for path, expected, doc in schema_keys(schema):
-        now = ""
-        if cfg is not None:
-            value = OmegaConf.select(cfg, path, default=_ABSENT, throw_on_resolution_failure=False)
-            if OmegaConf.is_config(value):
-                value = OmegaConf.to_container(value)
-            now = "  [not set in this config]" if value is _ABSENT else f"  [{value!r}]"
-        lines.append(f"  {path}: {expected} -- {doc}{now}")
-    return "\n".join(lines)
-
-
-_help_in_progress: list[bool] = []  # the help reads every key's value: one that names this resolver is not re-entered
-
-
-def _help_resolver(job_name: str, *, _root_: DictConfig) -> str:
-    if _help_in_progress:  # ${cat_keys:...} in a key's value (name=${cat_keys:train_cls}) recursed without end
-        return "<--help>"
-    _help_in_progress.append(True)
-    try:
-        return schema_help(schema_of(job_name.removeprefix("train_")), _root_)
-    finally:
-        _help_in_progress.pop()
-
-
-@functools.cache
-def _unnamed_keys(schema: type) -> tuple[str, ...]:
-    return (*run_name_excluded(schema), "sweep")
-
-
-def unnamed_keys(schema: type) -> list[str]:
-    """What a sweep cell's folder name leaves out of its overrides: the keys declared ``in_run_name=False``, and
-    ``sweep``, the config group that picks a sweep preset (no key, and no more a cell's name). Hydra asks at
-    every composition: computed once per schema."""
-    return list(_unnamed_keys(schema))
-
-
-def _unnamed_keys_resolver(schema_path: str) -> list[str]:
-    return unnamed_keys(get_class(schema_path))
-
-
-# ``${cat_keys:${hydra.job.name}}`` in job.yaml's ``hydra.help.template``: ``python train_cls.py
-# --help`` lists the documented keys of ``schema/cls`` with their composed values.
-if not OmegaConf.has_resolver("cat_keys"):
-    OmegaConf.register_new_resolver("cat_keys", _help_resolver)
-# ``${cat_unnamed_keys:cat.classification.schema.ClsConfig}`` in a trainer's config: the keys its sweep cells'
-# folder names leave out. The config names its schema's class, which Hydra composes before anything imports it.
-if not OmegaConf.has_resolver("cat_unnamed_keys"):
-    OmegaConf.register_new_resolver("cat_unnamed_keys", _unnamed_keys_resolver)

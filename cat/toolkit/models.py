@@ -111,8 +111,8 @@ def _model_of_run(
 ) -> nn.Module:
     """The model a classification run trained, built by its trainer's builder from the config its checkpoint
     records, with ``state_dict`` loaded."""
-    from cat.classification.builders import build_model
     from cat.classification.checks import recorded_model_config
+    from cat.classification.model_building import build_model
 
     run = recorded_model_config(trained, args.checkpoint, args.img_size)
     run.model.kwargs = {**run.model.kwargs, **overrides}

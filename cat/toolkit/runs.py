@@ -18,8 +18,9 @@ from cat.classification.metrics import BEST
 from cat.errors import ConfigError, DataError, RunDirLockedError
 from cat.paper import available_tables, paper_table
 from cat.runtime import RunDirLock
-from cat.runtime.rundir import EARLIER_RUNS
-from cat.runtime.schema import schema_of, unnamed_keys
+from cat.runtime.config_help import unnamed_keys
+from cat.runtime.ownership import EARLIER_RUNS
+from cat.runtime.schema import schema_of
 
 from .sweeps import expand_sweep
 

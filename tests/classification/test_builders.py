@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from cat.classification.builders import ResumableSampler, ShardSampler, build_model, num_classes_of
+from cat.classification.data_loading import ResumableSampler, ShardSampler, num_classes_of
+from cat.classification.model_building import build_model
 from cat.classification.schema import ClsConfig
 from cat.errors import ConfigError
 from cat.runtime.resume import check_resume

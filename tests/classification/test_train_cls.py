@@ -25,7 +25,7 @@ from cat.data import synthetic_dataset
 from cat.errors import ConfigError, DataError
 from cat.models import CheckpointMismatchError
 from cat.runtime.meter import IntervalStats
-from cat.runtime.metrics import read_history
+from cat.runtime.metric_sinks import read_history
 from tests import prewarmed
 from tests.conftest import (
     REPO,
@@ -86,7 +86,7 @@ def test_every_experiment_composes_and_builds(experiment):
     cfg = typed_config("cls", f"experiment={experiment}")
     assert cfg.name == experiment or experiment == "quickstart"
     with torch.device("meta"):
-        from cat.classification.builders import build_model
+        from cat.classification.model_building import build_model
 
         model = build_model(cfg.model, cfg.data.num_classes, cfg.data.img_size)
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -116,7 +116,7 @@ def test_paper_recipe_values():
         "bicubic",
     )
     # Drop path comes from the model factories (the YAML only overrides): the deepest block's rate.
-    from cat.classification.builders import build_model
+    from cat.classification.model_building import build_model
 
     drop_path = {}
     for experiment in ("ca_deit_t", "ca_deit_s", "ca_deit_b", "deit_s"):

@@ -18,7 +18,7 @@ from PIL import Image, ImageOps
 from timm.data import auto_augment
 from timm.data.auto_augment import RandAugment
 
-from cat.classification.builders import build_mixup
+from cat.classification.optimization import build_mixup
 from cat.data import build_transform
 from cat.data.augment import POSTERIZE_OPS, install_timm_augment_fixes, posterize
 from tests.conftest import REPO, typed_cls

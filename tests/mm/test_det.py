@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from cat.runtime.dist import DistEnv
-from cat.runtime.metrics import read_history
+from cat.runtime.metric_sinks import read_history
 from tests import prewarmed
 from tests.conftest import REPO, compose_config, mm_builder, refusal_line, run_folder
 from tests.entry_cases import run_entry_cases

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cat.runtime.dist import DistEnv
-from cat.runtime.metrics import read_history
+from cat.runtime.metric_sinks import read_history
 from cat.runtime.resume import START_OVER
 from tests import prewarmed
 from tests.conftest import REPO, compose_config, mm_builder

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cat.runtime import Precision
-from cat.runtime.schema import AmpConfig
+from cat.runtime.job_config import AmpConfig
 
 
 def test_from_config_and_cpu_behaviour():

@@ -13,7 +13,7 @@ import pytest
 
 from cat.errors import DataError, RunDirLockedError
 from cat.runtime import DistEnv, open_run_folder, run_job
-from cat.runtime.metrics import read_history
+from cat.runtime.metric_sinks import read_history
 from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, compose_config, run_folder, typed_config
 

@@ -16,7 +16,7 @@ import pytest
 from cat.errors import OutputError
 from cat.runtime import DistEnv, open_run_folder
 from cat.runtime.io import atomic_write_text, open_append, remove_stale_temporaries, temporary_path
-from cat.runtime.rundir import RUN_MARKER, is_run_folder, output_dir_problems
+from cat.runtime.ownership import RUN_MARKER, is_run_folder, output_dir_problems
 from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, refusal_line
 from tests.entry_cases import run_entry_cases
@@ -259,3 +259,66 @@ def test_an_empty_output_dir_moves_nothing(tmp_path):
         line = refusal_line(_train(work, *overrides, cwd=work))
         assert ("output_dir" in line or "name" in line) and "earlier_runs" not in line, line
         assert _tree(work) == before, overrides
+
+
+@pytest.mark.parametrize(
+    ("record", "now", "relaunch"),
+    [
+        ({"job": "7"}, {"job": "7", "restarts": 1}, True),  # Slurm requeued the job
+        ({"job": "7"}, {"job": "7"}, False),  # the same job's start: a second launch inside it, by hand
+        ({"job": "7"}, {"job": "8", "restarts": 1}, False),  # another job
+        ({"run": "r"}, {"run": "r", "elastic": 1}, True),  # torchrun restarted its workers
+        ({"run": "r"}, {"run": "s", "elastic": 1}, False),  # another torchrun
+        ({"job": "7", "run": "r"}, {"job": "7", "run": "r", "elastic": 1}, True),
+        ({}, {}, False),  # by hand, twice
+    ],
+)
+def test_a_relaunch_is_the_same_slurm_job_requeued_or_the_same_torchrun_restarted(monkeypatch, record, now, relaunch):
+    """cat.runtime.ownership's launch record (what a run that starts over writes, .started_over) and the one test a
+    later start passes to go on with that run."""
+    from cat.runtime.ownership import launch_record, relaunch_of
+
+    def launch(job=None, restarts=0, run=None, elastic=0) -> dict:
+        for name, value in (
+            ("SLURM_JOB_ID", job),
+            ("SLURM_RESTART_COUNT", str(restarts)),
+            ("TORCHELASTIC_RUN_ID", run),
+            ("TORCHELASTIC_RESTART_COUNT", str(elastic)),
+        ):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        return launch_record()
+
+    assert relaunch_of(launch(**record), launch(**now)) is relaunch
+
+
+def test_the_started_over_record_is_read_only_when_it_is_cats(tmp_path):
+    from cat.runtime.ownership import STARTED_OVER, read_started_over
+
+    assert read_started_over(str(tmp_path)) is None
+    good = {"slurm_job_id": "7", "slurm_restarts": 0, "torchelastic_run_id": None, "torchelastic_restarts": 0}
+    (tmp_path / STARTED_OVER).write_text(json.dumps(good))
+    assert read_started_over(str(tmp_path)) == good
+    for bad in ({**good, "slurm_restarts": "0"}, {**good, "slurm_job_id": ""}, ["not", "a", "record"]):
+        (tmp_path / STARTED_OVER).write_text(json.dumps(bad))
+        with pytest.raises(OutputError, match="is not cat's record of the launch"):
+            read_started_over(str(tmp_path))
+    (tmp_path / STARTED_OVER).unlink()
+    os.mkfifo(tmp_path / STARTED_OVER)  # a FIFO planted at its name: refused, never blocked on
+    with pytest.raises(OutputError, match="is not cat's record"):
+        read_started_over(str(tmp_path))
+
+
+def test_writable_is_probed_by_writing(tmp_path):
+    from cat.runtime.ownership import check_writable
+
+    assert check_writable(str(tmp_path / "new" / "deeper")) is None  # made later: its nearest folder decides
+    (tmp_path / "file").write_text("")
+    assert (
+        check_writable(str(tmp_path / "file" / "run"))
+        == f"output_dir={tmp_path / 'file' / 'run'}: {tmp_path / 'file'} is a file, not a folder"
+    )
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    assert "a symbolic link to" in check_writable(str(tmp_path / "dangling"), "hydra.run.dir")

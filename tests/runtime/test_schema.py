@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from cat.classification.schema import ClsConfig
 from cat.mm.schema import DetConfig, SegConfig
-from cat.runtime.schema import key, schema_help, schema_keys, schema_of, schema_problems, section
+from cat.runtime.config_help import schema_help
+from cat.runtime.schema import key, schema_keys, schema_of, schema_problems, section
 from tests.conftest import REPO, checked_config, compose_config, run_folder
 
 SCHEMAS = {"cls": ClsConfig, "det": DetConfig, "seg": SegConfig}
@@ -166,7 +167,7 @@ def test_help_lists_documented_keys_with_their_values():
 def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     """checkpoint= a run's folder (for the best.pth in it) is not 'no such file': both trainers say what is there."""
     from cat.errors import ConfigError
-    from cat.runtime.schema import file_problem
+    from cat.runtime.resume import file_problem
 
     run = tmp_path / "run"
     run.mkdir()

@@ -167,7 +167,7 @@ def test_a_cell_named_out_of_the_sweep_folder_is_refused_before_any_cell_runs(tm
 def test_a_sweeps_command_line_is_checked_before_it_expands(overrides, problem):
     from cat.classification.schema import ClsConfig
     from cat.runtime.cells import command_line_problems
-    from cat.runtime.schema import unnamed_keys
+    from cat.runtime.config_help import unnamed_keys
 
     problems = command_line_problems(["-m", *overrides], unnamed_keys(ClsConfig))
     assert (problems == []) if problem is None else any(p.startswith(problem) or problem in p for p in problems), (

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from cat.classification.builders import build_model
 from cat.classification.checkpoints import recorded_config
 from cat.classification.job import run
+from cat.classification.model_building import build_model
 from cat.errors import CheckpointError, ConfigError
 from cat.models import CheckpointMismatchError, load_checkpoint_file
 from cat.toolkit import model_from_args, model_tool_parser

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from cat.runtime.metrics import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
-from cat.runtime.schema import LoggerConfig, WandbConfig
+from cat.runtime.job_config import LoggerConfig, WandbConfig
+from cat.runtime.metric_sinks import METRICS_HISTORY, JsonlSink, MetricSinks, build_metric_sinks, read_history
 from tests import prewarmed
 from tests.conftest import REPO
 
@@ -79,9 +79,9 @@ def test_no_file_until_the_first_line(tmp_path):
 SERVICE_ENDS = """
 import contextlib, os, signal, sys, time
 from cat.runtime.logger import setup_logging
-from cat.runtime.metrics import build_metric_sinks
+from cat.runtime.metric_sinks import build_metric_sinks
 from tests.conftest import descendant_pids
-from tests.runtime.test_metrics import logger_section
+from tests.runtime.test_metric_sinks import logger_section
 
 def end_service():
     for pid in services:
@@ -134,8 +134,8 @@ def test_a_lost_wandb_service_ends_only_wandb(tmp_path, when):
 UNREACHABLE_SERVER = """
 import sys
 from cat.runtime.logger import setup_logging
-from cat.runtime.metrics import build_metric_sinks
-from tests.runtime.test_metrics import logger_section
+from cat.runtime.metric_sinks import build_metric_sinks
+from tests.runtime.test_metric_sinks import logger_section
 
 setup_logging(True)
 logger = logger_section("auto")

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TextIO
 
 from .io import open_append
+from .job_config import LoggerConfig, WandbConfig
 from .logger import METRICS_LOGGER, persistent_run_id, resolve_wandb_mode
-from .schema import LoggerConfig, WandbConfig
 
 __all__ = [
     "METRICS_HISTORY",

@@ -1,5 +1,5 @@
-"""A run's output folder: owned by the run that made it, checked writable, held exclusively, cleaned of killed
-writers' leftovers.
+"""Which folders a run may touch: a run folder owned by the run that made it (its marker), checked writable, held
+exclusively (its lock), cleaned of killed writers' leftovers.
 
 A run folder is known by the marker (``.cat-run``) the run writes when it makes the folder (or takes a new or empty
 one): its identity (host, pid, user, time, launch). Only such a folder is locked, cleaned or started over

@@ -1,0 +1,131 @@
+"""A classification run's model from its ``model`` section: created, converted, its weights loaded, placed."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import Tensor, nn
+
+import cat
+from cat.errors import ConfigError
+from cat.models import (
+    CheckpointMismatchError,
+    extract_state_dict,
+    load_checkpoint_file,
+    load_weights,
+    model_arguments,
+    model_kwargs,
+)
+from cat.ops import set_lean_attention
+from cat.runtime import DistEnv, Precision
+from cat.runtime.resume import resumes
+
+from .checkpoints import LAST, recorded_config
+from .schema import ClsConfig, ClsModelConfig
+
+__all__ = ["build_model", "model_differences", "build_train_model"]
+
+
+def build_model(
+    model_cfg: ClsModelConfig,
+    num_classes: int,
+    img_size: int,
+    checkpoint: str | None = None,
+    strict: bool = True,
+    fine_tune: bool = False,
+    use_ema: bool = False,
+    state_dict: dict[str, Tensor] | None = None,
+    trained_config: dict[str, Any] | None = None,
+) -> nn.Module:
+    """The model of the ``model`` section for inputs of ``img_size``: created, its ``checkpoint`` loaded (its
+    weight EMA with ``use_ema``; ``state_dict``: weights the caller already read from it, ``trained_config``: the
+    run config the file records), converted to circulant attention when ``model.convert`` is set. A checkpoint
+    of the unconverted model loads before the conversion (fine-tuning a softmax model as a circulant one), a
+    converted model's after it. To ``fine_tune``, a checkpoint's classifier for another class count is left out
+    (the model's starts fresh). Weights that do not fit and were trained by a run of another model say which
+    settings differ."""
+    kwargs = model_kwargs(model_cfg.drop_path_rate, model_cfg.kwargs)
+    accepted = model_arguments(model_cfg.name)
+    if accepted is None or "img_size" in accepted:  # timm models that take any size have no img_size (pvt_v2)
+        # The size it is fed (throughput.img_size in throughput mode): fixed-size models (timm's ViTs) are
+        # built for it, a checkpoint's position embeddings resampled to it.
+        kwargs = {"img_size": img_size, **kwargs}
+    model = cat.create_model(model_cfg.name, num_classes=num_classes, **kwargs)
+    conversion = model_cfg.convert
+    if state_dict is None and checkpoint is not None:
+        entries = load_checkpoint_file(checkpoint)
+        state_dict = extract_state_dict(entries, str(checkpoint), use_ema=use_ema)
+        trained_config = recorded_config(entries)
+    # A converted model's checkpoint holds what the conversion adds (the gates): convert, then load.
+    convert_first = (
+        conversion is not None and state_dict is not None and not state_dict.keys() <= model.state_dict().keys()
+    )
+    if convert_first and conversion is not None:
+        _convert(model, conversion)
+    if state_dict is not None:
+        try:
+            load_weights(model, state_dict, strict, str(checkpoint), new_classifier=fine_tune)
+        except CheckpointMismatchError as error:
+            differences = model_differences(trained_config, model_cfg)
+            if not differences:
+                raise
+            raise CheckpointMismatchError(
+                error.report,
+                str(checkpoint),
+                f"its run trained {'; '.join(differences)}: build the model it was trained as (the run's "
+                "config.yaml holds its settings)",
+            ) from None
+    if conversion is not None and not convert_first:
+        _convert(model, conversion)
+    if model_cfg.grad_checkpointing:
+        try:
+            model.set_grad_checkpointing(True)  # type: ignore[operator]  # timm's model API
+        except (AssertionError, NotImplementedError) as error:  # timm's models that have none say so this way
+            raise ConfigError(
+                f"model.grad_checkpointing=true: {model_cfg.name} does not support it ({error})"
+            ) from None
+    return set_lean_attention(model, model_cfg.lean_attention)
+
+
+def _convert(model: nn.Module, settings: dict[str, Any]) -> None:
+    """``cat.convert`` with ``model.convert``'s settings; what it refuses is a ConfigError naming the key."""
+    accepted = list(inspect.signature(cat.convert).parameters)[1:]  # after the model
+    unknown = [
+        f"model.convert.{k}: not an argument of cat.convert ({', '.join(accepted)})"
+        for k in settings.keys() - set(accepted)
+    ]
+    if unknown:
+        raise ConfigError(unknown)
+    try:
+        cat.convert(model, **settings)
+    except ValueError as error:
+        raise ConfigError(f"model.convert={settings}: {error}") from None
+
+
+def model_differences(trained_config: dict[str, Any] | None, model_cfg: ClsModelConfig) -> list[str]:
+    """``model.KEY=<trained> where this model has <current>`` for each model-defining setting in which a
+    checkpoint's recorded run config (``trained_config``, None when it has none) differs from ``model_cfg``."""
+    if trained_config is None:
+        return []
+    trained = trained_config["model"]
+    return [
+        f"model.{key}={trained.get(key)!r} where this model has {getattr(model_cfg, key)!r}"
+        for key in ClsModelConfig.DEFINING_KEYS
+        if trained.get(key) != getattr(model_cfg, key)
+    ]
+
+
+def build_train_model(cfg: ClsConfig, env: DistEnv, num_classes: int) -> nn.Module:
+    """The model a training run starts with, on its device: from ``checkpoint=`` if given, unless the run resumes."""
+    checkpoint = None if resumes(cfg, LAST) else cfg.checkpoint
+    model = build_model(
+        cfg.model,
+        num_classes,
+        cfg.input_size()[0],
+        checkpoint=checkpoint,
+        strict=cfg.strict_load,
+        fine_tune=True,
+        use_ema=cfg.checkpoint_ema,
+    )
+    return Precision.from_config(cfg.amp, env.device, cfg.channels_last).model(model)
