@@ -23,9 +23,12 @@ import types
 import typing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeGuard, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, TypeVar, Union
 
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+if TYPE_CHECKING:  # any section of a typed config
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "key",
@@ -322,7 +325,7 @@ def typed_config(cfg: DictConfig, schema: type[T]) -> T:
     return typed_section(schema, _plain(cfg))
 
 
-def config_record(cfg: Any) -> dict[str, Any]:
+def config_record(cfg: DataclassInstance) -> dict[str, Any]:
     """A typed config (or a section of one) as plain data: what a run's checkpoints, ``config.yaml`` and metric
     sinks record. A key this config's options lack (None in the object) is left out, as the composed config
     left it out."""
@@ -331,11 +334,12 @@ def config_record(cfg: Any) -> dict[str, Any]:
         value = getattr(cfg, f.name)
         if value is None and not f.metadata["check"].required:
             continue
-        record[f.name] = config_record(value) if dataclasses.is_dataclass(value) else copy.deepcopy(value)
+        section = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        record[f.name] = config_record(value) if section else copy.deepcopy(value)
     return record
 
 
-def config_yaml(cfg: Any) -> str:
+def config_yaml(cfg: DataclassInstance) -> str:
     """``config.yaml``'s text for a typed config."""
     return OmegaConf.to_yaml(OmegaConf.create(config_record(cfg)))
 

@@ -129,7 +129,7 @@ def test_extending_epochs_on_resume_follows_the_new_schedule(tmp_path):
     proc = train_proc(tmp_path / "a", "epochs=3", "batch_size=16", "lr=1e-4")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
         "has finished its 3 epochs, so lr: 0.002 -> 0.0001 would train nothing: a run with them needs its own "
-        "output_dir (or name=), or more epochs to continue this one"
+        "output_dir (or name=), or a longer run to continue this one"
     )
     assert {name: (tmp_path / "a" / name).read_text() for name in record} == record
 

@@ -603,7 +603,8 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     assert (tmp_path / "config.yaml").is_file() and log.count("epoch 1/1  train loss") == 1
     assert f"ema top1 {metrics['val/ema_top1']:.2f}" in log
     # An evaluation reports both results of the run: the model's and its weight EMA's.
-    evaluated = run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
+    run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
+    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())  # the evaluation's own record
     assert (evaluated["eval/top1"], evaluated["eval/ema_top1"]) == (metrics["val/top1"], metrics["val/ema_top1"])
     assert "its weight EMA: top1" in (tmp_path / "eval" / "log.txt").read_text()
     # A fine-tune from the weight EMA (checkpoint_ema=true) says what it starts from; a profiler window past its
