@@ -153,7 +153,7 @@ def measure(rounds: int, steps: int, sleep_ms: float | None, folder: str) -> lis
             DistEnv(),
             TrainOptions(steps_per_epoch=steps, log_fn=lambda m, _s, rows=recorded: rows.append(m), **opts),
         )
-        shares += [r["data_share"] for r in recorded[1:]]  # the first interval holds the epoch's warm-up
+        shares += [r["train/data_share"] for r in recorded[1:]]  # the first interval holds the epoch's warm-up
     log.removeHandler(sink)
     history.finish()
     implied = load_s / (load_s + step_s)

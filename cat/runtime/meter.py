@@ -34,7 +34,8 @@ def _stat(doc: str) -> Any:
 
 @dataclass
 class IntervalStats:
-    """One interval's numbers (all ``None`` where not known): the keys of a ``metrics.jsonl`` row."""
+    """One interval's numbers (all ``None`` where not known): a ``metrics.jsonl`` row's ``train/<field>`` keys, named
+    as the epoch's training metrics are (``train/loss``)."""
 
     eta_s: float | None = _stat(
         "seconds until the run ends: its steps left at the running mean step time (warm-up left out) plus its "
@@ -59,7 +60,7 @@ class IntervalStats:
     )
 
     def metrics(self) -> dict[str, float | None]:
-        return dataclasses.asdict(self)
+        return {f"train/{name}": value for name, value in dataclasses.asdict(self).items()}
 
     def fields(self) -> dict[str, str]:
         """The log line's part: ``eta``, ``step``, ``data``, ``img/s``, ``mem``, ``tflops``, ``mfu``."""

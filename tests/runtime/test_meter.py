@@ -25,7 +25,7 @@ from cat.runtime.meter import WARMUP_STEPS, IntervalStats, StepMeter
 from cat.runtime.profiling import ProfileWindow
 
 REPO = Path(__file__).resolve().parents[2]
-STATS = [f.name for f in dataclasses.fields(IntervalStats)]
+STATS = [f"train/{f.name}" for f in dataclasses.fields(IntervalStats)]
 
 
 class SlowImages(Dataset):
@@ -69,6 +69,7 @@ def test_every_row_carries_the_declared_keys_and_no_guessed_mfu():
     assert [step for step, _ in rows] == [3, 6]
     for _, row in rows:
         assert list(row) == ["train/loss_step", "train/lr", *STATS]
+        row = {k.removeprefix("train/"): v for k, v in row.items()}
         assert row["mfu"] is None and row["mem_reserved_mib"] is None  # a CPU: no listed peak, no allocator
         assert row["tflops"] == flops * row["img_s"] / 1e12
         assert row["img_s_global"] == row["img_s"] and 0 <= row["data_share"] <= 1
@@ -79,14 +80,14 @@ def test_every_row_carries_the_declared_keys_and_no_guessed_mfu():
 
 
 def test_a_slowed_loader_shows_as_data_time_and_warns_once(caplog):
-    per_image, batch = 0.01, 2
+    per_image, batch = 0.05, 2  # a 100 ms wait per step: data-bound even on a loaded machine
     loader = DataLoader(SlowImages(18, per_image), batch_size=batch)
     with caplog.at_level(logging.WARNING, logger="cat.train"):
         rows = _train(loader, 9, StepMeter("cpu", advice="Try workers=8."), 3)
     for _, row in rows:
         # time.sleep sleeps at least as long as asked: each step waited that long for its batch, at least
-        assert row["data_s"] >= batch * per_image and row["step_s"] >= row["data_s"]
-        assert row["data_share"] > 0.5  # the tiny model's step is a fraction of the 20 ms wait
+        assert row["train/data_s"] >= batch * per_image and row["train/step_s"] >= row["train/data_s"]
+        assert row["train/data_share"] > 0.5  # the tiny model's step is a fraction of the wait
     warnings = [r.getMessage() for r in caplog.records if "data-bound" in r.getMessage()]
     # The first interval holds the epoch's warm-up (the loader starting): the warning comes from the second.
     assert len(warnings) == 1 and "epoch 1 steps 4-6" in warnings[0] and warnings[0].endswith("Try workers=8.")
@@ -99,10 +100,10 @@ def test_a_slowed_loader_shows_as_data_time_and_warns_once(caplog):
 def test_the_time_left_counts_the_run_steps_left():
     rows = _train([(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,)))] * 8, 8, StepMeter("cpu"), 2)
     by_step = dict(rows)
-    assert by_step[2]["eta_s"] is None  # only warm-up steps so far: no mean to extrapolate
+    assert by_step[2]["train/eta_s"] is None  # only warm-up steps so far: no mean to extrapolate
     # Epoch 1 of 3, step 4 of 8: 4 steps left in it, 4 + 2 x 8 in the run, all at the same running mean.
-    assert by_step[4]["eta_s"] == pytest.approx(by_step[4]["epoch_eta_s"] * 20 / 4)
-    assert by_step[8]["epoch_eta_s"] == 0 and by_step[8]["eta_s"] > 0
+    assert by_step[4]["train/eta_s"] == pytest.approx(by_step[4]["train/epoch_eta_s"] * 20 / 4)
+    assert by_step[8]["train/epoch_eta_s"] == 0 and by_step[8]["train/eta_s"] > 0
     assert WARMUP_STEPS < 4
 
 
@@ -149,5 +150,5 @@ def test_a_profile_window_writes_a_trace_and_a_table(tmp_path, caplog):
 
 def test_the_readme_documents_every_key():
     readme = (REPO / "README.md").read_text()
-    documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.M))
+    documented = set(re.findall(r"^\| `(train/\w+)` \|", readme, flags=re.M))
     assert set(STATS) <= documented, set(STATS) - documented

@@ -356,7 +356,7 @@ def test_plot_runs_draws_a_sweeps_seeds_as_a_band_and_refuses_what_is_no_run(run
             cell = sweep / f"lr={lr},seed={seed}"
             cell.mkdir()
             (cell / "overrides.yaml").write_text(f"[seed={seed}, lr={lr}]\n")
-            rows = [{"step": 5, "train/loss_step": 9.0, "epoch_eta_s": 1.0}]  # an interval row: not an epoch's
+            rows = [{"step": 5, "train/loss_step": 9.0, "train/epoch_eta_s": 1.0}]  # an interval row: not an epoch's
             rows += [
                 {"step": 10 * e, "epoch": e, "train/loss": 2 / e + seed, "train/lr": lr, "val/top1": 10 * e + seed}
                 for e in (1, 2, 3)
