@@ -19,6 +19,9 @@ import torch
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from cat.runtime.io import atomic_save, open_owned, refuse_planted, temporary_path
+from cat.runtime.schema import absent_defaults
+
+from .schema import ClsModelConfig
 
 __all__ = ["CheckpointManager", "LAST", "recorded_config"]
 
@@ -110,6 +113,17 @@ def recorded_config(saved: Any) -> dict[str, Any] | None:
         return None
     model = config.get("model")
     return config if isinstance(model, dict) and isinstance(model.get("name"), str) else None
+
+
+def recorded_model_keys(trained: dict[str, Any]) -> dict[str, Any]:
+    """The ``model`` section of a recorded run config (:func:`recorded_config`) read through the schema: the keys
+    of :class:`ClsModelConfig` that say what the model is (not ``grad_checkpointing``, how it trained), those the run
+    predates with the value such runs had (``absent_means``); not yet checked
+    (:func:`~cat.classification.checks.recorded_model_config` checks it)."""
+    model = trained["model"]
+    return {key: model.get(key, default) for key, default in absent_defaults(ClsModelConfig).items()} | {
+        "name": model["name"]
+    }
 
 
 def _check_training_checkpoint(saved: Any, path: str) -> None:

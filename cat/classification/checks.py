@@ -18,9 +18,9 @@ from cat.runtime import run_dir_for
 from cat.runtime.logger import run_id_problem
 from cat.runtime.ownership import output_dir_problems
 from cat.runtime.resume import resumes, starting_file_problem
-from cat.runtime.schema import absent_defaults, mapping_problems, typed_section
+from cat.runtime.schema import mapping_problems, typed_section
 
-from .checkpoints import LAST
+from .checkpoints import LAST, recorded_model_keys
 from .model_building import build_model
 from .schema import ClsConfig, ClsModelConfig
 
@@ -173,8 +173,7 @@ def recorded_model_config(trained: dict[str, Any], source: str, img_size: int | 
     place when given) and ``data.num_classes``; a key the run predates has the value such runs had (the schema's
     ``absent_means``). A CheckpointError naming the file where a value is not one a run records (the file is the
     user's: anything may be in it)."""
-    model = {k: trained["model"].get(k, default) for k, default in absent_defaults(ClsModelConfig).items()}
-    model |= {"name": trained["model"]["name"], "grad_checkpointing": False}
+    model = recorded_model_keys(trained) | {"grad_checkpointing": False}
     data = recorded if isinstance(recorded := trained.get("data"), dict) else {}
     img_size, num_classes = img_size or data.get("img_size"), data.get("num_classes")
     problems = mapping_problems(model, ClsModelConfig, "model.") + [

@@ -21,7 +21,7 @@ from cat.ops import set_lean_attention
 from cat.runtime import DistEnv, Precision
 from cat.runtime.resume import resumes
 
-from .checkpoints import LAST, recorded_config
+from .checkpoints import LAST, recorded_config, recorded_model_keys
 from .schema import ClsConfig, ClsModelConfig
 
 __all__ = ["build_model", "model_differences", "build_train_model"]
@@ -108,11 +108,11 @@ def model_differences(trained_config: dict[str, Any] | None, model_cfg: ClsModel
     checkpoint's recorded run config (``trained_config``, None when it has none) differs from ``model_cfg``."""
     if trained_config is None:
         return []
-    trained = trained_config["model"]
+    trained = recorded_model_keys(trained_config)
     return [
-        f"model.{key}={trained.get(key)!r} where this model has {getattr(model_cfg, key)!r}"
+        f"model.{key}={trained[key]!r} where this model has {getattr(model_cfg, key)!r}"
         for key in ClsModelConfig.DEFINING_KEYS
-        if trained.get(key) != getattr(model_cfg, key)
+        if trained[key] != getattr(model_cfg, key)
     ]
 
 

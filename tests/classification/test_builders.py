@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
 from cat.classification.data_loading import ResumableSampler, ShardSampler, num_classes_of
-from cat.classification.model_building import build_model
+from cat.classification.model_building import build_model, model_differences
 from cat.classification.schema import ClsConfig
 from cat.errors import ConfigError
 from cat.runtime.resume import check_resume
@@ -80,6 +82,16 @@ def test_build_model_passes_img_size_only_to_models_that_take_it(model, takes_im
     assert built.num_classes == 3
     if takes_img_size:
         assert built.patch_embed.img_size == (32, 32) and built.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
+
+
+def test_a_recorded_model_is_read_with_the_values_of_runs_before_its_keys():
+    model = typed_config("cls", *TINY_CLS).model
+    # A run recorded before `kwargs` and `convert` existed had none of either: the same model as one that sets none.
+    assert model_differences({"model": {"name": model.name}}, dataclasses.replace(model, kwargs={})) == []
+    assert model_differences({"model": {"name": model.name}}, dataclasses.replace(model, kwargs={}, convert={})) == [
+        "model.convert=None where this model has {}"
+    ]
+    assert model_differences(None, model) == []  # a file that records no run: nothing to compare
 
 
 def test_num_classes_from_the_config_or_the_folders():
