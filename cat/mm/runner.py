@@ -30,8 +30,8 @@ def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
     """Where mmengine will auto-resume: the config differs from the one the run folder's last checkpoint was trained
     with only where a resume can take it (:func:`~cat.runtime.resume.check_resume`, the rule both trainers follow),
     and the changes are logged. The checkpoint's own record of its config is compared (:class:`RunConfigHook`), or
-    for a run saved before checkpoints carried it, the folder's ``config.yaml``; a folder without a checkpoint to
-    resume, or a checkpoint without either, starts over."""
+    for a run saved before checkpoints carried it, the folder's ``config.yaml``. A folder without a checkpoint to
+    resume starts over; a checkpoint with neither record resumes uncompared."""
     from mmengine.runner.checkpoint import CheckpointLoader
 
     pointer = folder.file(LAST_CHECKPOINT)
@@ -43,18 +43,17 @@ def check_resume_config(cfg: MMConfig, folder: RunFolder) -> None:
     saved = loaded.get("config") if isinstance(loaded, dict) else None
     if not isinstance(saved, dict) and (saved := _config_yaml(folder)) is None:
         return
-    by_epoch = run_length_key(type(cfg)) == "schedule.epochs"
-    changed = check_resume(checkpoint, saved, cfg, _progress(checkpoint, loaded, by_epoch))
+    length_key = run_length_key(type(cfg))  # schedule.epochs or schedule.iters
+    changed = check_resume(checkpoint, saved, cfg, _progress(checkpoint, loaded, length_key == "schedule.epochs"))
     if changed:
         folder.log.info("config changed since the checkpoint: %s", describe_changes(changed))
-    for key in ("schedule.epochs", "schedule.iters"):
-        if key in changed:
-            folder.log.warning(
-                "%s: %r -> %r; the checkpoint's learning-rate schedulers are restored as they were planned, so "
-                "the steps added run at the rate where they ended",
-                key,
-                *changed[key],
-            )
+    if length_key in changed:
+        folder.log.warning(
+            "%s: %r -> %r; the checkpoint's learning-rate schedulers are restored as they were planned, so "
+            "the steps added run at the rate where they ended",
+            length_key,
+            *changed[length_key],
+        )
 
 
 def _config_yaml(folder: RunFolder) -> dict[str, Any] | None:

@@ -125,14 +125,14 @@ def check_resume(
     refusing (ConfigError, every problem on a line) a change of a FIXED key, the trainer's own ``refused`` lines, a
     run length (GROW) below the checkpoint's ``progress`` (the record would claim the shorter run), and RECIPE
     changes for a run with no step left to train them. ``progress`` None (not known): no length is refused."""
-    schema = type(cfg)
-    changed = config_changes(saved, config_record(cfg))
+    schema, record = type(cfg), config_record(cfg)
+    changed = config_changes(saved, record)
     lines = [f"{k}: {changed[k][0]!r} -> {changed[k][1]!r}" for k in changed if key_rule(schema, k) == FIXED]
     problems = [f"cannot resume {checkpoint} with a different {line}" for line in [*lines, *refused]]
     if problems:
         problems.append(f"start a new run in another output_dir, or pass {START_OVER}")
     length_key = run_length_key(schema)
-    length = flatten_config(config_record(cfg))[length_key]
+    length = flatten_config(record)[length_key]
     unit = "epochs" if length_key.endswith("epochs") else "iterations"
     if progress is not None and length < progress.done + progress.begun:
         trained = f"begun {unit[:-1]} {progress.done + 1}" if progress.begun else f"trained {progress.done} {unit}"
