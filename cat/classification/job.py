@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, cast
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from torch import nn
 
 from cat.data import SplitDataset, build_dataset
 from cat.errors import ConfigError
@@ -21,7 +20,7 @@ from .checks import check_config
 from .data_loading import num_classes_of, val_loader
 from .loops import measure_throughput
 from .metrics import EVAL_METRICS, console_text, evaluate, split_names
-from .model_building import build_model
+from .model_building import build_model, compiled
 from .schema import ClsConfig
 from .trainer import fit
 
@@ -110,8 +109,7 @@ def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, An
         )
     )
     folder.write_config(cfg)
-    if cfg.compile:
-        model = cast(nn.Module, torch.compile(model))  # an OptimizedModule
+    model = compiled(cfg, model)
     metrics = measure_throughput(
         model, cfg.throughput.batch_size, hw, precision, cfg.throughput.warmup, cfg.throughput.iters
     )

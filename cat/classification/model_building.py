@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
+import torch
 from torch import Tensor, nn
 
 import cat
@@ -17,8 +18,8 @@ from cat.models import (
     model_arguments,
     model_kwargs,
 )
-from cat.ops import set_lean_attention
-from cat.runtime import DistEnv, Precision
+from cat.ops import CirculantAttention, configure_attention, describe
+from cat.runtime import DistEnv, Precision, amp_dtype
 from cat.runtime.resume import resumes
 
 from .checkpoints import LAST, recorded_config, recorded_model_keys
@@ -85,7 +86,7 @@ def build_model(
             raise ConfigError(
                 f"model.grad_checkpointing=true: {model_cfg.name} does not support it ({error})"
             ) from None
-    return set_lean_attention(model, model_cfg.lean_attention)
+    return configure_attention(model, model_cfg.lean_attention, model_cfg.fft_backend, model_cfg.attention_memory_mb)
 
 
 def _convert(model: nn.Module, settings: dict[str, Any]) -> None:
@@ -129,3 +130,21 @@ def build_train_model(cfg: ClsConfig, env: DistEnv, num_classes: int) -> nn.Modu
         use_ema=cfg.checkpoint_ema,
     )
     return Precision.from_config(cfg.amp, env.device, cfg.channels_last).model(model)
+
+
+def compiled(cfg: ClsConfig, model: nn.Module) -> nn.Module:
+    """``model`` under torch.compile when ``compile=true`` (with ``compile_mode`` and ``compile_fullgraph``), else
+    ``model`` itself."""
+    if not cfg.compile:
+        return model
+    return cast(nn.Module, torch.compile(model, mode=cfg.compile_mode, fullgraph=cfg.compile_fullgraph))
+
+
+def attention_plan(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> str | None:
+    """The log line that says what ``model``'s circulant attention takes on this run's device and precision, and
+    why (:func:`cat.ops.describe`); None for a model without it."""
+    if not any(isinstance(m, CirculantAttention) or hasattr(m, "fft_backend") for m in model.modules()):
+        return None
+    dtype = amp_dtype(cfg.amp.dtype) if cfg.amp.enabled else next(model.parameters()).dtype
+    plan = describe(env.device, dtype, cfg.model.lean_attention, cfg.model.fft_backend, cfg.model.attention_memory_mb)
+    return plan + (f"; compiled ({cfg.compile_mode})" if cfg.compile else "")

@@ -115,6 +115,15 @@ class ClsConfig(JobConfig):
         resume=RECIPE,
     )
     compile: bool = key("torch.compile the model")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = key(
+        "torch.compile's mode: reduce-overhead (and max-autotune) replay the step as CUDA graphs on a GPU, for "
+        "steps of one shape (the recipes' fixed batch and size)",
+        in_run_name=False,
+    )
+    compile_fullgraph: bool = key(
+        "compile=true makes one graph of the model: a graph break is an error that names it (false: allowed)",
+        in_run_name=False,
+    )
     channels_last: bool = key("channels-last memory format")
     ema: EmaConfig = section(EmaConfig, "weight EMA", resume=RECIPE)
     checkpoint_ema: bool = key(

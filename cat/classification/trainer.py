@@ -9,11 +9,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cat.data import ZipImageDataset, file_format
@@ -29,7 +28,7 @@ from .data_loading import build_train_data
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, train_one_epoch
 from .meters import build_profile_window, build_step_meter
 from .metrics import BEST, EMA, console_text, evaluate, split_names
-from .model_building import build_train_model
+from .model_building import attention_plan, build_train_model, compiled
 from .optimization import build_train_options, build_train_state
 from .schema import ClsConfig
 from .state import TrainState
@@ -165,7 +164,7 @@ def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float 
 
 
 def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
-    train_model = cast(nn.Module, torch.compile(model)) if cfg.compile else model  # an OptimizedModule
+    train_model = compiled(cfg, model)
     if env.distributed:
         train_model = DistributedDataParallel(
             train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
@@ -235,6 +234,8 @@ class Trainer:
             state.optimizer.param_groups[0]["initial_lr"],  # the peak (scaled) lr; "lr" is the schedule's now
             data.steps_per_epoch,
         )
+        if (plan := attention_plan(cfg, self.env, state.model)) is not None:
+            log.info("%s", plan)
         if cfg.checkpoint and not point.resumed:
             log.info("weights from %s%s", cfg.checkpoint, ", its weight EMA" if cfg.checkpoint_ema else "")
         self._log_cache()

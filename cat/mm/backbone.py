@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import cat
 from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file, on_meta
-from cat.ops import LeanPolicy, set_lean_attention
+from cat.ops import BackendPolicy, LeanPolicy, configure_attention
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
 
@@ -33,9 +33,12 @@ class TimmBackbone(BaseModule):
         strict_pretrained: every weight of the backbone must come from ``pretrained`` (at its shape),
             else :class:`cat.models.CheckpointMismatchError` names the file and the keys.
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
-        lean_attention: train circulant attention through its memory-lean function (``True``), through
-            autograd (``False``: faster steps, more memory) or by block size (``'auto'``;
+        lean_attention: what circulant attention keeps for its backward: its spectra (``False``: faster steps),
+            only its input (``True``: the least memory), or by device and memory (``'auto'``;
             :func:`cat.ops.set_lean_attention`).
+        fft_backend: how circulant attention's DFTs run (:func:`cat.ops.set_fft_backend`).
+        attention_memory_mb: circulant attention's memory budget in MiB (:func:`cat.ops.set_attention_memory`;
+            None: a share of the device's free memory).
         grad_checkpointing: recompute each block's activations in the backward (timm's
             ``set_grad_checkpointing``): less memory, slower steps.
     """
@@ -49,13 +52,15 @@ class TimmBackbone(BaseModule):
         strict_pretrained: bool = False,
         model_kwargs: dict[str, Any] | None = None,
         lean_attention: LeanPolicy = "auto",
+        fft_backend: BackendPolicy = "auto",
+        attention_memory_mb: int | None = None,
         grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:
         super().__init__(init_cfg=init_cfg)
         # A timm model: its feature API (feature_info, forward_intermediates, pruning) is timm's, not nn.Module's.
         model: Any = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
-        self.model: Any = set_lean_attention(model, lean_attention)
+        self.model: Any = configure_attention(model, lean_attention, fft_backend, attention_memory_mb)
         if grad_checkpointing:
             model.set_grad_checkpointing(True)
         self.out_indices = tuple(out_indices)

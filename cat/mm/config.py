@@ -113,6 +113,8 @@ def backbone_cfg(model: MMModelConfig, strict_pretrained: bool = False) -> tuple
         "out_indices": out_indices,
         "out_norm": model.backbone.out_norm,
         "lean_attention": model.backbone.lean_attention,
+        "fft_backend": model.backbone.fft_backend,
+        "attention_memory_mb": model.backbone.attention_memory_mb,
         "grad_checkpointing": model.backbone.grad_checkpointing,
         "pretrained": model.pretrained,
         "strict_pretrained": strict_pretrained,

@@ -27,7 +27,8 @@ from timm.models.swin_transformer import SwinTransformerBlock
 from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
-from cat.ops.circulant import FFTBackend, LeanPolicy, check_lean, circulant_attention_layer
+from cat.ops.circulant import FFTBackend, circulant_attention_layer
+from cat.ops.policy import LeanPolicy, check_lean
 from cat.ops.prefix import prefix_attention
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
@@ -72,7 +73,8 @@ class PluginCirculantAttention(nn.Module):
         self.grid: tuple[int, int] | None = None
         self.keep_weights = False
         self.last_weights: Tensor | None = None
-        self.fft_backend: FFTBackend = "fft"  # as CirculantAttention's (cat.ops.set_fft_backend sets it)
+        self.fft_backend: FFTBackend = "auto"  # as CirculantAttention's (cat.ops.set_fft_backend sets it)
+        self.memory_mb: int | None = None  # as CirculantAttention's (cat.ops.set_attention_memory sets it)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}, lean={self.lean}"
@@ -105,6 +107,7 @@ class PluginCirculantAttention(nn.Module):
             "post",
             self.fft_backend,
             self.lean,
+            self.memory_mb,
             self.keep_weights,
             False,
             qkv_bias,

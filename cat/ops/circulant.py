@@ -2,14 +2,15 @@
 
 For an H x W token grid with N = H*W tokens, a BCCB (block-circulant with circulant blocks)
 attention matrix has entries that depend only on the 2-D offset between query and key on the
-torus. Such a matrix is a circular convolution, so attention reduces to 2-D FFTs and costs
+torus. Such a matrix is a circular convolution, so attention reduces to 2-D DFTs and costs
 O(N log N) instead of O(N^2).
 
 Conventions: the public function takes (B, H, W, C) tokens; inside, maps are channels first,
-(B, C, H, W), and spectra are the unnormalised ``rfft2`` over the last two dims, (B, C, H, W//2+1),
-either complex or as real (re, im) pairs (B, C, H, W//2+1, 2) for the matmul backend. Transforms
-always run in float32 (float64 for float64 inputs) with autocast disabled: cuFFT rejects half
-precision for non-power-of-two grids, and the softmax logits need the range.
+(B, C, H, W), and spectra are the unnormalised half spectra of the maps as real (re, im) pairs,
+(B, C, H, W//2+1, 2) (:mod:`cat.ops.dft`, which also sets the dtypes the transforms run in).
+Training goes through one autograd function with a backward in the frequency domain
+(:mod:`cat.ops.fused`); what it keeps for the backward and which DFT runs are chosen per device
+(:mod:`cat.ops.policy`).
 """
 
 from __future__ import annotations
@@ -23,75 +24,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dft import irfft2_matmul, rfft2_matmul
-from .fused import lean_circulant_attention, value_bias
-from .spectral import attend_spectra, fft_dtype, head_sum, no_autocast
+from .dft import DFTBackend, rfft2
+from .fused import circulant_attention_function, grid_rows, projected_spectra, stored_floats, value_bias
+from .policy import (
+    BackendPolicy,
+    LeanPolicy,
+    backend_for,
+    budget_bytes,
+    check_backend,
+    check_lean,
+    compute_dtype,
+    lean_for,
+)
+from .precision import fft_dtype
+from .spectral import attend_spectra, weights_by_offset
 
 Reweight = Literal["post", "pre", "none"]
-FFTBackend = Literal["fft", "matmul"]
-LeanPolicy = bool | Literal["auto"]
-
-# lean="auto": a block trains through the lean function when its input holds at least this many floats
-# (B*N*C), through autograd below it. Autograd is the faster of the two wherever it was measured (CPU:
-# docs/perf.md), and the lean function's saving grows with B*N*C: from here on (a 1024^2 image of CA-DeiT-T,
-# 786k; a 224^2 batch of 8 holds 301k, a 512^2 batch of 2 393k) it keeps the memory lean puts it at.
-LEAN_AUTO_MIN_FLOATS = 2**19
-
-
-def check_lean(lean: object) -> LeanPolicy:
-    """``lean`` if it is a lean policy: True (always the lean function), False (always autograd) or 'auto'."""
-    if lean is True or lean is False or lean == "auto":
-        return lean
-    raise ValueError(f"lean must be True, False or 'auto'; got {lean!r}")
-
-
-def uses_lean(lean: bool | str, floats: int) -> bool:
-    """Whether a block whose input holds ``floats`` (B*N*C) trains through the lean function."""
-    return lean is True or (lean == "auto" and floats >= LEAN_AUTO_MIN_FLOATS)
-
-
-def _attend_pairs(
-    q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float
-) -> tuple[Tensor, Tensor]:
-    """:func:`attend_spectra` in real arithmetic on (B, C, H, W//2+1, 2) (re, im) spectra, with
-    matrix-product DFTs: no complex dtype anywhere, so it exports to ONNX."""
-    B, C, Hf, Wf, _ = q.shape
-    heads = C // head_dim
-    (qr, qi), (kr, ki), (vr, vi) = q.unbind(-1), k.unbind(-1), v.unbind(-1)
-    prod = head_sum(torch.stack((qr * kr + qi * ki, qr * ki - qi * kr), dim=-1), head_dim)  # conj(q) * k
-    logits = irfft2_matmul(prod.flatten(-3), hw)
-    weights = (logits.reshape(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
-    ar, ai = rfft2_matmul(weights).view(B, heads, 1, Hf, Wf, 2).unbind(-1)
-    vr, vi = (t.reshape(B, heads, head_dim, Hf, Wf) for t in (vr, vi))
-    out = torch.stack((ar * vr + ai * vi, ar * vi - ai * vr), dim=-1)  # conj(A) * v
-    return irfft2_matmul(out.reshape(B, C, Hf * Wf * 2), hw), weights
-
-
-def check_fft_backend(backend: str) -> FFTBackend:
-    """``backend`` if it is one cat has. There is no automatic choice ('auto' is gone: it picked
-    'fft' everywhere, docs/perf.md); 'fft' is the default and 'matmul' is chosen for what it
-    enables (ONNX without DFT ops, low-precision matrix units)."""
-    if backend == "fft" or backend == "matmul":
-        return backend  # type: ignore[return-value]
-    raise ValueError(f"fft_backend must be 'fft' or 'matmul'; got {backend!r}")
-
-
-def spectrum(x: Tensor, backend: str) -> Tensor:
-    """Unnormalised rfft2 of real (B, C, H, W) as a real (B, C, H, W//2+1, 2) tensor of (re, im)."""
-    if backend == "matmul":
-        B, C, H, W = x.shape
-        return rfft2_matmul(x).view(B, C, H, W // 2 + 1, 2)
-    return torch.view_as_real(torch.fft.rfft2(x))
-
-
-def attend(
-    q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: str
-) -> tuple[Tensor, Tensor]:
-    """Output (B, C, H, W) and weights (B, heads, H, W) from (re, im) spectra made by :func:`spectrum`."""
-    if backend == "matmul":
-        return _attend_pairs(q, k, v, hw, head_dim, scale)
-    q_f, k_f, v_f = (torch.view_as_complex(t) for t in (q, k, v))
-    return cast(tuple[Tensor, Tensor], attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True))
+FFTBackend = BackendPolicy  # the name the module's argument has had
 
 
 def _evaluated_annotations(fn: Callable) -> Callable:
@@ -107,7 +56,7 @@ def _check_head_dim(channels: int, head_dim: int) -> None:
 
 
 def circulant_attention(
-    q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1, scale: float | None = None, fft_backend: FFTBackend = "fft"
+    q: Tensor, k: Tensor, v: Tensor, head_dim: int = 1, scale: float | None = None, fft_backend: FFTBackend = "auto"
 ) -> Tensor:
     """Circulant (BCCB) attention over a 2-D token grid, in O(N log N).
 
@@ -118,16 +67,18 @@ def circulant_attention(
         scale: multiplies the logits. ``None`` means ``1 / sqrt(N * head_dim)`` with N = H*W, the
             scale the released CA-DeiT computes; the paper writes ``1 / (N * sqrt(d))``, which can
             be passed explicitly. Any float is accepted.
-        fft_backend: ``'fft'`` (torch.fft) or ``'matmul'`` (dense DFT matrices: no complex dtypes,
-            ONNX-exportable).
+        fft_backend: how the 2-D DFTs run (:mod:`cat.ops.dft`): ``'fft'`` (torch.fft), ``'separable'``
+            (two GEMMs per transform), ``'matmul'`` (one dense GEMM: ONNX-exportable), or ``'auto'``
+            (:func:`cat.ops.policy.backend_for`: separable on CUDA under half-precision autocast, else fft).
 
     For each batch item and head, with offsets d on the H x W torus (``+`` modulo (H, W)):
         logits[d] = scale * sum_i <q_i, k_{i+d}>      (QK^T projected onto the BCCB subspace, times N)
         w = softmax(logits) over the N offsets
         out_i = sum_d w[d] * v_{i+d}                  (per channel of the head)
 
-    The FFTs run in float32 (float64 for float64 inputs) whatever autocast is active; the result
-    has the promoted dtype of the inputs.
+    The spectra are float32 (float64 for float64 inputs) whatever autocast is active (the fft
+    backend also transforms in float32; the GEMM backends in autocast's dtype); the result has the
+    promoted dtype of the inputs.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -142,10 +93,9 @@ def circulant_attention(
         scale = 1.0 / math.sqrt(H * W * head_dim)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
-    backend = check_fft_backend(fft_backend)
-    with no_autocast(q.device):
-        q_f, k_f, v_f = (spectrum(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
-        out, _ = attend(q_f, k_f, v_f, (H, W), head_dim, scale, backend)
+    backend = backend_for(check_backend(fft_backend), q.device, compute_dtype(q))
+    q_f, k_f, v_f = (rfft2(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
+    out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale, backend)[0]
     return out.permute(0, 2, 3, 1).to(out_dtype)
 
 
@@ -156,16 +106,17 @@ class CirculantAttention(nn.Module):
     released checkpoints: ``qkv.weight`` (bias-free, 3C x C), ``gate.0.{weight,bias}``,
     ``proj.{weight,bias}``.
 
-    The qkv weight is applied to the real and imaginary parts of ``rfft2(x)``: the FFT is linear,
-    so this equals projecting before the FFT while taking one FFT instead of three
-    (``pack_spectrum=True``: to the spectrum's N independent reals; docs/perf.md compares them).
-    With ``lean=True``, the FFT backend and post- or no reweighting, gate, attention and
-    projection run as one autograd function (:mod:`cat.ops.fused`) that keeps only x and the
-    gate's pre-activation for the backward and recomputes the rest: it trades a recomputation in
-    the backward for the activations autograd would store (``lean=False`` keeps them). ``'auto'``
-    (default) takes the lean function only for inputs of at least :data:`LEAN_AUTO_MIN_FLOATS`
-    floats (B*N*C), where the memory it saves is large; :func:`set_lean_attention` sets a whole
-    model (docs/perf.md has the measured costs).
+    The qkv weight is applied to the real and imaginary parts of the spectrum of x: the DFT is
+    linear, so this equals projecting before the transform while taking one transform instead of
+    three (``pack_spectrum=True``: to the spectrum's N independent reals; docs/perf.md compares them).
+    With post- or no reweighting, gate, attention and projection run as one autograd function
+    (:mod:`cat.ops.fused`) whose backward works in the frequency domain; ``lean`` chooses what its
+    forward keeps: ``False`` the spectra (the faster), ``True`` only x and the gate's pre-activation,
+    recomputing the rest in the backward in channel groups sized by the memory budget (the least
+    memory), ``'auto'`` (default) by device and size (:mod:`cat.ops.policy`). ``memory_mb`` is that
+    budget in MiB (None: a share of the device's free memory; :func:`cat.ops.set_attention_memory`).
+    ``fft_backend`` chooses the DFTs (:func:`circulant_attention`); :func:`set_lean_attention` and
+    :func:`set_fft_backend` set a whole model.
     With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
     convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
@@ -181,9 +132,10 @@ class CirculantAttention(nn.Module):
         reweight: Reweight = "post",
         proj_drop: float = 0.0,
         scale: float | None = None,
-        fft_backend: FFTBackend = "fft",
+        fft_backend: FFTBackend = "auto",
         pack_spectrum: bool = False,
         lean: LeanPolicy = "auto",
+        memory_mb: int | None = None,
     ) -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
@@ -193,10 +145,10 @@ class CirculantAttention(nn.Module):
         self.head_dim = head_dim
         self.reweight = reweight
         self.scale = scale
-        check_fft_backend(fft_backend)  # validate early
-        self.fft_backend = fft_backend
+        self.fft_backend = check_backend(fft_backend)
         self.pack_spectrum = pack_spectrum
         self.lean = check_lean(lean)
+        self.memory_mb = memory_mb
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
@@ -230,6 +182,7 @@ class CirculantAttention(nn.Module):
             self.reweight,
             self.fft_backend,
             self.lean,
+            self.memory_mb,
             self.keep_weights,
             self.pack_spectrum,
             None,  # no qkv bias, no prefix tokens (TorchScript takes no defaults of an ignored function)
@@ -240,9 +193,8 @@ class CirculantAttention(nn.Module):
         return self.proj_drop(out)
 
 
-# TorchScript calls this as Python: the FFT attention (an autograd.Function, complex spectra,
-# autocast scopes) is not scriptable, so a scripted model runs but cannot be saved; torch.export
-# gives a serialised program.
+# TorchScript calls this as Python: the attention (an autograd.Function, autocast scopes) is not
+# scriptable, so a scripted model runs but cannot be saved; torch.export gives a serialised program.
 @torch.jit.ignore
 @_evaluated_annotations
 def circulant_attention_layer(
@@ -256,16 +208,17 @@ def circulant_attention_layer(
     head_dim: int,
     scale: float | None,
     reweight: str,
-    fft_backend: str,  # FFTBackend and LeanPolicy: TorchScript, which compiles this, reads no Literal
+    fft_backend: str,  # BackendPolicy and LeanPolicy: TorchScript, which compiles the caller, reads no Literal
     lean: bool | str,
+    memory_mb: int | None,
     keep_weights: bool,
     pack_spectrum: bool,
     qkv_bias: Tensor | None = None,
     prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:class:`CirculantAttention`'s computation on its weights: the output (B, N, C) before the
-    dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights`` or
-    computed anyway). For :func:`cat.convert`'s attention also: ``qkv_bias`` (3C,), and ``prefix`` (B, P, C),
+    dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights``).
+    For :func:`cat.convert`'s attention also: ``qkv_bias`` (3C,), and ``prefix`` (B, P, C),
     the attention outputs of P tokens before the grid (class and register tokens), which x then holds first,
     (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting).
 
@@ -283,8 +236,8 @@ def circulant_attention_layer(
     H, W = hw
     if H * W != N:
         raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
-    backend = check_fft_backend(fft_backend)
-    if backend == "fft" and torch.jit.is_tracing() and not keep_weights:
+    policy = check_backend(fft_backend)
+    if policy in ("auto", "fft") and torch.jit.is_tracing() and not keep_weights:
         gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
         # From Python numbers: the tracer's sizes are tensors, whose power would round the scale to float32.
         traced_scale = (int(N) * head_dim) ** -0.5 if scale is None else float(scale)
@@ -294,47 +247,65 @@ def circulant_attention_layer(
         return traced, x.new_empty(0)
     # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
     scale = (N * head_dim) ** -0.5 if scale is None else scale
-    # Exported programs take the plain autograd ops: the lean function's channel groups depend on
-    # B*N and would pin the exported batch and resolution; so would the size test of lean="auto",
-    # hence the export check comes before it.
-    if backend == "fft" and reweight != "pre" and not torch.compiler.is_exporting() and uses_lean(lean, B * N * C):
-        gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
-        return lean_circulant_attention(
-            x,
-            qkv_weight,
-            gate_pre,
-            proj_weight,
-            proj_bias,
-            hw,
-            head_dim,
-            scale,
-            keep_weights,
-            pack_spectrum,
-            qkv_bias,
-            prefix,
-        )
-    # Through autograd (pre-reweighting, the matmul backend, export, lean=False): training stores
-    # every intermediate spectrum.
+    backend = backend_for(policy, x.device, compute_dtype(x))
+    if reweight == "pre" or torch.compiler.is_exporting():
+        # Through autograd: v is gated before the attention, or an exported program, which takes plain operators.
+        return _autograd_layer(
+            x, hw, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, head_dim, scale, reweight, backend,
+            keep_weights, qkv_bias, prefix,
+        )  # fmt: skip
+    gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
+    budget = budget_bytes(memory_mb, x.device)
+    stored = stored_floats(B * N, C, C // head_dim, hw) * torch.finfo(fft_dtype(x.dtype)).bits // 8
+    return circulant_attention_function(
+        x,
+        qkv_weight,
+        gate_pre,
+        proj_weight,
+        proj_bias,
+        hw,
+        head_dim,
+        scale,
+        backend,
+        lean_for(check_lean(lean), stored, budget),
+        budget,
+        keep_weights,
+        pack_spectrum,
+        qkv_bias,
+        prefix,
+    )
+
+
+def _autograd_layer(
+    x: Tensor,
+    hw: tuple[int, int],
+    qkv_weight: Tensor,
+    gate_weight: Tensor | None,
+    gate_bias: Tensor | None,
+    proj_weight: Tensor,
+    proj_bias: Tensor,
+    head_dim: int,
+    scale: float,
+    reweight: str,
+    backend: DFTBackend,
+    keep_weights: bool,
+    qkv_bias: Tensor | None,
+    prefix: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`circulant_attention_layer` through autograd's own backward: every intermediate spectrum is kept."""
+    B, T, C = x.shape
+    P = 0 if prefix is None else prefix.shape[1]
+    N = T - P
     gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
-    work = fft_dtype(x.dtype)
-    with no_autocast(x.device):
-        # Transposed before the grid is sliced: the slice's backward then fills rows, not a transposed copy
-        # (0.90 -> 0.46 ms a block at 512^2, B=2, with a class token; docs/perf.md).
-        x_f = spectrum(x.transpose(1, 2)[:, :, P:].reshape(B, C, H, W).to(work), backend)
-    Wf = W // 2 + 1  # from the grid, not the spectrum: ONNX export cannot read a complex tensor's size
-    flat = x_f.view(B, C, H * Wf * 2)
+    rows = grid_rows(x, P, hw, backend, packed=False)
     if reweight == "pre":  # v, not the output, is gated
-        qk = torch.matmul(qkv_weight[: 2 * C], flat).to(work)
-        q_f, k_f = qk.view(B, 2 * C, H, Wf, 2).chunk(2, dim=1)
         assert gate is not None  # pre-reweighting has a gate (checked by the layer)
+        q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], hw, packed=False).chunk(2, dim=1)
         v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
-        with no_autocast(x.device):
-            v_f = spectrum(v.transpose(1, 2).reshape(B, C, H, W).to(work), backend)
+        v_f = rfft2(v.transpose(1, 2).reshape(B, C, *hw), backend)
     else:
-        qkv = torch.matmul(qkv_weight, flat).to(work)  # autocast: maybe a bf16 GEMM
-        q_f, k_f, v_f = qkv.view(B, 3 * C, H, Wf, 2).chunk(3, dim=1)
-    with no_autocast(x.device):
-        y, weights = attend(q_f, k_f, v_f, hw, head_dim, scale, backend)
+        q_f, k_f, v_f = projected_spectra(rows, qkv_weight, hw, packed=False).chunk(3, dim=1)
+    y, omega, _ = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, backend)
     y = y.view(B, C, N)
     if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
         y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
@@ -343,7 +314,7 @@ def circulant_attention_layer(
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post" and gate is not None:
         y = y * gate
-    return F.linear(y, proj_weight, proj_bias), weights
+    return F.linear(y, proj_weight, proj_bias), weights_by_offset(omega) if keep_weights else omega.new_empty(0)
 
 
 # One operator of a torch.jit.trace graph: the trace-based FLOP counters (mmengine's get_model_complexity_info, which
@@ -433,7 +404,7 @@ def circulant_attention_flops(num_tokens: int, channels: int, head_dim: int = 1)
 def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     """Switch every :class:`CirculantAttention` in ``model`` (and ``cat.convert``'s attention) to ``backend``;
     returns ``model``."""
-    check_fft_backend(backend)
+    check_backend(backend)
     for module in model.modules():
         if isinstance(module, CirculantAttention) or hasattr(module, "fft_backend"):
             cast(Any, module).fft_backend = backend  # cat.convert's attention too
@@ -441,11 +412,31 @@ def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
 
 
 def set_lean_attention(model: nn.Module, lean: LeanPolicy) -> nn.Module:
-    """Train every :class:`CirculantAttention` in ``model`` through the lean function (``True``:
-    less memory), through autograd (``False``: faster steps, more memory), or each block by its size
-    (``'auto'``: :data:`LEAN_AUTO_MIN_FLOATS`); returns ``model``."""
+    """Train every :class:`CirculantAttention` in ``model`` through the lean function (``True``: less memory), with
+    its spectra stored (``False``: faster steps, more memory), or by device and size (``'auto'``:
+    :func:`cat.ops.policy.lean_for`); returns ``model``."""
     lean = check_lean(lean)
     for module in model.modules():
         if isinstance(module, CirculantAttention) or hasattr(module, "lean"):
             cast(Any, module).lean = lean  # cat.convert's attention too
     return model
+
+
+def set_attention_memory(model: nn.Module, memory_mb: int | None) -> nn.Module:
+    """Give every :class:`CirculantAttention` in ``model`` (and ``cat.convert``'s attention) a memory budget of
+    ``memory_mb`` MiB (None: a share of the device's free memory, :mod:`cat.ops.policy`): the lean function's
+    working set per channel group, and what ``lean='auto'`` lets stored spectra take; returns ``model``."""
+    if memory_mb is not None and (isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1):
+        raise ValueError(f"the attention memory budget must be a positive number of MiB or None; got {memory_mb!r}")
+    for module in model.modules():
+        if isinstance(module, CirculantAttention) or hasattr(module, "memory_mb"):
+            cast(Any, module).memory_mb = memory_mb  # cat.convert's attention too
+    return model
+
+
+def configure_attention(
+    model: nn.Module, lean: LeanPolicy, fft_backend: FFTBackend, memory_mb: int | None
+) -> nn.Module:
+    """:func:`set_lean_attention`, :func:`set_fft_backend` and :func:`set_attention_memory` at once (the
+    ``model.lean_attention``, ``model.fft_backend`` and ``model.attention_memory_mb`` keys); returns ``model``."""
+    return set_attention_memory(set_fft_backend(set_lean_attention(model, lean), fft_backend), memory_mb)

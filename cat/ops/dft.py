@@ -1,87 +1,159 @@
-"""2-D real DFTs as one dense real matrix product each (the ``'matmul'`` FFT backend).
+"""2-D real DFTs between real maps and their half spectra as real (re, im) pairs.
 
-For the small grids of vision models (e.g. 14x14 tokens) a whole 2-D real DFT is a single GEMM
-with an (H W) x (2 H (W//2+1)) matrix: one large, efficient matrix product instead of many tiny
-FFTs. It runs on matrix units, accepts low precision, and traces into ONNX and torch.compile
-without complex dtypes. Its cost grows as N^2 per channel, so it only pays for small grids.
+Every backend maps real maps (..., H, W) to their unnormalised half spectrum (..., H, W//2+1, 2), the layout of
+``torch.view_as_real(torch.fft.rfft2(x))``, and back (the inverse of Hermitian spectra, 1 / (H W), like
+``torch.fft.irfft2``). No complex tensor leaves this module: what circulant attention does between its transforms
+is real arithmetic, which a compiler fuses (Inductor generates no code for complex tensors).
 
-Spectra use ``torch.view_as_real(torch.fft.rfft2(x))``'s layout, flattened: (..., H * (W//2+1) * 2)
-with (re, im) pairs innermost. ``rfft2_matmul`` is unnormalised like ``torch.fft.rfft2``;
-``irfft2_matmul`` is the inverse of Hermitian spectra (1 / (H W)), like ``torch.fft.irfft2``.
+Backends:
+  fft        ``torch.fft`` in float32 (float64 for float64 maps) with autocast off: cuFFT takes half precision
+             only for power-of-two grids. O(N log N) per map.
+  separable  two GEMMs per transform, one along H and one along W: 2N(H + W) multiply-adds per map, in autocast's
+             dtype where autocast is on, so half precision reaches the tensor cores (accumulated in float32).
+  matmul     one GEMM per transform with a dense N x 2H(W//2+1) matrix: N^2 per map; pays only for small grids,
+             and exports to ONNX without DFT operators.
+
+The matrix backends return their spectra in float32 (float64 for float64 maps) whatever the GEMM ran in: the
+softmax logits need the range.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["rfft2_matmul", "irfft2_matmul"]
+from .precision import autocast_state, fft_dtype, no_autocast
+
+__all__ = ["DFTBackend", "DFT_BACKENDS", "check_dft_backend", "rfft2", "irfft2"]
+
+DFTBackend = Literal["fft", "separable", "matmul"]
+DFT_BACKENDS: tuple[DFTBackend, ...] = ("fft", "separable", "matmul")
 
 
-def _phases(hw: tuple[int, int]) -> Tensor:
-    """2 pi (k1 n1 / H + k2 n2 / W) for every output (k1, k2 < W//2+1) and input (n1, n2): (N, H*Wf)."""
-    H, W = hw
-    n1, n2 = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64), indexing="ij")
-    k1, k2 = torch.meshgrid(
-        torch.arange(H, dtype=torch.float64), torch.arange(W // 2 + 1, dtype=torch.float64), indexing="ij"
-    )
-    # Reduce modulo the period before scaling so the phases are exact in float64.
-    turns = (
-        torch.remainder(n1.reshape(-1, 1) * k1.reshape(1, -1), H) / H
-        + torch.remainder(n2.reshape(-1, 1) * k2.reshape(1, -1), W) / W
-    )
-    return 2 * math.pi * turns
+def check_dft_backend(backend: object) -> DFTBackend:
+    """``backend`` if it is one cat has."""
+    if backend in DFT_BACKENDS:
+        return backend
+    raise ValueError(f"fft_backend must be one of {', '.join(map(repr, DFT_BACKENDS))}; got {backend!r}")
 
 
-# Cached across calls, so built outside inference mode: a tensor made under torch.inference_mode()
-# could not be used later by a forward that autograd records.
-@lru_cache(maxsize=32)
-@torch.inference_mode(False)
-def _analysis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(N, 2 H Wf): x_flat @ it = view_as_real(rfft2(x)) flattened."""
-    theta = _phases(hw)
-    return torch.stack((torch.cos(theta), -torch.sin(theta)), dim=-1).flatten(1).to(dtype=dtype, device=device)
+def _turns(n: int, m: int, period: int) -> Tensor:
+    """(n, m) phases 2 pi (i j mod period) / period in float64, reduced before scaling so they are exact."""
+    i = torch.arange(n, dtype=torch.float64)[:, None]
+    j = torch.arange(m, dtype=torch.float64)[None, :]
+    return 2 * math.pi * torch.remainder(i * j, period) / period
 
 
-@lru_cache(maxsize=32)
-@torch.inference_mode(False)
-def _synthesis(hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(2 H Wf, N): spectrum_flat @ it = irfft2 of a Hermitian spectrum."""
-    H, W = hw
-    theta = _phases(hw).T  # (H*Wf, N)
-    weight = torch.full((W // 2 + 1,), 2.0, dtype=torch.float64)
+def half_spectrum_weights(width: int) -> Tensor:
+    """(width//2+1,) float64: how often each stored column kx of a half spectrum counts in the full one: twice,
+    except kx = 0 and (even W) kx = W/2, which have no mirror image."""
+    weight = torch.full((width // 2 + 1,), 2.0, dtype=torch.float64)
     weight[0] = 1.0
-    if W % 2 == 0:
-        weight[-1] = 1.0  # the Nyquist column has no mirror image
-    weight = weight.repeat(H)[:, None] / (H * W)
-    return (
-        torch.stack((weight * torch.cos(theta), -weight * torch.sin(theta)), dim=1)
-        .flatten(0, 1)
-        .to(dtype=dtype, device=device)
-    )
+    if width % 2 == 0:
+        weight[-1] = 1.0
+    return weight
 
 
-def _matrix(build: Callable[..., Tensor], hw: tuple[int, int], like: Tensor) -> Tensor:
-    """``build``'s matrix for the grid ``hw`` in ``like``'s dtype and device: the cached one, except while torch.export
-    or torch.compile traces, where it is made in the graph (a cached one would be that trace's fake tensor, and
-    every later eager call would get it)."""
-    if torch.compiler.is_compiling():
-        return inspect.unwrap(build)(hw, like.dtype, like.device)
-    return build(hw, like.dtype, like.device)
+def _interleave(re: Tensor, im: Tensor, dim: int) -> Tensor:
+    """``re`` and ``im`` alternating along ``dim`` (0 or 1): re_0, im_0, re_1, im_1, ..."""
+    return torch.stack((re, im), dim=dim + 1).flatten(dim, dim + 1)
 
 
-def rfft2_matmul(x: Tensor) -> Tensor:
-    """``view_as_real(rfft2(x))`` over the last two dims of real x, flattened to (..., H*(W//2+1)*2)."""
-    H, W = x.shape[-2:]
-    return x.flatten(-2) @ _matrix(_analysis, (H, W), x)
-
-
-def irfft2_matmul(spectrum: Tensor, hw: tuple[int, int]) -> Tensor:
-    """``irfft2(s=hw)`` of a (..., H*(W//2+1)*2) flattened (re, im) spectrum; returns (..., H, W)."""
+def _build(kind: str, hw: tuple[int, int]) -> Tensor:
+    """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use)."""
     H, W = hw
-    return (spectrum @ _matrix(_synthesis, (H, W), spectrum)).unflatten(-1, (H, W))
+    Wf = W // 2 + 1
+    if kind == "rows":  # (2H, H) @ (H, W): row 2k = cos, 2k+1 = -sin of 2 pi k n / H: the full DFT along H
+        phase = _turns(H, H, H)
+        return _interleave(torch.cos(phase), -torch.sin(phase), 0)
+    if kind == "columns":  # (H, 2W) @ (2W, 2 Wf): [P_re | P_im] to (re, im) pairs of the half DFT along W
+        phase = _turns(W, Wf, W)
+        cos, sin = torch.cos(phase), torch.sin(phase)
+        return torch.cat([_interleave(cos, -sin, 1), _interleave(sin, cos, 1)], dim=0)
+    if kind == "inverse_columns":  # (H, 2 Wf) @ (2 Wf, 2W): (re, im) pairs to [T1 | T2], weighted by column
+        phase = _turns(Wf, W, W)
+        weight = half_spectrum_weights(W)[:, None] / W
+        cos, sin = weight * torch.cos(phase), weight * torch.sin(phase)
+        return torch.cat([_interleave(cos, -sin, 0), _interleave(sin, cos, 0)], dim=1)
+    if kind == "inverse_rows":  # (H, 2H) @ (2H, W): cos T1 - sin T2 over ky, 1 / H
+        phase = _turns(H, H, H)
+        return _interleave(torch.cos(phase), -torch.sin(phase), 1) / H
+    if kind == "dense":  # (N, 2 H Wf): x_flat @ it = the flattened pairs of rfft2(x)
+        phase = (_turns(H, H, H).reshape(H, 1, H, 1) + _turns(W, Wf, W).reshape(1, W, 1, Wf)).reshape(H * W, H * Wf)
+        return _interleave(torch.cos(phase), -torch.sin(phase), 1)
+    if kind == "inverse_dense":  # (2 H Wf, N): pairs_flat @ it = irfft2 of a Hermitian spectrum
+        phase = (_turns(H, H, H).reshape(H, 1, H, 1) + _turns(Wf, W, W).reshape(1, Wf, 1, W)).reshape(H * Wf, H * W)
+        weight = half_spectrum_weights(W).repeat(H)[:, None] / (H * W)
+        return _interleave(weight * torch.cos(phase), -weight * torch.sin(phase), 0)
+    raise AssertionError(kind)
+
+
+# Cached across calls, so built outside inference mode: a tensor made under torch.inference_mode() could not be used
+# later by a forward that autograd records.
+@lru_cache(maxsize=128)
+@torch.inference_mode(False)
+def _cached(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return build(*key).to(dtype=dtype, device=device)
+
+
+def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``build(*key)`` (a float64 tensor) in ``dtype`` on ``device``, made once per key; while torch.export or
+    torch.compile traces it is made in the graph (a cached one would be that trace's fake tensor, and every later
+    eager call would get it)."""
+    if torch.compiler.is_compiling():
+        return build(*key).to(dtype=dtype, device=device)
+    return _cached(build, key, dtype, device)
+
+
+def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    return constant(_build, (kind, hw), dtype, device)
+
+
+def _gemm_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matrix backend's GEMMs run in: autocast's where autocast is on (its matmul casts there anyway),
+    else the spectra's."""
+    work = fft_dtype(x.dtype)
+    enabled, dtype = autocast_state(x.device)
+    return dtype if work == torch.float32 and enabled and dtype is not None else work
+
+
+def rfft2(x: Tensor, backend: DFTBackend = "fft") -> Tensor:
+    """The unnormalised half spectrum of real maps x (..., H, W) as real pairs (..., H, W//2+1, 2), in float32
+    (float64 for float64 maps)."""
+    H, W = x.shape[-2:]
+    work = fft_dtype(x.dtype)
+    if backend == "fft":
+        with no_autocast(x.device):
+            return torch.view_as_real(torch.fft.rfft2(x.to(work)))
+    dtype = _gemm_dtype(x)
+    xs = x.to(dtype)
+    if backend == "matmul":
+        pairs = xs.flatten(-2) @ _matrix("dense", (H, W), dtype, x.device)
+    else:  # along H (full: the map is real), then along W (half), each a GEMM over the other's output as it lies
+        full = torch.matmul(_matrix("rows", (H, W), dtype, x.device), xs)  # (..., 2H, W): rows (k, re | im)
+        pairs = full.reshape(*x.shape[:-2], H, 2 * W) @ _matrix("columns", (H, W), dtype, x.device)
+    return pairs.to(work).unflatten(-1, (-1, 2)).reshape(*x.shape[:-2], H, W // 2 + 1, 2)
+
+
+def irfft2(spectrum: Tensor, hw: tuple[int, int], backend: DFTBackend = "fft") -> Tensor:
+    """The real maps (..., H, W) whose half spectrum is the Hermitian ``spectrum`` (..., H, W//2+1, 2) of pairs."""
+    H, W = hw
+    work = fft_dtype(spectrum.dtype)
+    if backend == "fft":
+        with no_autocast(spectrum.device):
+            return torch.fft.irfft2(torch.view_as_complex(spectrum.to(work).contiguous()), s=hw)
+    dtype = _gemm_dtype(spectrum)
+    pairs = spectrum.to(dtype).flatten(-3)  # (..., 2 H Wf)
+    if backend == "matmul":
+        return (pairs @ _matrix("inverse_dense", hw, dtype, spectrum.device)).to(work).unflatten(-1, (H, W))
+    # Along W first, into the two real maps T1, T2 per frequency row, then along H: cos T1 - sin T2.
+    halves = pairs.unflatten(-1, (H, -1)) @ _matrix("inverse_columns", hw, dtype, spectrum.device)  # (..., H, 2W)
+    out = torch.matmul(
+        _matrix("inverse_rows", hw, dtype, spectrum.device), halves.reshape(*halves.shape[:-2], 2 * H, W)
+    )
+    return out.to(work)

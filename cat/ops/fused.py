@@ -1,17 +1,21 @@
-"""Circulant attention with the token gate and output projection as one autograd function whose
-backward is written in the frequency domain, so training stores less than softmax attention.
+"""Circulant attention with its token gate and output projection as one autograd function whose backward is
+written in the frequency domain: a fixed number of kernels per block, however large the batch.
 
-Saved for the backward: the normalised input x (which the gate's linear layer saves anyway, so it
-is shared) and the gate's pre-activation z: N*C floats of its own. Everything else (the spectra,
-the softmax weights, the pre-gate output, the projection's input) is recomputed from x in the
-backward, one group of channels at a time. Autograd through the plain ops stores every
-intermediate spectrum instead (docs/perf.md has the accounting).
+What the backward starts from (``lean``):
+  stored  the forward keeps the spectra of x and of q, k, v, the weights and the output (:func:`stored_floats`);
+          the backward recomputes nothing. The faster of the two; ``auto`` takes it where the memory allows.
+  lean    the forward keeps only x and the gate's pre-activation; the backward recomputes the rest, so training
+          holds less than softmax attention would. It works through the channels in groups sized by a memory budget
+          in bytes (:func:`channel_groups`): one group, and so a fixed kernel count, unless the budget is smaller
+          than the block's working set.
+Each group's stages run over all its channels at once (batched transforms and GEMMs).
 
-The gradients are again correlations, taken with FFTs. For one head with weights w and logits l,
-out_c[i] = sum_d w[d] v_c[i+d] and l[d] = scale * sum_{c,i} q_c[i] k_c[i+d], so with G = rfft2(g_out):
-    F(g_v_c) = F(w) G_c,       F(g_w) = sum_c conj(G_c) F(v_c),
-    g_l = scale * w * (g_w - <g_w, w>)              (softmax),
-    F(g_q_c) = conj(F(g_l)) F(k_c),   F(g_k_c) = F(g_l) F(q_c).
+The gradients are again correlations and convolutions. With the weights omega by backward offset
+(:func:`cat.ops.spectral.circulant_weights`), Y = F(omega) V per channel, so with G = F(g_y) and Lambda = F(g_lambda):
+    F(g_v) = conj(F omega) G,      F(g_omega) = conj(V) G,      g_lambda = scale * softmax'(g_omega),
+    F(g_q) = Lambda K,             F(g_k) = conj(Lambda) Q,
+and the gradients of the qkv weight and of x come from these spectra directly (Parseval), with one inverse
+transform for all of x's.
 """
 
 from __future__ import annotations
@@ -22,60 +26,69 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dft import DFTBackend, irfft2, rfft2
+from .precision import autocast_state, fft_dtype
 from .spectral import (
     attend_spectra,
-    autocast_state,
-    circulant_weights,
-    fft_dtype,
+    conj_mul,
     head_sum,
-    no_autocast,
     pack_spectrum,
     parseval_weights,
     per_head,
     unpack_spectrum,
+    weights_by_offset,
 )
 
-__all__ = ["lean_circulant_attention"]
+__all__ = ["circulant_attention_function", "channel_groups", "stored_floats"]
+
+# Floats per channel and token that one group of the lean backward holds at its peak, beyond what the block keeps:
+# the spectra of q, k, v and of their gradients (3.4 each for a 14x14 grid's 2*H*(W//2+1) = 224 reals per 196
+# tokens), the weights, their spectrum and gradients, the output and its gradient.
+LEAN_WORKING_FLOATS = 16
 
 
-# Floats per channel group of the loops below (B * N * channels): one group's transients (about
-# seven times its share of the block's B*N*C floats) are freed before the next group starts, so a
-# training step's peak holds one group's, and the allocator reuses the same blocks group after
-# group. Smaller groups cost more small ops; 2**18 keeps a 224^2 batch of 8 in about two groups.
-GROUP_FLOATS = 2**18
+def stored_floats(tokens: int, channels: int, heads: int, hw: tuple[int, int]) -> int:
+    """Floats the stored path keeps for the backward of a block of ``tokens`` (B*N) tokens: the spectra of x and of
+    q, k, v (2*H*(W//2+1) reals per map of N), the weights and their spectrum, and the output."""
+    H, W = hw
+    spectrum = tokens * 2 * (W // 2 + 1) * H // (H * W)  # reals per map's spectrum, over the batch
+    return (4 * channels + heads) * spectrum + heads * tokens + channels * tokens
 
 
-def channel_groups(channels: int, head_dim: int, tokens: int) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of whole heads splitting ``channels`` into groups of about GROUP_FLOATS
-    floats for ``tokens`` (B * N) tokens."""
+def channel_groups(
+    channels: int, head_dim: int, tokens: int, itemsize: int, budget_bytes: int
+) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of whole heads in which the lean function works through ``channels`` for ``tokens`` (B*N)
+    tokens: as few as keep each group's working set (:data:`LEAN_WORKING_FLOATS`) within ``budget_bytes``."""
     heads = channels // head_dim
-    groups = min(heads, max(1, -(-tokens * channels // GROUP_FLOATS)))
+    working = LEAN_WORKING_FLOATS * tokens * channels * itemsize
+    groups = min(heads, max(1, -(-working // max(budget_bytes, 1))))
     size = -(-heads // groups) * head_dim
     return [(lo, min(lo + size, channels)) for lo in range(0, channels, size)]
 
 
-def spectrum_rows(spectrum: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """A half spectrum (B, c, H, W//2+1) of real H x W maps as real rows (B, c, R): its (re, im)
-    pairs, R = 2*H*(W//2+1), a view; or with ``packed`` its N independent reals (:func:`pack_spectrum`)."""
-    B, c = spectrum.shape[:2]
+def to_rows(pairs: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
+    """Spectra (B, c, H, W//2+1, 2) of H x W maps as real rows (B, c, R): their pairs, R = 2*H*(W//2+1); with
+    ``packed``, the N independent reals of each (:func:`cat.ops.spectral.pack_spectrum`)."""
+    B, c = pairs.shape[:2]
     if packed:
-        return pack_spectrum(spectrum, hw[1]).view(B, c, -1)
-    return torch.view_as_real(spectrum).view(B, c, -1)
+        return pack_spectrum(torch.view_as_complex(pairs.contiguous()), hw[1]).view(B, c, -1)
+    return pairs.reshape(B, c, -1)
 
 
-def rows_spectrum(rows: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """The half spectrum (B, c, H, W//2+1) complex that :func:`spectrum_rows` made ``rows`` from."""
+def to_pairs(rows: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
+    """The spectra (B, c, H, W//2+1, 2) that :func:`to_rows` made ``rows`` from."""
     B, c = rows.shape[:2]
+    H, W = hw
     if packed:
-        return unpack_spectrum(rows.view(B, c, *hw), hw[1])
-    return torch.view_as_complex(rows.view(B, c, hw[0], hw[1] // 2 + 1, 2))
+        return torch.view_as_real(unpack_spectrum(rows.view(B, c, H, W), W))
+    return rows.view(B, c, H, W // 2 + 1, 2)
 
 
-def input_spectrum(x: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """The rfft2 spectrum of tokens x (B, N, C) as real rows (B, C, R) (:func:`spectrum_rows`)."""
-    B, N, C = x.shape
-    with no_autocast(x.device):
-        return spectrum_rows(torch.fft.rfft2(x.transpose(1, 2).reshape(B, C, *hw).to(fft_dtype(x.dtype))), hw, packed)
+def grid_rows(x: Tensor, prefix_tokens: int, hw: tuple[int, int], backend: DFTBackend, packed: bool) -> Tensor:
+    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (B, C, R) (:func:`to_rows`)."""
+    B, _, C = x.shape
+    return to_rows(rfft2(x[:, prefix_tokens:].transpose(1, 2).reshape(B, C, *hw), backend), hw, packed)
 
 
 def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
@@ -100,19 +113,57 @@ def value_bias(qkv_bias: Tensor, lo: int, hi: int) -> Tensor:
     return qkv_bias[2 * C + lo : 2 * C + hi]
 
 
-def group_spectra(spectrum: Tensor, rows: Tensor, hw: tuple[int, int], packed: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """The rfft2 spectra (B, c, H, W//2+1) of q, k, v from the input spectrum's real rows
-    (:func:`input_spectrum`) and qkv ``rows``. The FFT is linear, so the weight is applied to the
-    spectrum of x: one FFT instead of three."""
-    qkv = torch.matmul(rows, spectrum).to(spectrum.dtype)  # autocast may run the GEMM in bf16/fp16
-    with no_autocast(spectrum.device):
-        q, k, v = rows_spectrum(qkv, hw, packed).chunk(3, dim=1)
-    return q, k, v
+def projected_spectra(rows: Tensor, weight: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
+    """The spectra (B, O, H, W//2+1, 2) of the maps that a (O, C) ``weight`` projects from the maps whose spectra's
+    rows are ``rows`` (B, C, R). The transform is linear, so projecting the spectrum equals transforming the
+    projection: one transform of x gives q, k and v."""
+    # One batched GEMM with the weight broadcast (a 2-D weight times batched rows would copy both ways); autocast may
+    # run it in bf16.
+    return to_pairs(torch.bmm(weight.expand(rows.shape[0], -1, -1), rows).to(rows.dtype), hw, packed)
 
 
-def silu_slope(z: Tensor, sig: Tensor) -> Tensor:
-    """d SiLU(z) / dz from z and sigmoid(z)."""
-    return sig * (1 + z * (1 - sig))
+def _join(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+class _Settings:
+    """The non-tensor arguments of one call, as the backward needs them."""
+
+    def __init__(self, hw, head_dim, scale, backend, packed, groups, lean) -> None:
+        self.hw, self.head_dim, self.scale, self.backend = hw, head_dim, scale, backend
+        self.packed, self.groups, self.lean = packed, groups, lean
+
+
+def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, s: _Settings, keep_spectra: bool):
+    """Output (B, T, C), the attention output y (B, C, N) with v's bias, the weights omega (B, heads, H, W) by
+    backward offset, and with ``keep_spectra`` what the backward needs besides (one group): the input spectrum's rows,
+    q, k, v's spectra and the weights'."""
+    B, T, C = x.shape
+    N = s.hw[0] * s.hw[1]
+    P = T - N
+    rows = grid_rows(x, P, s.hw, s.backend, s.packed)
+    ys, omegas = [], []
+    qkv = omega_f = None
+    for lo, hi in s.groups:
+        qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), s.hw, s.packed)
+        q_f, k_f, v_f = qkv.chunk(3, dim=1)
+        y, omega, omega_f = attend_spectra(q_f, k_f, v_f, s.hw, s.head_dim, s.scale, s.backend)
+        ys.append(y)
+        omegas.append(omega)
+    y = _join(ys).view(B, C, N)
+    if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
+        y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
+    tokens = y.transpose(1, 2)
+    if gate_pre is None:
+        u = torch.cat([prefix.to(tokens.dtype), tokens], dim=1) if P else tokens
+    else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
+        u = F.silu(gate_pre)
+        u[:, P:].mul_(tokens)
+        if P:
+            u[:, :P].mul_(prefix)
+    out = F.linear(u, proj_weight, proj_bias)
+    kept = (rows, qkv, omega_f) if keep_spectra else ()
+    return out, y, _join(omegas), kept
 
 
 def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -> contextlib.AbstractContextManager:
@@ -122,153 +173,134 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def _forward(
-    x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, keep_weights, packed, qkv_bias, prefix
-):
-    """The forward of :func:`lean_circulant_attention`, without autograd."""
-    B, T, C = x.shape
-    P = prefix.shape[1] if prefix is not None else 0
-    N = T - P
-    spectrum = input_spectrum(x[:, P:], hw, packed)
-    y = spectrum.new_empty(B, C, *hw)
-    weights = spectrum.new_empty(B, C // head_dim, *hw) if keep_weights else spectrum.new_empty(0)
-    for lo, hi in channel_groups(C, head_dim, B * N):
-        q_f, k_f, v_f = group_spectra(spectrum, group_rows(qkv_weight, lo, hi), hw, packed)
-        with no_autocast(x.device):
-            _, w = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, return_weights=True, out=y[:, lo:hi])
-        if keep_weights:
-            weights[:, lo // head_dim : hi // head_dim] = w
-        del q_f, k_f, v_f, w
-    del spectrum
-    y = y.view(B, C, N)
-    if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
-        y += value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
-    y = y.transpose(1, 2)
-    if gate_pre is None:
-        u = torch.cat([prefix.to(y.dtype), y], dim=1) if P else y
-    else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
-        u = F.silu(gate_pre)
-        u[:, P:].mul_(y)
-        if P:
-            u[:, :P].mul_(prefix)
-    return F.linear(u, proj_weight, proj_bias), weights
-
-
-class _LeanCirculantAttention(torch.autograd.Function):
+class _CirculantAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, *args) -> tuple[Tensor, Tensor]:  # the arguments of _forward
-        out, weights = _forward(*args)
-        x, qkv_weight, gate_pre, proj_weight, proj_bias, hw, head_dim, scale, _, packed, qkv_bias, prefix = args
-        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix)
-        ctx.hw, ctx.head_dim, ctx.scale, ctx.packed = hw, head_dim, scale, packed
+    def forward(ctx, x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, settings: _Settings):
+        out, y, omega, kept = _forward(
+            x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, settings, not settings.lean
+        )
+        stored = () if settings.lean else (*kept, y, omega)
+        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix, *stored)
+        ctx.settings = settings
         ctx.has_bias = proj_bias is not None
         ctx.autocast = autocast_state(x.device)
-        ctx.mark_non_differentiable(weights)
-        return out, weights
+        ctx.mark_non_differentiable(omega)
+        ctx.set_materialize_grads(False)  # the weights get no gradient: no zeros made for it
+        return out, omega
 
     @staticmethod
-    def backward(ctx, g_out: Tensor, _g_weights: Tensor | None):
-        x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix = ctx.saved_tensors
-        hw, head_dim, scale = ctx.hw, ctx.head_dim, ctx.scale
+    def backward(ctx, g_out: Tensor, _g_omega: Tensor | None):
+        x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix, *stored = ctx.saved_tensors
+        if g_out is None:  # grads are not materialised: none reached the output
+            return (None,) * 8
+        s: _Settings = ctx.settings
+        hw, head_dim, backend = s.hw, s.head_dim, s.backend
         B, T, C = x.shape
-        P = prefix.shape[1] if prefix is not None else 0
-        N = T - P
-        work = fft_dtype(x.dtype)
+        N = hw[0] * hw[1]
+        P = T - N
         device = x.device
+        one_group = len(s.groups) == 1
         with _autocast_as(device, ctx.autocast):
-            spectrum = input_spectrum(x[:, P:], hw, ctx.packed)
+            rows = grid_rows(x, P, hw, backend, s.packed) if s.lean else stored[0]
+            work = rows.dtype
             g_u = torch.matmul(g_out, proj_weight)  # the gradient of the projection's input
-            g_out_cf = g_out[:, P:].transpose(1, 2)
-            # Gradients of the qkv weight and of x from the gradient spectra (Parseval), so the
-            # three gradient maps of each group need no inverse FFT: one for all of g_x at the end.
-            weighted = spectrum * parseval_weights(hw, ctx.packed, work, device)
-            g_x_rows = torch.zeros_like(spectrum)
-            g_qkv_weight = torch.empty_like(qkv_weight, dtype=work)
-            g_proj_weight = torch.empty_like(proj_weight, dtype=work)
-            g_gate_pre = torch.empty_like(gate_pre) if gate_pre is not None else None
+            g_out_tokens = g_out[:, P:].reshape(B * N, -1)
+            # The qkv weight's gradient from the gradient spectra and x's (Parseval): no inverse transform per group.
+            weighted = rows * parseval_weights(hw, s.packed, work, device)
+            g_rows = None
+            g_qkv_weight = qkv_weight.new_empty(qkv_weight.shape, dtype=work) if not one_group else None
+            g_proj_weight = proj_weight.new_empty(proj_weight.shape, dtype=work) if not one_group else None
+            g_gate_pre = None
+            if gate_pre is not None and (P or not one_group):
+                g_gate_pre = torch.empty_like(gate_pre)
             g_qkv_bias = torch.zeros_like(qkv_bias, dtype=work) if qkv_bias is not None else None  # q's, k's: 0
-            for lo, hi in channel_groups(C, head_dim, B * N):
+            for lo, hi in s.groups:
                 c = hi - lo
-                rows = group_rows(qkv_weight, lo, hi)
-                # Recompute what the forward did not keep: the spectra, weights and pre-gate output.
-                q_f, k_f, v_f = group_spectra(spectrum, rows, hw, ctx.packed)
-                with no_autocast(device):
-                    w = circulant_weights(q_f, k_f, hw, head_dim, scale)
-                    w_f = torch.fft.rfft2(w)
-                    y = torch.fft.irfft2(per_head(torch.conj(w_f), v_f, head_dim), s=hw).view(B, c, N)
+                if s.lean:  # recompute what the forward did not keep
+                    qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), hw, s.packed)
+                    q_f, k_f, v_f = qkv.chunk(3, dim=1)
+                    y, omega, omega_f = attend_spectra(q_f, k_f, v_f, hw, head_dim, s.scale, backend)
+                    y = y.view(B, c, N)
                     if qkv_bias is not None:
-                        y += value_bias(qkv_bias, lo, hi)[:, None].to(work)
-                # Through the projection and the gate (channels first: (B, c, N)).
-                g_u_g = g_u[:, P:, lo:hi].transpose(1, 2)
-                if gate_pre is not None and g_gate_pre is not None:
-                    z = gate_pre[:, P:, lo:hi].transpose(1, 2).to(work)
-                    sig = torch.sigmoid(z)
-                    gate = z * sig
-                    g_gate_pre[:, P:, lo:hi] = (g_u_g * y * silu_slope(z, sig)).transpose(1, 2)
-                    g_y, u = g_u_g * gate, y * gate
-                    del z, sig, gate
+                        y = y + value_bias(qkv_bias, lo, hi)[:, None].to(work)
                 else:
-                    g_y, u = g_u_g, y
-                g_proj_weight[:, lo:hi] = torch.matmul(g_out_cf, u.transpose(1, 2)).sum(0)
-                del y, u, g_u_g
+                    qkv, omega_f, y, omega = stored[1:]
+                    q_f, k_f, v_f = qkv.chunk(3, dim=1)
+                # Through the projection and the gate, token-major (B, N, c), as the gate's pre-activation lies.
+                y_t = y.transpose(1, 2)
+                g_u_g = g_u[:, P:, lo:hi]
+                if gate_pre is not None:
+                    z = gate_pre[:, P:, lo:hi]
+                    gate = F.silu(z)
+                    g_z = torch.ops.aten.silu_backward(g_u_g * y_t, z)
+                    if g_gate_pre is None:  # one group and no prefix tokens: the whole gradient
+                        g_gate_pre = g_z.to(gate_pre.dtype)
+                    else:
+                        g_gate_pre[:, P:, lo:hi] = g_z
+                    g_y, u = g_u_g * gate, gate * y_t
+                else:
+                    g_y, u = g_u_g, y_t
+                g_p = g_out_tokens.t() @ u.reshape(B * N, c)
+                if g_proj_weight is None:
+                    g_proj_weight = g_p
+                else:
+                    g_proj_weight[:, lo:hi] = g_p
                 # Through the circulant attention, in the frequency domain.
-                with no_autocast(device):
-                    g_f = torch.fft.rfft2(g_y.reshape(B, c, *hw).to(work))
-                    del g_y
-                    if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
-                        value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0].real.sum(0))
-                    g_w = torch.fft.irfft2(head_sum(torch.conj(g_f) * v_f, head_dim), s=hw)
-                    g_logits = scale * w * (g_w - (g_w * w).sum((-2, -1), keepdim=True))
-                    del g_w
-                    l_f = torch.fft.rfft2(g_logits)
-                    del g_logits
-                    g_qkv_f = torch.empty(B, 3 * c, *l_f.shape[-2:], dtype=l_f.dtype, device=device)
-                    g_qkv_f[:, :c] = per_head(torch.conj(l_f), k_f, head_dim)
-                    g_qkv_f[:, c : 2 * c] = per_head(l_f, q_f, head_dim)
-                    g_qkv_f[:, 2 * c :] = per_head(w_f, g_f, head_dim)
-                    del q_f, k_f, v_f, g_f, l_f, w_f
-                    g_qkv = spectrum_rows(g_qkv_f, hw, ctx.packed)
+                g_f = rfft2(g_y.transpose(1, 2).reshape(B, c, *hw), backend)
+                if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
+                    value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0, 0].sum(0))
+                g_v = per_head(omega_f, g_f, head_dim, conj=True)
+                g_omega = irfft2(head_sum(conj_mul(v_f, g_f), head_dim), hw, backend)
+                heads = omega.shape[1]
+                g_lambda = torch._softmax_backward_data(
+                    g_omega.view(B, heads, N), omega.view(B, heads, N), -1, omega.dtype
+                ).view(B, heads, *hw)
+                lam = rfft2(g_lambda * s.scale, backend)
+                g_qkv = to_rows(
+                    torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v], dim=1),
+                    hw,
+                    s.packed,
+                )
                 # Through the qkv projection, on the spectrum's rows.
-                set_group_rows(g_qkv_weight, lo, hi, torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0))
-                g_x_rows += torch.matmul(rows.t(), g_qkv)
-                del g_qkv, g_qkv_f
-            del spectrum, weighted
+                g_w = torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0)
+                if g_qkv_weight is None:
+                    g_qkv_weight = g_w
+                else:
+                    set_group_rows(g_qkv_weight, lo, hi, g_w)
+                contribution = torch.bmm(group_rows(qkv_weight, lo, hi).t().expand(B, -1, -1), g_qkv)
+                g_rows = contribution if g_rows is None else g_rows + contribution
+            # There is at least one group.
+            assert g_rows is not None and g_qkv_weight is not None and g_proj_weight is not None
             g_prefix = None
             if P:  # the prefix rows: through the projection and the gate only
                 u = prefix.to(work)
                 g_prefix = g_u[:, :P].to(work)
                 if gate_pre is not None and g_gate_pre is not None:
-                    z = gate_pre[:, :P].to(work)
-                    sig = torch.sigmoid(z)
-                    g_gate_pre[:, :P] = g_prefix * u * silu_slope(z, sig)
-                    g_prefix, u = g_prefix * z * sig, u * z * sig
+                    z = gate_pre[:, :P]
+                    g_gate_pre[:, :P] = torch.ops.aten.silu_backward(g_prefix * u, z)
+                    gate = F.silu(z)
+                    g_prefix, u = g_prefix * gate, u * gate
                 g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
                 g_prefix = g_prefix.to(prefix.dtype)
-            # x's gradient channels first, returned transposed (a view; autograd adds it as it is). Its prefix
-            # rows reach the output only through the caller's own ops: zeros, the grid's written beside them.
-            g_x = torch.empty(B, C, T, dtype=work, device=device)
-            g_x[:, :, :P] = 0
-            with no_autocast(device):
-                torch.fft.irfft2(rows_spectrum(g_x_rows, hw, ctx.packed), s=hw, out=g_x[:, :, P:].view(B, C, *hw))
-            g_x = g_x.transpose(1, 2).to(x.dtype)
+            g_grid = irfft2(to_pairs(g_rows, hw, s.packed), hw, backend).view(B, C, N)
+            if P:  # x's prefix rows reach the output only through the caller's own ops: zeros beside the grid's
+                g_x = torch.cat([g_grid.new_zeros(B, C, P), g_grid], dim=2).transpose(1, 2)
+            else:  # returned transposed (a view; autograd adds it as it is)
+                g_x = g_grid.transpose(1, 2)
             g_proj_bias = g_out.sum((0, 1)) if ctx.has_bias else None
         return (
-            g_x,
+            g_x.to(x.dtype),
             g_qkv_weight.to(qkv_weight.dtype),
             g_gate_pre,
             g_proj_weight.to(proj_weight.dtype),
             g_proj_bias.to(proj_weight.dtype) if g_proj_bias is not None else None,
-            None,
-            None,
-            None,
-            None,
-            None,
             g_qkv_bias.to(qkv_bias.dtype) if g_qkv_bias is not None else None,
             g_prefix,
+            None,
         )
 
 
-def lean_circulant_attention(
+def circulant_attention_function(
     x: Tensor,
     qkv_weight: Tensor,
     gate_pre: Tensor | None,
@@ -277,47 +309,50 @@ def lean_circulant_attention(
     hw: tuple[int, int],
     head_dim: int,
     scale: float,
+    backend: DFTBackend = "fft",
+    lean: bool = False,
+    budget_bytes: int = 2**62,
     keep_weights: bool = False,
     packed: bool = False,
     qkv_bias: Tensor | None = None,
     prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid,
-    and, with ``keep_weights``, the attention weights (B, heads, H, W), not differentiable (else an
-    empty tensor). ``gate_pre`` None: no gate. ``qkv_bias`` (3C,): q, k, v with a bias (timm's
-    ``qkv_bias=True`` models, converted by :func:`cat.convert`), of which only v's part acts
-    (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero gradient.
-    ``prefix`` (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class
-    and register tokens, whose softmax attention the caller computes); x and ``gate_pre`` then hold those
-    tokens first, (B, P + N, C), and the output covers all of them, gated and projected alike. ``packed``:
-    the qkv GEMM runs on the packed spectrum's N rows instead of the half spectrum's 2*H*(W//2+1), at the
-    price of unpacking its output (docs/perf.md compares the two). Checks of shapes and arguments are the caller's
-    (:class:`cat.ops.CirculantAttention`)."""
-    args = (
-        x,
-        qkv_weight,
-        gate_pre,
-        proj_weight,
-        proj_bias,
-        hw,
-        head_dim,
-        scale,
-        keep_weights,
-        packed,
-        qkv_bias,
-        prefix,
-    )
-    # A trace (torch.jit.trace) cannot record the autograd.Function: it records the forward's plain ops instead.
+    """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid, and with
+    ``keep_weights`` the attention weights (B, heads, H, W) by offset, not differentiable (else an empty tensor).
+    ``gate_pre`` None: no gate. ``lean``: keep only x and
+    ``gate_pre`` for the backward, recomputing the rest in channel groups of at most ``budget_bytes`` working set
+    (stored: keep the spectra, one group). ``qkv_bias`` (3C,): q, k, v with a bias (timm's ``qkv_bias=True``
+    models, converted by :func:`cat.convert`), of which only v's part acts
+    (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero gradient. ``prefix``
+    (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class and register tokens,
+    whose softmax attention the caller computes); x and ``gate_pre`` then hold those tokens first, (B, P + N, C),
+    and the output covers all of them, gated and projected alike. ``packed``: the qkv GEMM runs on each spectrum's N
+    independent reals instead of its 2*H*(W//2+1) (docs/perf.md compares the two). Checks of shapes and arguments
+    are the caller's (:class:`cat.ops.CirculantAttention`)."""
+    B, T, C = x.shape
+    tokens = B * (T - (0 if prefix is None else prefix.shape[1]))
+    itemsize = torch.finfo(fft_dtype(x.dtype)).bits // 8
+    groups = channel_groups(C, head_dim, tokens, itemsize, budget_bytes) if lean else [(0, C)]
+    settings = _Settings(hw, head_dim, scale, backend, packed, groups, lean)
     tensors = (x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix)
     needs_grad = any(t is not None and t.requires_grad for t in tensors)
-    if torch.is_grad_enabled() and needs_grad and not torch.jit.is_tracing():
-        return _lean_training(*args)
-    return _forward(*args)  # inference: no autograd.Function overhead
+    if torch.is_grad_enabled() and needs_grad:
+        out, omega = _training(*tensors, settings)
+    else:  # inference: no autograd.Function, nothing kept
+        out, _, omega, _ = _forward(*tensors, settings, keep_spectra=False)
+    return out, weights_by_offset(omega) if keep_weights else omega.narrow(0, 0, 0)  # empty: a view, no kernel
 
 
-# Traced, AOTAutograd's common-subexpression pass merges the backward's recomputation with the forward, which then
-# saves its intermediates after all (CA-DeiT-T at 224^2, B=32: 1244 MiB saved, 819 eagerly, 1355 through autograd);
-# so torch.compile calls it as it is, and compiles the model's other ops around it.
-@torch.compiler.disable(reason="the lean function recomputes in its backward what a traced forward would save")
-def _lean_training(*args) -> tuple[Tensor, Tensor]:
-    return _LeanCirculantAttention.apply(*args)
+def _training(*args) -> tuple[Tensor, Tensor]:
+    settings: _Settings = args[-1]
+    if settings.lean and torch.compiler.is_compiling():
+        return _lean_uncompiled(*args)
+    return _CirculantAttentionFunction.apply(*args)
+
+
+# Traced, AOTAutograd's common-subexpression pass merges the lean backward's recomputation with the forward, which
+# then keeps its intermediates after all (CA-DeiT-T at 224^2, B=32: 1244 MiB kept, 819 eagerly); so torch.compile
+# calls the lean function as it is. The stored one is traced and compiled whole.
+@torch.compiler.disable(reason="the lean function recomputes in its backward what a traced forward would keep")
+def _lean_uncompiled(*args) -> tuple[Tensor, Tensor]:
+    return _CirculantAttentionFunction.apply(*args)

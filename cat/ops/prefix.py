@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fused import value_bias
-from .spectral import autocast_state, no_autocast
+from .precision import autocast_state, no_autocast
 
 __all__ = ["prefix_attention"]
 

@@ -1,5 +1,5 @@
-"""Spectra of real 2-D maps: the dtype and autocast rules of the transforms, and the packing of a
-half spectrum into exactly as many reals as the map has.
+"""Circulant attention on spectra held as real (re, im) pairs: the complex products, the attention itself, and
+the packing of a half spectrum into exactly as many reals as the map has.
 
 ``rfft2`` of a real H x W map returns H x (W//2+1) complex numbers, 2*H*(W//2+1) reals, although
 the map has only N = H*W degrees of freedom: the columns kx = 0 and (W even) kx = W/2 are
@@ -17,16 +17,17 @@ real M, which lets a projection of the spectrum run on N rows instead of 2*H*(W/
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 
+from .dft import DFTBackend, constant, half_spectrum_weights, irfft2, rfft2
+
 __all__ = [
-    "fft_dtype",
-    "no_autocast",
     "attend_spectra",
     "circulant_weights",
+    "weights_by_offset",
+    "cmul",
+    "conj_mul",
     "head_sum",
     "per_head",
     "pack_spectrum",
@@ -34,23 +35,36 @@ __all__ = [
 ]
 
 
-def fft_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The real dtype FFTs run in for inputs of ``dtype``."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _complex_kernels(*pairs: Tensor) -> bool:
+    """Whether products of these pair tensors run as complex kernels: in eager mode, where one complex kernel is one
+    launch instead of several real ones, for the dtypes complex tensors have. Traced for a compiler they stay real
+    arithmetic, which it fuses (it generates no code for complex tensors)."""
+    return not torch.compiler.is_compiling() and all(t.dtype in (torch.float32, torch.float64) for t in pairs)
 
 
-def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast off on ``device`` (a no-op where autocast does not exist, e.g. the meta device)."""
-    if not torch.amp.is_autocast_available(device.type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, enabled=False)
+def _as_complex(pairs: Tensor) -> Tensor:
+    if pairs.stride(-1) != 1 or pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    return torch.view_as_complex(pairs)
 
 
-def autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
-    """Whether autocast is on for ``device`` and its dtype ((False, None) where autocast does not exist)."""
-    if not torch.amp.is_autocast_available(device.type):
-        return False, None
-    return torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+def cmul(a: Tensor, b: Tensor) -> Tensor:
+    """a * b for complex numbers held as real (re, im) pairs (..., 2), broadcasting."""
+    if _complex_kernels(a, b):
+        return torch.view_as_real(_as_complex(a) * _as_complex(b))
+    ar, ai = a.unbind(-1)
+    br, bi = b.unbind(-1)
+    return torch.stack((ar * br - ai * bi, ar * bi + ai * br), dim=-1)
+
+
+def conj_mul(a: Tensor, b: Tensor) -> Tensor:
+    """conj(a) * b for complex numbers held as real (re, im) pairs (..., 2), broadcasting. Traced for a compiler it
+    is one fused kernel with no conjugate copy; eagerly, the complex kernel copies conj(a) first (one pass)."""
+    if _complex_kernels(a, b):
+        return torch.view_as_real(_as_complex(a).conj() * _as_complex(b))
+    ar, ai = a.unbind(-1)
+    br, bi = b.unbind(-1)
+    return torch.stack((ar * br + ai * bi, ar * bi - ai * br), dim=-1)
 
 
 def head_sum(channels: Tensor, head_dim: int) -> Tensor:
@@ -61,23 +75,35 @@ def head_sum(channels: Tensor, head_dim: int) -> Tensor:
     return channels.view(B, C // head_dim, head_dim, *channels.shape[2:]).sum(2)
 
 
-def per_head(heads: Tensor, channels: Tensor, head_dim: int) -> Tensor:
-    """(B, heads, ...) times (B, C, ...), each head's map applied to each of its channels."""
+def per_head(heads: Tensor, channels: Tensor, head_dim: int, conj: bool = False) -> Tensor:
+    """Spectra (B, heads, ..., 2) times spectra (B, C, ..., 2), each head's applied to each of its channels
+    (``conj``: the heads' conjugates)."""
+    product = conj_mul if conj else cmul
     if head_dim == 1:
-        return heads * channels
+        return product(heads, channels)
     B, C = channels.shape[:2]
     grouped = channels.view(B, C // head_dim, head_dim, *channels.shape[2:])
-    return (heads.unsqueeze(2) * grouped).view(channels.shape)
+    return product(heads.unsqueeze(2), grouped).view(channels.shape)
 
 
-def circulant_weights(q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float) -> Tensor:
-    """Softmax weights (B, heads, H, W) of circulant attention from the rfft2 spectra of q and k."""
+def circulant_weights(
+    q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: DFTBackend = "fft"
+) -> Tensor:
+    """Softmax weights (B, heads, H, W) of circulant attention from the spectra (B, C, H, W//2+1, 2) of q and k, by
+    the offset taken backwards: omega[e] is the weight of the key at offset -e from each query (e on the torus).
+
+    Backwards because then no conjugate is needed after the softmax: with l[e] = sum_i <q_i, k_{i-e}> (a correlation
+    of k with q, spectrum conj(F k) F q), out_i = sum_e omega[e] v_{i-e} is a convolution, spectrum F(omega) F(v).
+    :func:`weights_by_offset` turns them round."""
     B = q_f.shape[0]
-    # Cross-correlation theorem: F(sum_i q_i k_{i+d}) = conj(F q) * F k; summing the products of
-    # a head's channels in the frequency domain gives the head's logits with one inverse FFT.
-    logits = torch.fft.irfft2(head_sum(torch.conj(q_f) * k_f, head_dim), s=hw)
+    logits = irfft2(head_sum(conj_mul(k_f, q_f), head_dim), hw, backend)
     heads = logits.shape[1]
     return (logits.view(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
+
+
+def weights_by_offset(omega: Tensor) -> Tensor:
+    """:func:`circulant_weights`' omega (..., H, W) as w[d] = omega[-d]: the weight of the key at offset d."""
+    return torch.roll(omega.flip(-2, -1), shifts=(1, 1), dims=(-2, -1))
 
 
 def attend_spectra(
@@ -87,24 +113,15 @@ def attend_spectra(
     hw: tuple[int, int],
     head_dim: int,
     scale: float,
-    return_weights: bool = False,
-    out: Tensor | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Circulant attention given the rfft2 spectra of q, k and v, channels first.
-
-    ``q_f``, ``k_f``, ``v_f``: (B, C, H, W//2+1) complex, the unnormalised ``rfft2`` over the last two
-    dims. Returns the real output (B, C, H, W) and, with ``return_weights``, the attention weights
-    (B, heads, H, W): weights[..., dy, dx] is the weight of the key at offset (dy, dx) from every
-    query. Channels form heads of ``head_dim`` channels; the caller handles dtypes and autocast.
-    ``out``: a (B, C, H, W) tensor to write the output into.
-    """
-    weights = circulant_weights(q_f, k_f, hw, head_dim, scale)
-    # out_i = sum_d w[d] v_{i+d} is again a cross-correlation, of the weights with v.
-    y = torch.fft.irfft2(per_head(torch.conj(torch.fft.rfft2(weights)), v_f, head_dim), s=hw)
-    # Copied, not irfft2's out=: torch.compile cannot trace that into a strided slice (the lean function's channel
-    # groups), and broke the graph in a loop, which ran the whole frame eagerly.
-    out = y if out is None else out.copy_(y)
-    return (out, weights) if return_weights else out
+    backend: DFTBackend = "fft",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Circulant attention given the unnormalised rfft2 spectra of q, k and v as real pairs, channels first,
+    (B, C, H, W//2+1, 2): the real output (B, C, H, W), the weights omega (B, heads, H, W) by backward offset
+    (:func:`circulant_weights`; :func:`weights_by_offset` gives them by offset) and their spectrum. Channels form heads
+    of ``head_dim`` channels; the transforms are ``backend``'s (:mod:`cat.ops.dft`), which also sets their dtypes."""
+    omega = circulant_weights(q_f, k_f, hw, head_dim, scale, backend)
+    omega_f = rfft2(omega, backend)
+    return irfft2(per_head(omega_f, v_f, head_dim), hw, backend), omega, omega_f
 
 
 def _hermitian_columns(width: int) -> list[int]:
@@ -151,19 +168,22 @@ def unpack_spectrum(packed: Tensor, width: int) -> Tensor:
 
 
 def parseval_weights(hw: tuple[int, int], packed: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Weights (R,) with sum_i a_i b_i = sum_r w_r A_r B_r for real H x W maps a, b and their rows
-    A, B (:func:`cat.ops.fused.spectrum_rows`: (re, im) pairs, or
-    with ``packed`` the layout of :func:`pack_spectrum`): Parseval's theorem on the half spectrum. Columns whose mirror
-    -kx is not stored count twice, and 1/N undoes the unnormalised transform."""
+    """Weights (R,) with sum_i a_i b_i = sum_r w_r A_r B_r for real H x W maps a, b and their rows A, B (the
+    flattened (re, im) pairs of their half spectra, or with ``packed`` the layout of :func:`pack_spectrum`):
+    Parseval's theorem on the half spectrum. Columns whose mirror -kx is not stored count twice, and 1/N undoes the
+    unnormalised transform. Made once per grid (:func:`cat.ops.dft.constant`)."""
+    return constant(_parseval_weights, (hw, packed), dtype, device)
+
+
+def _parseval_weights(hw: tuple[int, int], packed: bool) -> Tensor:
     H, W = hw
-    kx = torch.arange(W // 2 + 1, device=device)
-    column = torch.where((kx == 0) | (2 * kx == W), 1.0, 2.0).to(dtype) / (H * W)
+    column = half_spectrum_weights(W) / (H * W)
     if not packed:  # (H, W//2+1, 2): every (re, im) pair weighs its column's weight
         return column.view(1, -1, 1).expand(H, -1, 2).reshape(-1)
     # Packed Hermitian columns hold Re c[ky] (ky <= H/2) and Im c[ky] (ky > H/2); each stands for
     # itself and its mirror -ky, except ky = 0 and ky = H/2, their own mirrors.
-    ky = torch.arange(H, device=device)
-    hermitian = torch.where((ky == 0) | (2 * ky == H), 1.0, 2.0).to(dtype) / (H * W)
+    ky = torch.arange(H, dtype=torch.float64)
+    hermitian = torch.where((ky == 0) | (2 * ky == H), 1.0, 2.0).double() / (H * W)
     special = len(_hermitian_columns(W))
     interior = column[1 : (W + 1) // 2].view(1, -1, 1).expand(H, -1, 2).reshape(H, -1)
     return torch.cat([hermitian.view(H, 1).expand(H, special), interior], dim=1).reshape(-1)

@@ -45,10 +45,25 @@ class NetworkConfig:
         "extra model arguments, checked against the model's, e.g. {embed_dim: 64}", absent_means={}
     )
     lean_attention: Literal["auto", True, False] = key(
-        "circulant attention's memory-lean backward: auto (blocks of B*N*C >= cat.ops.LEAN_AUTO_MIN_FLOATS), "
-        "true (every block: least memory) or false (autograd: faster, more memory)",
+        "what circulant attention keeps for its backward: false (its spectra: the faster), true (only its input, "
+        "recomputing the rest: the least memory), auto (the spectra while a 24-block model's would fit "
+        "attention_memory_mb, else the lean function; cat.ops.policy)",
         resume=FREE,  # the same math, computed another way
         absent_means="auto",
+    )
+    fft_backend: Literal["auto", "fft", "separable", "matmul"] = key(
+        "circulant attention's 2-D DFTs: fft (torch.fft, float32), separable (two GEMMs per transform, in autocast's "
+        "dtype: tensor cores), matmul (one dense GEMM: small grids, ONNX), auto (separable on CUDA under fp16/bf16 "
+        "autocast, else fft)",
+        resume=FREE,  # the same math, computed another way
+        absent_means="auto",
+    )
+    attention_memory_mb: int | None = key(
+        "MiB circulant attention may use: the lean function's working set per block, and what auto lets a "
+        "24-block model's stored spectra take; null: a quarter of the device's free memory at the first step",
+        min=1,
+        resume=FREE,
+        absent_means=None,
     )
     grad_checkpointing: bool = key(
         "recompute each block's activations in the backward (timm's set_grad_checkpointing)", resume=FREE

@@ -87,6 +87,12 @@ BAD_KEYS = [
     ),
     ("det", "accum_steps=0", "accum_steps=0: expected an integer >= 1"),
     (
+        "det",
+        "model.backbone.fft_backend=cufft",
+        "model.backbone.fft_backend='cufft': expected one of auto, fft, separable, matmul",
+    ),
+    ("seg", "model.backbone.attention_memory_mb=-1", "model.backbone.attention_memory_mb=-1: expected an integer >= 1"),
+    (
         "seg",
         "model.backbone.grad_checkpointing=maybe",
         "model.backbone.grad_checkpointing='maybe': expected true or false",

@@ -1,4 +1,5 @@
-"""The lean circulant attention: its hand-written backward, the packed spectrum, and what it saves."""
+"""The fused circulant attention (cat.ops.fused): its hand-written backward, stored or lean, in channel groups from a
+memory budget, on every DFT backend; the packed spectrum; what it keeps for the backward."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from cat.ops import CirculantAttention, circulant_attention, fused, set_lean_attention
-from cat.ops.fused import channel_groups, lean_circulant_attention, spectrum_rows
+from cat.ops import CirculantAttention, circulant_attention, fused, set_attention_memory, set_lean_attention
+from cat.ops.fused import channel_groups, circulant_attention_function, to_rows
+from cat.ops.policy import AUTO_DEPTH
 from cat.ops.spectral import pack_spectrum, parseval_weights, unpack_spectrum
 from tests.ops.test_circulant import dense_bccb_attention
 
@@ -40,7 +42,7 @@ def test_parseval_weights_give_inner_products_of_maps(hw, packed):
     """The backward takes the qkv weight's gradient as a product of spectra: it must equal the
     product of the maps, for the (re, im) rows and for the packed ones."""
     a, b = torch.randn(2, 3, *hw, dtype=torch.float64).unbind(0)
-    rows_a, rows_b = (spectrum_rows(torch.fft.rfft2(t.unsqueeze(0)), hw, packed) for t in (a, b))
+    rows_a, rows_b = (to_rows(torch.view_as_real(torch.fft.rfft2(t.unsqueeze(0))), hw, packed) for t in (a, b))
     weights = parseval_weights(hw, packed, torch.float64, a.device)
     assert weights.shape == rows_a.shape[-1:]
     torch.testing.assert_close((rows_a * weights * rows_b).sum(-1)[0], (a * b).sum((-2, -1)), rtol=1e-12, atol=1e-12)
@@ -68,25 +70,31 @@ CASES = [  # (B, hw, dim, head_dim, reweight)
 ]
 
 
-@pytest.fixture(params=["one group", "groups of one head"])
-def grouping(request, monkeypatch):
-    """Run the lean function with all channels in one group, and with a group per head."""
-    if request.param != "one group":
-        monkeypatch.setattr(fused, "GROUP_FLOATS", 1)
+@pytest.fixture(params=["stored", "lean", "lean, groups of one head"])
+def keeping(request, monkeypatch):
+    """What the forward keeps: the spectra; or x alone, all channels in one group, or a group per head (a working
+    set larger than any budget)."""
+    if request.param.endswith("head"):
+        monkeypatch.setattr(fused, "LEAN_WORKING_FLOATS", 2**62)
     return request.param
 
 
-def test_channel_groups_cover_whole_heads():
-    assert channel_groups(192, 1, 8 * 196) == [(0, 96), (96, 192)]
-    assert channel_groups(8, 1, 12) == [(0, 8)]
-    groups = channel_groups(12, 4, 10**6)
-    assert groups == [(0, 4), (4, 8), (8, 12)]
-    assert all((hi - lo) % 4 == 0 for lo, hi in channel_groups(24, 4, 3 * 2**18))
+def test_channel_groups_come_from_the_budget_in_bytes():
+    working = fused.LEAN_WORKING_FLOATS * 8 * 196 * 192 * 4  # a 224^2 batch of 8 of CA-DeiT-T, float32
+    assert channel_groups(192, 1, 8 * 196, 4, working) == [(0, 192)]  # fits: one group, whatever the batch
+    assert channel_groups(192, 1, 64 * 196, 4, 8 * working) == [(0, 192)]
+    assert channel_groups(192, 1, 8 * 196, 4, working // 2) == [(0, 96), (96, 192)]
+    assert channel_groups(12, 4, 10**6, 4, 1) == [(0, 4), (4, 8), (8, 12)]  # whole heads, however small
+    assert all((hi - lo) % 4 == 0 for lo, hi in channel_groups(24, 4, 3 * 2**18, 4, 2**20))
 
 
+BACKENDS = ["fft", "separable", "matmul"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
 @pytest.mark.parametrize("case", CASES)
-def test_lean_backward_passes_gradcheck(case, packed, grouping):
+def test_fused_backward_passes_gradcheck(case, packed, backend, keeping):
     B, hw, dim, head_dim, reweight = case
     torch.manual_seed(0)
     attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight).double()
@@ -99,7 +107,9 @@ def test_lean_backward_passes_gradcheck(case, packed, grouping):
 
     def fn(x, qkv_w, proj_w, proj_b, *gate):
         gate_pre = gate[0] if gate else None
-        out, _ = lean_circulant_attention(x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, packed=packed)
+        out, _ = circulant_attention_function(
+            x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, backend, keeping != "stored", 2**30, packed=packed
+        )
         return (out * weight).sum()
 
     inputs = (x, *(p.detach().clone().requires_grad_() for p in params), *([gate_pre] if gate_pre is not None else []))
@@ -109,20 +119,21 @@ def test_lean_backward_passes_gradcheck(case, packed, grouping):
 @pytest.mark.parametrize("reference", [circulant_attention, dense_bccb_attention], ids=["functional", "dense"])
 @pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
 @pytest.mark.parametrize("case", CASES)
-def test_lean_module_equals_autograd_path_in_values_and_gradients(case, packed, grouping, reference):
+def test_fused_module_equals_autograd_path_in_values_and_gradients(case, packed, keeping, reference):
     B, hw, dim, head_dim, reweight = case
     torch.manual_seed(1)
-    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, pack_spectrum=packed, lean=True).double()
+    lean = keeping != "stored"
+    attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, pack_spectrum=packed, lean=lean).double()
     x = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64, requires_grad=True)
     g = torch.randn(B, hw[0] * hw[1], dim, dtype=torch.float64)
     params = [x, *attn.parameters()]
-    lean_out = attn(x, hw)
-    lean_grads = torch.autograd.grad((lean_out * g).sum(), params)
+    fused_out = attn(x, hw)
+    fused_grads = torch.autograd.grad((fused_out * g).sum(), params)
     ref_out = autograd_module(attn, x, hw, reference)
     ref_grads = torch.autograd.grad((ref_out * g).sum(), params)
-    torch.testing.assert_close(lean_out, ref_out, rtol=1e-10, atol=1e-12)
-    for lean, ref in zip(lean_grads, ref_grads, strict=True):
-        torch.testing.assert_close(lean, ref, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(fused_out, ref_out, rtol=1e-10, atol=1e-12)
+    for got, ref in zip(fused_grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-11)
 
 
 def test_lean_backward_under_bf16_autocast_keeps_dtypes():
@@ -155,18 +166,23 @@ def saved_bytes(fn, leaves) -> int:
     return sum(storages.values())
 
 
-def test_lean_attention_saves_one_token_map_of_its_own():
-    """The budget of docs/perf.md: x (shared with the gate's linear) and the gate's pre-activation;
-    autograd through the plain ops keeps far more."""
+def test_what_the_forward_keeps_stored_and_lean():
+    """The budget of docs/perf.md. Lean: the gate's pre-activation (x is the caller's; the rest is recomputed).
+    Stored: that and fused.stored_floats (the spectra of x and q, k, v, the weights, the output). Autograd through
+    the plain operators keeps far more than either."""
     B, hw, dim = 2, (8, 8), 16
-    attn = CirculantAttention(dim, lean=True)
     x = torch.randn(B, 64, dim, requires_grad=True)
+    attn = CirculantAttention(dim)
     unit = B * 64 * dim * 4
     leaves = [x, *attn.parameters()]
-    lean = saved_bytes(lambda: attn(x, hw), leaves)
+    kept = {}
+    for lean in (True, False):
+        attn.lean = lean
+        kept[lean] = saved_bytes(lambda: attn(x, hw), leaves)
     plain = saved_bytes(lambda: autograd_module(attn, x, hw), leaves)
-    assert lean == unit  # the gate's pre-activation; x is the caller's, the rest is recomputed
-    assert plain >= 10 * lean
+    assert kept[True] == unit
+    assert kept[False] == unit + fused.stored_floats(B * 64, dim, dim, hw) * 4
+    assert plain > kept[False] > 5 * kept[True]
 
 
 @pytest.mark.slow  # torch.compile: seconds per case
@@ -175,11 +191,11 @@ def test_torch_compile_keeps_the_lean_memory_and_traces_inference(batch, monkeyp
     """Traced, the lean function's backward recomputation is merged with its forward (AOTAutograd's
     common-subexpression pass) and its intermediates are saved after all; so a compiled model calls it as it is in
     training: the same saved bytes and gradients as eagerly. Without autograd it is traced whole, groups and all."""
-    monkeypatch.setattr(fused, "GROUP_FLOATS", 384 * batch)  # two channel groups of a 2x2 grid of 192 channels
+    monkeypatch.setattr(fused, "LEAN_WORKING_FLOATS", 256 // batch)  # 1.5 MiB: two groups within 1 MiB
     torch.manual_seed(6)
     model = timm.create_model("ca_deit_tiny", img_size=32, depth=1, num_classes=3).double()
-    set_lean_attention(model, True)
-    assert len(channel_groups(192, 1, batch * 4)) == 2
+    set_attention_memory(set_lean_attention(model, True), 1)
+    assert len(channel_groups(192, 1, batch * 4, 8, 2**20)) == 2
     x = torch.randn(batch, 3, 32, 32, dtype=torch.float64, requires_grad=True)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="aot_eager")
@@ -193,39 +209,44 @@ def test_torch_compile_keeps_the_lean_memory_and_traces_inference(batch, monkeyp
         torch.testing.assert_close(out, model(x), rtol=1e-10, atol=1e-12)
 
 
-def test_set_lean_attention_switches_to_autograd_with_the_same_result():
+def test_set_lean_attention_switches_to_stored_spectra_with_the_same_result():
     torch.manual_seed(3)
     model = torch.nn.ModuleList([CirculantAttention(8, lean=True), CirculantAttention(8, lean=True)]).double()
     x = torch.randn(2, 12, 8, dtype=torch.float64, requires_grad=True)
     run = lambda: model[1](model[0](x, (3, 4)), (3, 4))  # noqa: E731
     leaves = [x, *model.parameters()]
     lean_out, lean_saved = run(), saved_bytes(run, leaves)
+    lean_grads = torch.autograd.grad(run().sum(), leaves)
     assert set_lean_attention(model, False) is model
     assert not any(m.lean for m in model)
-    torch.testing.assert_close(run(), lean_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(run(), lean_out, rtol=0, atol=0)  # the same forward
+    for got, ref in zip(torch.autograd.grad(run().sum(), leaves), lean_grads, strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)  # the same backward, from kept or recomputed spectra
     assert saved_bytes(run, leaves) > 5 * lean_saved
 
 
-def test_auto_takes_the_lean_function_only_from_its_threshold_on(monkeypatch):
-    """lean='auto' (the default): below LEAN_AUTO_MIN_FLOATS (B*N*C) a block trains through autograd,
-    from it on through the lean function; the outputs agree either way."""
-    from cat.ops import circulant
-
+def test_auto_keeps_the_spectra_while_a_deep_model_would_fit_the_budget():
+    """lean='auto' (the default): stored spectra while AUTO_DEPTH blocks' would fit the memory budget, past it the
+    lean function; the outputs agree either way."""
     torch.manual_seed(4)
     attn = CirculantAttention(16).double()
-    assert attn.lean == "auto"
-    x = torch.randn(2, 64, 16, dtype=torch.float64, requires_grad=True)  # 2048 floats
+    assert attn.lean == "auto" and attn.memory_mb is None
+    x = torch.randn(2, 64, 16, dtype=torch.float64, requires_grad=True)
     leaves, run = [x, *attn.parameters()], lambda: attn(x, (8, 8))
+    stored = fused.stored_floats(2 * 64, 16, 16, (8, 8)) * 8
     measured = {}
     for policy in (False, True, "auto"):
         attn.lean = policy
         measured[policy] = (run(), saved_bytes(run, leaves))
-    monkeypatch.setattr(circulant, "LEAN_AUTO_MIN_FLOATS", 2048)
-    measured["auto, at the threshold"] = (run(), saved_bytes(run, leaves))
-    assert measured["auto"][1] == measured[False][1] > 5 * measured[True][1]
-    assert measured["auto, at the threshold"][1] == measured[True][1]
+    for memory_mb, name in ((-(-stored * AUTO_DEPTH // 2**20), "fits"), (stored * AUTO_DEPTH // 2**20, "past")):
+        set_attention_memory(attn, memory_mb)
+        measured[name] = (run(), saved_bytes(run, leaves))
+    assert measured["auto"][1] == measured["fits"][1] == measured[False][1] > 5 * measured[True][1]
+    assert measured["past"][1] == measured[True][1]
     for out, _ in measured.values():
         torch.testing.assert_close(out, measured[False][0], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="positive number of MiB"):
+        set_attention_memory(attn, 0)
 
 
 @pytest.mark.parametrize("policy", ["maybe", 1, None])
@@ -248,8 +269,8 @@ def test_lean_backward_with_a_qkv_bias_passes_gradcheck(packed):
     weight = torch.randn(B, 12, dim, dtype=torch.float64)
 
     def fn(x, qkv_w, qkv_b, proj_w, proj_b, gate_pre):
-        out, _ = lean_circulant_attention(
-            x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, packed=packed, qkv_bias=qkv_b
+        out, _ = circulant_attention_function(
+            x, qkv_w, gate_pre, proj_w, proj_b, hw, head_dim, 0.7, lean=True, packed=packed, qkv_bias=qkv_b
         )
         return (out * weight).sum()
 
@@ -270,8 +291,8 @@ def test_lean_backward_with_prefix_tokens_passes_gradcheck(gated):
     weight = torch.randn(B, T, dim, dtype=torch.float64)
 
     def attention(x, qkv_w, qkv_b, proj_w, proj_b, gate=None, prefix=None):
-        return lean_circulant_attention(
-            x, qkv_w, gate, proj_w, proj_b, hw, head_dim, 0.7, qkv_bias=qkv_b, prefix=prefix
+        return circulant_attention_function(
+            x, qkv_w, gate, proj_w, proj_b, hw, head_dim, 0.7, lean=True, qkv_bias=qkv_b, prefix=prefix
         )[0]
 
     def fn(x, qkv_w, qkv_b, proj_w, proj_b, prefix, *gate_pre):

@@ -220,6 +220,19 @@ CASES = {
         _overrides("model.lean_attention=maybe"),
         "model.lean_attention='maybe': expected one of auto, True, False",
     ),
+    "fft_backend_cufft": (
+        _overrides("model.fft_backend=cufft"),
+        "model.fft_backend='cufft': expected one of auto, fft, separable, matmul",
+    ),
+    "attention_memory_zero": (
+        _overrides("model.attention_memory_mb=0"),
+        "model.attention_memory_mb=0: expected an integer >= 1",
+    ),
+    "compile_mode_fast": (
+        _overrides("compile_mode=fast"),
+        "compile_mode='fast': expected one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
+    ),
+    "compile_fullgraph_maybe": (_overrides("compile_fullgraph=maybe"), "compile_fullgraph='maybe': expected"),
     "convert_unknown_key": (
         _overrides("model.convert={stage:[0]}"),
         "model.convert.stage: not an argument of cat.convert (blocks, stages, head_dim)",

@@ -1,0 +1,144 @@
+"""What circulant attention's ``auto`` settings take on each device and dtype, and the memory budget they work in.
+
+Two choices per block, both from what was measured (docs/perf.md, "Kernels per step and the auto policy"):
+  the backward's inputs  stored spectra (faster on every device measured: 1.0-1.3x on a CPU, and on an H200 the lean
+                         function's launches cost 4-6x), unless a model of :data:`AUTO_DEPTH` such blocks would keep
+                         more than the memory budget, then the lean function (least memory). Under torch.compile,
+                         stored: the graph keeps what it keeps, and ``lean=True`` is the way to trade time for memory.
+  the DFT backend        ``fft`` (cuFFT, pocketfft/MKL in float32) except on CUDA under half-precision autocast, where
+                         the separable GEMM DFT runs on the tensor cores in the autocast dtype (the fp32 transforms
+                         made bf16 steps no faster on the H200). On a CPU the GEMM DFTs were measured slower.
+The memory budget (``model.attention_memory_mb``; :func:`set_attention_memory`) is by default a quarter of the
+device's free memory when it is first asked for: CUDA's free memory, or the CPU's MemAvailable.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+from .dft import DFTBackend, check_dft_backend
+from .precision import autocast_state
+
+__all__ = [
+    "LeanPolicy",
+    "BackendPolicy",
+    "AUTO_DEPTH",
+    "BUDGET_SHARE",
+    "check_lean",
+    "check_backend",
+    "default_budget_bytes",
+    "budget_bytes",
+    "lean_for",
+    "compute_dtype",
+    "backend_for",
+    "describe",
+]
+
+LeanPolicy = bool | Literal["auto"]
+BackendPolicy = Literal["auto", "fft", "separable", "matmul"]
+
+# ``auto`` keeps a block's spectra while a model of this many such blocks (CA-Swin-B has 24) would keep at most the
+# memory budget.
+AUTO_DEPTH = 24
+# The default memory budget: this share of the device's free memory.
+BUDGET_SHARE = 0.25
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def check_lean(lean: object) -> LeanPolicy:
+    """``lean`` if it is a lean policy: True (always the lean function), False (always stored) or 'auto'."""
+    if lean is True or lean is False or lean == "auto":
+        return lean
+    raise ValueError(f"lean must be True, False or 'auto'; got {lean!r}")
+
+
+def check_backend(backend: object) -> BackendPolicy:
+    """``backend`` if it is a DFT backend (:mod:`cat.ops.dft`) or 'auto'."""
+    if backend == "auto":
+        return "auto"
+    return check_dft_backend(backend)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device``: CUDA's, or the host's MemAvailable (None where neither applies)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+_default_budgets: dict[str, int] = {}
+
+
+# Read once per device, and as a constant by torch.compile (a file read cannot be traced).
+@torch.compiler.assume_constant_result
+def default_budget_bytes(device: str) -> int:
+    """:data:`BUDGET_SHARE` of ``device``'s free memory, read the first time it is asked for (2^62 where the device
+    says nothing)."""
+    if device not in _default_budgets:
+        free = _free_bytes(torch.device(device))
+        _default_budgets[device] = int(free * BUDGET_SHARE) if free is not None else 2**62
+    return _default_budgets[device]
+
+
+def budget_bytes(memory_mb: int | None, device: torch.device) -> int:
+    """The memory budget of a block: ``memory_mb`` MiB, or None for the device's default."""
+    return memory_mb * 2**20 if memory_mb is not None else default_budget_bytes(str(device))
+
+
+def lean_for(lean: LeanPolicy, stored_bytes: int, budget: int) -> bool:
+    """Whether a block whose stored path would keep ``stored_bytes`` trains through the lean function."""
+    if lean != "auto":
+        return bool(lean)
+    if torch.compiler.is_compiling():
+        return False
+    return stored_bytes * AUTO_DEPTH > budget
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a block computes in: autocast's where autocast is on, else its input's."""
+    enabled, dtype = autocast_state(x.device)
+    return dtype if enabled and dtype is not None else x.dtype
+
+
+def backend_for(backend: BackendPolicy, device: torch.device, dtype: torch.dtype) -> DFTBackend:
+    """The DFT backend a block runs on ``device`` computing in ``dtype`` (:func:`compute_dtype`)."""
+    if backend != "auto":
+        return backend
+    return "separable" if device.type == "cuda" and dtype in _HALF else "fft"
+
+
+def describe(
+    device: torch.device, dtype: torch.dtype, lean: LeanPolicy, backend: BackendPolicy, memory_mb: int | None
+) -> str:
+    """One line: what a block takes on ``device`` when computing in ``dtype`` (autocast's, or the model's), and why."""
+    budget = budget_bytes(memory_mb, device)
+    source = f"{memory_mb} MiB" if memory_mb is not None else f"{BUDGET_SHARE:.0%} of {device.type}'s free memory"
+    if lean == "auto":
+        path = (
+            f"stored spectra while a {AUTO_DEPTH}-block model's would fit the memory budget ({budget / 2**30:.1f} GiB, "
+            f"{source}), else the lean function (stored measured faster on every device)"
+        )
+    else:
+        path = "the lean function (lean_attention=true)" if lean else "stored spectra (lean_attention=false)"
+    chosen = backend_for(backend, device, dtype)
+    if backend != "auto":
+        why = f"fft_backend={backend}"
+    elif chosen == "separable":
+        why = "GEMMs on the tensor cores in half precision"
+    else:
+        why = "torch.fft in float32" + ("; GEMM DFTs were measured slower on CPUs" if device.type == "cpu" else "")
+    dft = f"{chosen} DFTs ({why})"
+    return f"circulant attention on {device.type} in {str(dtype).removeprefix('torch.')}: {path}; {dft}"
