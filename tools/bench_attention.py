@@ -19,12 +19,13 @@ each model in a process of its own, as a training run has it, and with --compile
 (--memory-res): the peak memory of one training forward+backward of each model of the
 --memory-pairs at each resolution, every one in a fresh process (CPU: the growth of the process's
 peak resident set; CUDA: of the peak allocated), and the ratio of each model to its softmax baseline.
-Models are MODEL[+VARIANT]: as created (circulant attention's lean policy ``auto``), ``+lean`` or
-``+autograd`` (every block through the lean function, or through autograd: ``set_lean_attention``),
-``+released`` (the released pipeline), ``+checkpointed`` (any model: timm's activation checkpointing,
-what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a softmax model after
-``cat.convert``: the plug-in). ``--model-arg KEY=VALUE`` builds every one of them with that argument (e.g.
-``depth=2``: a compile's time grows with the depth).
+Models are MODEL[+VARIANT] (:mod:`cat.toolkit.variants`): as created (circulant attention's policies ``auto``),
+``+lean`` or ``+stored`` (every block's backward from its input alone, or from kept spectra:
+``set_lean_attention``), ``+released`` (the released pipeline), ``+checkpointed`` (any model: timm's activation
+checkpointing, what ``model.grad_checkpointing=true`` does in training), ``+converted`` (a softmax model after
+``cat.convert``: the plug-in), ``+matmul`` (softmax attention as matrix products: the paper's baseline),
+``+separable`` (circulant attention's DFTs as GEMMs). ``--model-arg KEY=VALUE`` builds every one of them with that
+argument (e.g. ``depth=2``: a compile's time grows with the depth).
 
     python tools/bench_attention.py                                  # C=192: 14^2 (B=8), 28^2 (B=2), 56^2 (B=1)
     python tools/bench_attention.py --backward --matmul --growth 28 48 64 96 128 --models-res 224 1536
@@ -57,12 +58,12 @@ import torch.nn.functional as F
 from timm.layers import Attention
 
 import cat  # noqa: F401  (registers cat's models with timm)
-from cat.errors import ConfigError
 from cat.models import parse_model_args
-from cat.ops import CirculantAttention, set_lean_attention
+from cat.ops import CirculantAttention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import check_model_size, device_name, positive_int, timing
+from cat.toolkit.variants import build_variant, split_variant, train_step_fns
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -144,37 +145,6 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
     return rows
 
 
-VARIANTS = ("", "lean", "autograd", "released", "checkpointed", "converted")
-
-
-def split_variant(spec: str) -> tuple[str, str]:
-    """``MODEL[+VARIANT]`` as (model, variant); a ConfigError for a variant this tool does not know."""
-    name, _, variant = spec.partition("+")
-    if variant not in VARIANTS:
-        raise ConfigError(f"unknown model variant +{variant} in {spec!r} (known: {', '.join(VARIANTS[1:])})")
-    return name, variant
-
-
-def build_variant(model_name: str, res: int, device: str, model_args: dict[str, Any]) -> torch.nn.Module:
-    """``MODEL[+VARIANT]`` with ``model_args`` in training mode: as created (circulant attention's policy ``auto``),
-    ``+lean`` or ``+autograd`` (:func:`set_lean_attention` True / False), ``+released`` (the released pipeline),
-    ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model)."""
-    name, variant = split_variant(model_name)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = timm.create_model(name, img_size=res, **model_args).train()
-    if variant == "converted":
-        cat.convert(model)
-    if variant in ("lean", "autograd"):
-        set_lean_attention(model, variant == "lean")
-    model.set_grad_checkpointing(variant == "checkpointed")
-    if variant == "released":
-        for module in model.modules():
-            if isinstance(module, CirculantAttention):
-                module.forward = lambda x, hw, m=module: released_circulant_attention(m, x, hw)
-    return model
-
-
 def train_memory(model_name: str, res: int, batch: int, device: str, model_args: dict[str, Any]) -> float:
     """MiB one training forward+backward adds to the peak (call in a fresh process)."""
     model = build_variant(model_name, res, device, model_args)
@@ -184,30 +154,6 @@ def train_memory(model_name: str, res: int, batch: int, device: str, model_args:
         model(x).logsumexp(-1).mean().backward()
 
     return timing.peak_growth_mib(step, device)
-
-
-def train_step_fns(
-    models: list[str], res: int, batch: int, device: str, compiled: bool, model_args: dict[str, Any]
-) -> dict[str, Callable[[], None]]:
-    """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch; with
-    ``compiled`` through ``torch.compile(model)`` (as ``compile=true`` trains), compiled here in two steps."""
-    x = torch.randn(batch, 3, res, res, device=device)
-    fns = {}
-    for name in models:
-        model = build_variant(name, res, device, model_args)
-        forward = torch.compile(model) if compiled else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        target = torch.randint(0, model.num_classes, (batch,), device=device)
-
-        def step(forward=forward, optimizer=optimizer, target=target) -> None:
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(forward(x), target).backward()
-            optimizer.step()
-
-        for _ in range(2 if compiled else 0):  # not in the timings: the forward's and the backward's compilation
-            step()
-        fns[name] = step
-    return fns
 
 
 # A process's tensors land where its allocator puts them, and on CPU that alone moved one model against
@@ -555,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
             "deit_tiny_patch16_224",
             "ca_deit_tiny",
             "ca_deit_tiny+lean",
-            "ca_deit_tiny+autograd",
+            "ca_deit_tiny+stored",
             "deit_tiny_patch16_224+converted",
         ],
         help="MODEL[+VARIANT] for --train-res, the first the baseline",

@@ -1,196 +1,227 @@
 #!/usr/bin/env python
-"""Throughput and peak memory of models over resolutions, side by side (the paper's Fig. 4).
+"""The paper's Fig. 4, measured: circulant attention against softmax attention over resolution, and the
+throughput-accuracy trade-off of both families at 224^2.
 
-For every resolution, each model is measured in turn in a fresh worker process (so peak memory
-belongs to that configuration alone): warm-up iterations, then timed ones, reporting the median
-and the 25-75% spread of images/s for forward (inference) and forward+backward (training step),
-and the peak memory (CUDA: allocated; CPU: the worker's peak resident set). Before any of it, the
-worker measures what its first training forward+backward adds to the peak (``train_peak_mib``,
-the memory curve of the figure; as ``tools/bench_attention.py``'s memory mode takes it). FLOPs come
-from ``cat.flops``. Writes ``benchmark.csv``, ``benchmark.json`` and ``fig4_efficiency.png/.pdf``.
+(a, b)  CA-DeiT-T (as created: circulant attention's policies ``auto``) against DeiT-T with SDPA (timm's fused
+        attention) and DeiT-T with its softmax written as matrix products (``+matmul``: timm's
+        ``TIMM_FUSED_ATTN=0``, the paper-era baseline): FLOPs, inference images/s and the training step's time
+        (forward, cross-entropy, backward, AdamW) at each --res in each --dtypes, the models interleaved round by
+        round in one process (medians of --rounds); and what one training step asks of the device, counted at the
+        dispatcher (:mod:`cat.toolkit.dispatch`): the kernels and the most tensor memory of its forward, loss and
+        backward (the optimizer's are the same for every model of a size).
+(c, d)  inference and training throughput at 224^2 of DeiT-T/S/B and CA-DeiT-T/S/B against the paper's ImageNet
+        top-1 (cat/paper_tables.yaml, Table 2), in the first of --dtypes.
+Writes ``benchmark.json`` and ``fig4_efficiency.png``/``.pdf`` into --out.
 
-    python tools/benchmark.py --out runs/bench                               # DeiT-T vs CA-DeiT-T, 224 and 512
-    python tools/benchmark.py --models deit_tiny_patch16_224 ca_deit_tiny --res 224 512 1024 1536 --out docs/bench
-    python tools/benchmark.py --device cuda --amp bf16 --channels-last --batch 64 --out runs/bench_gpu
+    python tools/benchmark.py --out runs/fig4                  # CPU: 224^2 and 512^2 in fp32, a few minutes
+    python tools/benchmark.py --device cuda --out runs/fig4    # the whole figure: 224^2 to 1536^2, fp32 and bf16
+    python tools/benchmark.py --device cuda --compile-mode reduce-overhead --out runs/fig4_graphs  # compiled, graphs
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import functools
 import json
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 
-import cat
+import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import model_cost
+from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import (
-    device_name,
-    non_negative_int,
-    peak_growth_mib,
-    peak_memory_mib,
-    positive_int,
-    reset_peak_memory,
-    save_figure,
-    time_calls,
-)
+from cat.toolkit import device_name, interleaved_medians, positive_int, save_figure
+from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
+from cat.toolkit.variants import build_variant, split_variant, train_step_fns
+
+MODELS = {
+    "CA-DeiT-T": "ca_deit_tiny",
+    "DeiT-T (SDPA)": "deit_tiny_patch16_224",
+    "DeiT-T (matmul)": "deit_tiny_patch16_224+matmul",
+}
+FAMILIES = ("DeiT-T", "DeiT-S", "DeiT-B", "CA-DeiT-T", "CA-DeiT-S", "CA-DeiT-B")  # labels of Table 2's rows
+# Images per step at 224^2 on each device kind; larger resolutions keep the tokens per step (never below 1).
+BATCH_224 = {"cuda": 64, "cpu": 8}
+RESOLUTIONS = {"cuda": [224, 512, 1024, 1536], "cpu": [224, 512]}
+ROUNDS = {"cuda": 7, "cpu": 3}
+DTYPES = {"cuda": ["fp32", "bf16"], "cpu": ["fp32"]}
 
 
-def measure_one(cfg: dict) -> dict:
-    """Time one (model, resolution) configuration in this process."""
-    device = torch.device(cfg["device"])
-    torch.manual_seed(0)
-    with device:
-        model = cat.create_model(cfg["model"], img_size=cfg["res"])
-    x = torch.randn(cfg["batch"], 3, cfg["res"], cfg["res"], device=device)
-    if cfg["channels_last"]:
-        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
-    if cfg["compile"]:
-        model = torch.compile(model)
-
-    def forward() -> None:
-        with torch.inference_mode(), autocast_for(device, cfg["amp"] is not None, cfg["amp"]):
-            model(x)
-
-    def train_step() -> None:
-        with autocast_for(device, cfg["amp"] is not None, cfg["amp"]):
-            loss = model(x).float().logsumexp(-1).mean()
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    result = {}
-    if not cfg["forward_only"]:  # first, before anything else raises the process's peak
-        model.train()
-        result["train_peak_mib"] = peak_growth_mib(train_step, device)
-    modes = (("fwd", forward),) if cfg["forward_only"] else (("fwd", forward), ("fwd_bwd", train_step))
-    for mode, step in modes:
-        model.train(mode == "fwd_bwd")
-        reset_peak_memory(device)
-        ips = cfg["batch"] / np.array(time_calls(step, cfg["iters"], cfg["warmup"], device, per_call=True))
-        result[f"{mode}_img_s"] = float(np.median(ips))
-        result[f"{mode}_img_s_p25"], result[f"{mode}_img_s_p75"] = (float(v) for v in np.percentile(ips, [25, 75]))
-        if device.type == "cuda":
-            result[f"{mode}_peak_mib"] = peak_memory_mib(device)
-    if device.type != "cuda":  # the worker's lifetime peak: both modes together
-        result["peak_rss_mib"] = peak_memory_mib(device)
-    return result
+def batch_at(res: int, device: torch.device) -> int:
+    base = BATCH_224.get(device.type, 8)
+    return max(1, min(base, round(base * (224 / res) ** 2)))
 
 
-def run_isolated(cfg: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark worker failed for {cfg['model']} at {cfg['res']}:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def autocast(device: torch.device, dtype: str) -> Callable[[], Any]:
+    return lambda: autocast_for(device, dtype != "fp32", dtype if dtype != "fp32" else None)
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def inference_fns(specs: dict[str, str], res: int, batch: int, device: torch.device, dtype: str, args) -> dict:
+    x = torch.randn(batch, 3, res, res, device=device)
+    fns = {}
+    for label, spec in specs.items():
+        model = build_variant(spec, res, device, {}).eval()
+        forward = torch.compile(model, mode=args.compile_mode) if args.compile_mode else model
+
+        def infer(forward=forward) -> None:
+            with torch.inference_mode(), autocast(device, dtype)():
+                forward(x)
+
+        fns[label] = infer
+    return fns
+
+
+def measure(specs: dict[str, str], res: int, device: torch.device, dtype: str, args) -> dict[str, dict[str, float]]:
+    """Images/s of inference and of training, interleaved, and one training step's kernels and peak tensor memory,
+    of each model at ``res`` in ``dtype``."""
+    batch = batch_at(res, device)
+    infer = inference_fns(specs, res, batch, device, dtype, args)
+    compiled = args.compile_mode is not None
+    train = train_step_fns(list(specs.values()), res, batch, device, compiled, {}, autocast(device, dtype))
+    train = {label: train[spec] for label, spec in specs.items()}
+    for fn in (*infer.values(), *train.values()):  # warm-up: allocator pools, cuFFT plans, lazy initialisation
+        fn()
+    infer_s = interleaved_medians(infer, args.rounds, args.min_block)
+    train_s = interleaved_medians(train, args.rounds, args.min_block)
+    rows = {}
+    for label in specs:
+        one_step = functools.partial(train[label], optimize=False)  # forward, loss, backward: the model's own
+        rows[label] = {
+            "batch": batch,
+            "infer_img_s": batch / infer_s[label],
+            "train_step_ms": train_s[label] * 1e3,
+            "train_img_s": batch / train_s[label],
+            # Counted eagerly: a compiled step's kernels are Inductor's and do not pass the dispatcher.
+            "train_kernels": None if compiled else sum(count_kernels(one_step).values()),
+            "train_peak_mib": None if compiled else peak_tensor_bytes(one_step) / 2**20,
+        }
+    return rows
+
+
+def gflops(spec: str, res: int) -> float:
+    return model_cost(split_variant(spec)[0], (res, res))[1] / 1e9
+
+
+def plot(result: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    memory = "train_peak_mib" in rows[0]
-    fig, axes = plt.subplots(1, 3 if memory else 2, figsize=(13.5 if memory else 9, 3.6))
+    families = bool(result["families"])
+    fig, axes = plt.subplots(1, 4 if families else 2, figsize=(18 if families else 9, 3.8))
     ax_flops, ax_fps = axes[:2]
-    for name in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == name]
-        res = [r["res"] for r in mine]
-        ax_flops.plot(res, [r["gflops"] for r in mine], "o-", label=name)
-        ax_fps.plot(res, [r["fwd_img_s"] for r in mine], "o-", label=name)
-        ax_fps.fill_between(res, [r["fwd_img_s_p25"] for r in mine], [r["fwd_img_s_p75"] for r in mine], alpha=0.2)
-        if memory:
-            axes[2].plot(res, [r["train_peak_mib"] for r in mine], "o-", label=name)
-    ax_flops.set(xlabel="resolution", ylabel="GFLOPs", yscale="log", title="FLOPs")
-    ax_fps.set(
-        xlabel="resolution", ylabel="images / s (forward)", yscale="log", title=f"throughput ({rows[0]['device']})"
-    )
-    if memory:
-        axes[2].set(
-            xlabel="resolution",
-            ylabel="MiB",
-            yscale="log",
-            title=f"peak memory, training step (batch {rows[0]['batch']})",
+    res = result["resolutions"]
+    for label in MODELS:
+        if label != "DeiT-T (matmul)":  # the same FLOPs as SDPA's
+            ax_flops.plot(res, [result["gflops"][label][str(r)] for r in res], "o-", label=label)
+    for dtype, rows in result["speed"].items():
+        style = "o-" if dtype == "fp32" else "s--"
+        for label in MODELS:
+            ax_fps.plot(res, [rows[str(r)][label]["infer_img_s"] for r in res], style, label=f"{label} {dtype}")
+    last = str(res[-1])
+    for dtype, rows in result["speed"].items():  # CA-DeiT-T's speed-up over the paper's baseline, at the largest
+        ratio = rows[last]["CA-DeiT-T"]["infer_img_s"] / rows[last]["DeiT-T (matmul)"]["infer_img_s"]
+        ax_fps.annotate(f"{ratio:.1f}x ({dtype})", (res[-1], rows[last]["CA-DeiT-T"]["infer_img_s"]), fontsize=8)
+    ax_flops.set(xlabel="resolution", ylabel="GFLOPs", yscale="log", title="(a) FLOPs")
+    ax_fps.set(xlabel="resolution", ylabel="images / s", yscale="log", title=f"(b) inference, {result['device']}")
+    trade_offs = zip(axes[2:], ("infer_img_s", "train_img_s"), ("(c) inference", "(d) training"), strict=False)
+    for ax, key, title in trade_offs:
+        for family, marker in (("DeiT", "o"), ("CA-DeiT", "s")):
+            rows = [r for r in result["families"] if r["label"].rsplit("-", 1)[0] == family]
+            ax.plot([r[key] for r in rows], [r["top1"] for r in rows], f"{marker}-", label=family)
+            for r in rows:
+                ax.annotate(r["label"].rsplit("-", 1)[1], (r[key], r["top1"]), fontsize=8)
+        ax.set(
+            xlabel=f"images / s at {result['families_res']}² ({result['families_dtype']})",
+            ylabel="ImageNet top-1 (paper)",
+            title=title,
         )
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     save_figure(fig, out, "fig4_efficiency", dpi=120)
 
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", help="folder for benchmark.csv/.json and the figure")
-    parser.add_argument("--models", nargs="+", default=["deit_tiny_patch16_224", "ca_deit_tiny"])
-    parser.add_argument("--res", nargs="+", type=positive_int, default=[224, 512])
-    parser.add_argument("--batch", type=positive_int, default=1)
-    parser.add_argument("--warmup", type=non_negative_int, default=2)
-    parser.add_argument("--iters", type=positive_int, default=5)
+    parser.add_argument("--out", required=True, help="folder for benchmark.json and the figure")
     parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--amp", choices=sorted(AMP_DTYPES), default=None, help="autocast dtype")
-    parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each model")
-    parser.add_argument("--forward-only", action="store_true", help="skip the forward+backward measurement")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: measure one configuration
+    parser.add_argument("--res", type=positive_int, nargs="+", help="resolutions of (a, b) (default: by device)")
+    parser.add_argument("--dtypes", nargs="+", choices=["fp32", *sorted(AMP_DTYPES)], help="default: by device")
+    parser.add_argument("--rounds", type=positive_int, help="interleaved rounds per median (default: by device)")
+    parser.add_argument("--min-block", type=float, default=0.2, help="seconds of calls per timed block")
+    parser.add_argument("--no-families", action="store_true", help="leave out (c, d)")
+    parser.add_argument("--families-res", type=positive_int, default=224, help="the resolution of (c, d)")
+    parser.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune"],
+        help="torch.compile every model in this mode (reduce-overhead: CUDA graphs); default: eager",
+    )
     args = parser.parse_args(argv)
-
-    if args.worker:
-        print(json.dumps(measure_one(json.loads(args.worker))))
-        return 0
-    if not args.out:
-        parser.error("--out is required")
+    device = torch.device(args.device)
+    resolutions = args.res or RESOLUTIONS.get(device.type, [224])
+    dtypes = args.dtypes or DTYPES.get(device.type, ["fp32"])
+    args.rounds = args.rounds or ROUNDS.get(device.type, 3)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for res in args.res:
-        for name in args.models:
-            cfg = {
-                "model": name,
-                "res": res,
-                "batch": args.batch,
-                "warmup": args.warmup,
-                "iters": args.iters,
-                "device": args.device,
-                "amp": args.amp,
-                "channels_last": args.channels_last,
-                "compile": args.compile,
-                "forward_only": args.forward_only,
-            }
-            row = {**cfg, "gflops": model_cost(name, (res, res))[1] / 1e9, **run_isolated(cfg)}
-            rows.append(row)
-            train = (
-                ""
-                if args.forward_only
-                else f"  fwd+bwd {row['fwd_bwd_img_s']:>9.2f} img/s  train peak {row['train_peak_mib']:>7.0f} MiB"
-            )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    result: dict[str, Any] = {
+        "device": name,
+        "torch": torch.__version__,
+        "compile_mode": args.compile_mode,
+        "resolutions": resolutions,
+        "gflops": {label: {str(r): gflops(spec, r) for r in resolutions} for label, spec in MODELS.items()},
+        "speed": {},
+    }
+    print(f"{name}, torch {torch.__version__}; medians of {args.rounds} interleaved rounds")
+    for dtype in dtypes:
+        result["speed"][dtype] = {}
+        for res in resolutions:
+            rows = measure(MODELS, res, device, dtype, args)
+            result["speed"][dtype][str(res)] = rows
+            for label, row in rows.items():
+                extra = (
+                    ""
+                    if row["train_kernels"] is None
+                    else f"  {row['train_kernels']:>5} kernels/step  peak {row['train_peak_mib']:>7.0f} MiB"
+                )
+                print(
+                    f"{dtype} {res:>5}² B={row['batch']:<3} {label:>16}  {result['gflops'][label][str(res)]:>7.1f} "
+                    f"GFLOPs  inference {row['infer_img_s']:>8.1f} img/s  training {row['train_step_ms']:>8.1f} "
+                    f"ms/step{extra}",
+                    flush=True,
+                )
+            base = rows["CA-DeiT-T"]
             print(
-                f"{name:>24} {res:>5}²  {row['gflops']:>8.2f} GFLOPs  fwd {row['fwd_img_s']:>9.2f} img/s{train}",
-                flush=True,
+                "          CA-DeiT-T against SDPA / matmul softmax: inference "
+                + " / ".join(f"{base['infer_img_s'] / rows[k]['infer_img_s']:.2f}x" for k in list(MODELS)[1:])
+                + ", training "
+                + " / ".join(f"{rows[k]['train_step_ms'] / base['train_step_ms']:.2f}x" for k in list(MODELS)[1:])
             )
-    with open(out / "benchmark.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "benchmark.json").write_text(json.dumps(rows, indent=2))
-    plot(rows, out)
-    if len(args.models) == 2:
-        base, other = args.models
-        print(f"\nforward speed-up of {other} over {base}:")
-        for res in args.res:
-            a, b = (next(r for r in rows if r["model"] == m and r["res"] == res) for m in (base, other))
-            train = (
-                ""
-                if args.forward_only
-                else f" (fwd+bwd {b['fwd_bwd_img_s'] / a['fwd_bwd_img_s']:.2f}x,"
-                f" train memory {b['train_peak_mib'] / max(a['train_peak_mib'], 1e-9):.2f}x)"
+    result["families"] = []
+    if not args.no_families:
+        rows_by_label = {row["label"]: row for row in paper_table(2)["rows"] if row["label"] in FAMILIES}
+        specs = {label: rows_by_label[label]["model"] for label in FAMILIES}
+        result["families_dtype"] = dtypes[0]
+        speed = measure(specs, args.families_res, device, dtypes[0], args)
+        result["families_res"] = args.families_res
+        for label in FAMILIES:
+            row = {"label": label, "model": specs[label], "top1": rows_by_label[label]["paper"]["top1"]}
+            result["families"].append(row | {k: speed[label][k] for k in ("batch", "infer_img_s", "train_img_s")})
+            print(
+                f"{label:>10} top-1 {row['top1']:.1f}  inference {speed[label]['infer_img_s']:>8.1f} img/s  "
+                f"training {speed[label]['train_img_s']:>8.1f} img/s ({dtypes[0]}, {args.families_res}², batch "
+                f"{speed[label]['batch']})"
             )
-            print(f"  {res:>5}²: {b['fwd_img_s'] / a['fwd_img_s']:.2f}x{train}")
-    print(f"wrote {out / 'benchmark.csv'}, benchmark.json and fig4_efficiency.png")
+    (out / "benchmark.json").write_text(json.dumps(result, indent=2))
+    plot(result, out)
+    print(f"wrote {out / 'benchmark.json'} and fig4_efficiency.png")
     return 0
 
 

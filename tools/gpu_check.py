@@ -9,12 +9,12 @@ gradients of the lean backward).
     python tools/gpu_check.py --out results/        # on a CUDA machine
 
 Checks: ``circulant_attention`` and ``CirculantAttention`` under ``torch.autocast`` with fp16 and
-bf16 (cuFFT rejects half precision for non-power-of-two grids, so the FFTs must stay fp32) on
-square, non-square and non-power-of-two grids, the module's input gradient too; a whole CA-DeiT-T;
-then ``tools/bench_attention.py`` on the GPU in fp32 and bf16 (the released pipeline, SDPA and
-GEMM-floor ratios, growth exponent, CA-DeiT-T vs DeiT-T at 224^2 (batch 8) and 1536^2, whole training
-steps of DeiT-T, CA-DeiT-T (auto, lean, autograd) and the converted DeiT-T at 224^2/512^2/1024^2, and the
-training-memory ratios at 1024^2 and 2048^2).
+bf16 on square, non-square and non-power-of-two grids, the module's input gradient too, and a whole
+CA-DeiT-T, with the DFTs ``auto`` takes on CUDA (the separable GEMMs in half precision); then the
+paper's Fig. 4 on the card (``tools/benchmark.py``: CA-DeiT-T against DeiT-T with SDPA and with
+matmul softmax, 224^2 to 1536^2, fp32 and bf16, kernels per step, the families' trade-off), and
+``tools/bench_attention.py``'s whole training steps (auto, lean, stored) at 224^2 and 1024^2 with the
+training memory at 1024^2, in fp32 and bf16.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import timm
 import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
-from cat.ops import CirculantAttention, circulant_attention
+from cat.ops import CirculantAttention, circulant_attention, set_fft_backend
 from cat.runtime import AMP_DTYPES, report_user_errors
 
 
@@ -42,22 +42,24 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 OUTPUT_TOLERANCE, GRADIENT_TOLERANCE = 1e-2, 5e-2
 
 
-def correctness(device: str) -> list[dict[str, object]]:
-    """Relative errors of fp16/bf16 autocast against float32 (``device`` may be 'cpu' for a dry run)."""
+def correctness(device: str, fft_backend: str = "auto") -> list[dict[str, object]]:
+    """Relative errors of fp16/bf16 autocast against float32 with the DFT backend ``fft_backend`` ('auto': what a
+    model takes on ``device``, the separable GEMMs on CUDA; ``device`` may be 'cpu')."""
     kind = torch.device(device).type
     rows = []
     torch.manual_seed(0)
     for hw in ((14, 14), (7, 10), (28, 28), (56, 56), (24, 40)):
         q, k, v = torch.randn(3, 2, *hw, 64, device=device).unbind(0)
-        ref = circulant_attention(q, k, v, head_dim=1)
-        attn = CirculantAttention(64).to(device)
+        ref = circulant_attention(q, k, v, head_dim=1, fft_backend="fft")
+        attn = CirculantAttention(64, fft_backend="fft").to(device)
         x = torch.randn(2, hw[0] * hw[1], 64, device=device, requires_grad=True)
         module_ref = attn(x, hw)
         grad_ref = torch.autograd.grad(module_ref.square().sum(), x)[0]
         module_ref = module_ref.detach()
+        set_fft_backend(attn, fft_backend)
         for name, dtype in AMP_DTYPES.items():
             with torch.autocast(kind, dtype=dtype):
-                out = circulant_attention(q.to(dtype), k.to(dtype), v.to(dtype))
+                out = circulant_attention(q.to(dtype), k.to(dtype), v.to(dtype), fft_backend=fft_backend)
                 module_out = attn(x, hw)
             grad = torch.autograd.grad(module_out.float().square().sum(), x)[0]
             module_out = module_out.detach()
@@ -91,10 +93,11 @@ def correctness(device: str) -> list[dict[str, object]]:
                     "tolerance": GRADIENT_TOLERANCE,
                 }
             )
-    model = timm.create_model("ca_deit_tiny").to(device).eval()
+    model = set_fft_backend(timm.create_model("ca_deit_tiny"), "fft").to(device).eval()
     images = torch.randn(4, 3, 224, 224, device=device)
     with torch.no_grad():
         logits = model(images)
+        set_fft_backend(model, fft_backend)
         for name, dtype in AMP_DTYPES.items():
             with torch.autocast(kind, dtype=dtype):
                 rows.append(
@@ -131,45 +134,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['what']:>22} {str(row['hw']):>10} {row['dtype']}: rel err {row['rel_err']:.2e} ({row['out_dtype']})"
         )
     if not args.skip_bench:
-        common = [
-            "--device",
-            "cuda",
-            "--backward",
-            "--matmul",
-            "--growth",
-            "28",
-            "48",
-            "64",
-            "96",
-            "128",
-            "--models-res",
-            "224",
-            "1536",
-            "--models-batches",
-            "8",
-            "1",
-            "--train-res",
-            "224",
-            "512",
-            "1024",
-            "--train-batches",
-            "64",
-            "16",
-            "2",
-            "--memory-res",
-            "1024",
-            "2048",
-            "--rounds",
-            "9",
-            "--min-block",
-            "0.1",
-        ]
+        tools = Path(__file__).parent
+        # The paper's Fig. 4 on this card: FLOPs, inference and training speed of CA-DeiT-T against DeiT-T with SDPA
+        # and with matmul softmax, 224^2 to 1536^2, fp32 and bf16, the families' trade-off (tools/benchmark.py).
+        subprocess.run(
+            [sys.executable, str(tools / "benchmark.py"), "--device", "cuda", "--out", str(out / "fig4")], check=True
+        )
+        result["fig4"] = json.loads((out / "fig4" / "benchmark.json").read_text())
+        # Training steps under each policy, and training memory against the softmax baselines.
+        common = ["--device", "cuda", "--grids", "--train-res", "224", "1024", "--train-batches", "64", "2"]
+        common += ["--train-models", "deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+lean"]
+        common += ["ca_deit_tiny+stored", "deit_tiny_patch16_224+matmul", "--memory-res", "1024", "--rounds", "7"]
         for amp in (None, "bf16"):
             bench_json = out / f"bench_{amp or 'fp32'}.json"
             subprocess.run(
                 [
                     sys.executable,
-                    str(Path(__file__).with_name("bench_attention.py")),
+                    str(tools / "bench_attention.py"),
                     *common,
                     *(["--amp", amp] if amp else []),
                     "--json-out",

@@ -5,9 +5,10 @@ attention matrix has entries that depend only on the 2-D offset between query an
 torus. Such a matrix is a circular convolution, so attention reduces to 2-D DFTs and costs
 O(N log N) instead of O(N^2).
 
-Conventions: the public function takes (B, H, W, C) tokens; inside, maps are channels first,
-(B, C, H, W), and spectra are the unnormalised half spectra of the maps as real (re, im) pairs,
-(B, C, H, W//2+1, 2) (:mod:`cat.ops.dft`, which also sets the dtypes the transforms run in).
+Conventions: the public function takes (B, H, W, C) tokens; inside, maps are channels outermost,
+(C, B, H, W), so that a projection of all channels is one GEMM over the whole batch, and spectra are
+the unnormalised half spectra of the maps as real (re, im) pairs, (C, B, H, W//2+1, 2)
+(:mod:`cat.ops.dft`, which also sets the dtypes the transforms run in).
 Training goes through one autograd function with a backward in the frequency domain
 (:mod:`cat.ops.fused`); what it keeps for the backward and which DFT runs are chosen per device
 (:mod:`cat.ops.policy`).
@@ -25,7 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dft import DFTBackend, rfft2
-from .fused import circulant_attention_function, grid_rows, projected_spectra, stored_floats, value_bias
+from .fused import (
+    circulant_attention_function,
+    grid_rows,
+    map_tokens,
+    projected_spectra,
+    stored_floats,
+    token_maps,
+    value_bias,
+)
 from .policy import (
     BackendPolicy,
     LeanPolicy,
@@ -94,9 +103,9 @@ def circulant_attention(
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
     backend = backend_for(check_backend(fft_backend), q.device, compute_dtype(q))
-    q_f, k_f, v_f = (rfft2(t.to(work).permute(0, 3, 1, 2), backend) for t in (q, k, v))
+    q_f, k_f, v_f = (rfft2(t.to(work).permute(3, 0, 1, 2), backend, logits=t is not v) for t in (q, k, v))
     out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale, backend)[0]
-    return out.permute(0, 2, 3, 1).to(out_dtype)
+    return out.permute(1, 2, 3, 0).to(out_dtype)
 
 
 class CirculantAttention(nn.Module):
@@ -293,28 +302,27 @@ def _autograd_layer(
     prefix: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`circulant_attention_layer` through autograd's own backward: every intermediate spectrum is kept."""
-    B, T, C = x.shape
+    C = x.shape[-1]
     P = 0 if prefix is None else prefix.shape[1]
-    N = T - P
     gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
     rows = grid_rows(x, P, hw, backend, packed=False)
     if reweight == "pre":  # v, not the output, is gated
         assert gate is not None  # pre-reweighting has a gate (checked by the layer)
-        q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], hw, packed=False).chunk(2, dim=1)
+        q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], hw, packed=False).chunk(2)
         v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
-        v_f = rfft2(v.transpose(1, 2).reshape(B, C, *hw), backend)
+        v_f = rfft2(token_maps(v, hw), backend)
     else:
-        q_f, k_f, v_f = projected_spectra(rows, qkv_weight, hw, packed=False).chunk(3, dim=1)
+        q_f, k_f, v_f = projected_spectra(rows, qkv_weight, hw, packed=False).chunk(3)
     y, omega, _ = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, backend)
-    y = y.view(B, C, N)
     if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
-        y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
-    y = y.transpose(1, 2)
+        y = y + value_bias(qkv_bias, 0, C).view(C, 1, 1, 1).to(y.dtype)
+    y = map_tokens(y)
     if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post" and gate is not None:
         y = y * gate
-    return F.linear(y, proj_weight, proj_bias), weights_by_offset(omega) if keep_weights else omega.new_empty(0)
+    weights = weights_by_offset(omega).transpose(0, 1) if keep_weights else omega.new_empty(0)
+    return F.linear(y, proj_weight, proj_bias), weights
 
 
 # One operator of a torch.jit.trace graph: the trace-based FLOP counters (mmengine's get_model_complexity_info, which

@@ -64,8 +64,17 @@ def _interleave(re: Tensor, im: Tensor, dim: int) -> Tensor:
     return torch.stack((re, im), dim=dim + 1).flatten(dim, dim + 1)
 
 
-def _build(kind: str, hw: tuple[int, int]) -> Tensor:
-    """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use)."""
+def _build(kind: str, hw: tuple[int, int], orthonormal: bool) -> Tensor:
+    """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use);
+    ``orthonormal``: scaled by 1/sqrt(n) for a forward transform along an axis of n, sqrt(n) for an inverse one."""
+    matrix = _unscaled(kind, hw)
+    if orthonormal:
+        n = {"rows": hw[0], "inverse_rows": hw[0], "columns": hw[1], "inverse_columns": hw[1]}.get(kind, hw[0] * hw[1])
+        matrix = matrix * (n**0.5 if kind.startswith("inverse") else n**-0.5)
+    return matrix
+
+
+def _unscaled(kind: str, hw: tuple[int, int]) -> Tensor:
     H, W = hw
     Wf = W // 2 + 1
     if kind == "rows":  # (2H, H) @ (H, W): row 2k = cos, 2k+1 = -sin of 2 pi k n / H: the full DFT along H
@@ -111,49 +120,59 @@ def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, devic
 
 
 def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    return constant(_build, (kind, hw), dtype, device)
+    return constant(_build, (kind, hw, _orthonormal(dtype)), dtype, device)
 
 
-def _gemm_dtype(x: Tensor) -> torch.dtype:
-    """The dtype a matrix backend's GEMMs run in: autocast's where autocast is on (its matmul casts there anyway),
-    else the spectra's."""
+def _orthonormal(dtype: torch.dtype) -> bool:
+    """Whether GEMMs in ``dtype`` transform orthonormally (values grow by sqrt(N), not N): float16, whose range ends
+    at 65504, which an unnormalised spectrum of a 96 x 96 map of values near 5 would pass."""
+    return dtype == torch.float16
+
+
+def _gemm_dtype(x: Tensor, logits: bool) -> torch.dtype:
+    """The dtype a matrix backend's GEMMs run in: autocast's where autocast is on, except for the transforms that
+    make the softmax logits (``logits``), which stay in float32 (float64); else the spectra's."""
     work = fft_dtype(x.dtype)
     enabled, dtype = autocast_state(x.device)
-    return dtype if work == torch.float32 and enabled and dtype is not None else work
+    return dtype if work == torch.float32 and enabled and dtype is not None and not logits else work
 
 
-def rfft2(x: Tensor, backend: DFTBackend = "fft") -> Tensor:
+def rfft2(x: Tensor, backend: DFTBackend = "fft", logits: bool = False) -> Tensor:
     """The unnormalised half spectrum of real maps x (..., H, W) as real pairs (..., H, W//2+1, 2), in float32
-    (float64 for float64 maps)."""
+    (float64 for float64 maps). ``logits``: the spectrum goes into softmax logits, which half precision would
+    blur (bf16 keeps 8 bits): its GEMMs, if any, run in float32 under autocast too."""
     H, W = x.shape[-2:]
     work = fft_dtype(x.dtype)
-    if backend == "fft":
-        with no_autocast(x.device):
+    dtype = _gemm_dtype(x, logits)
+    with no_autocast(x.device):  # the dtypes are set here
+        if backend == "fft":
             return torch.view_as_real(torch.fft.rfft2(x.to(work)))
-    dtype = _gemm_dtype(x)
-    xs = x.to(dtype)
-    if backend == "matmul":
-        pairs = xs.flatten(-2) @ _matrix("dense", (H, W), dtype, x.device)
-    else:  # along H (full: the map is real), then along W (half), each a GEMM over the other's output as it lies
-        full = torch.matmul(_matrix("rows", (H, W), dtype, x.device), xs)  # (..., 2H, W): rows (k, re | im)
-        pairs = full.reshape(*x.shape[:-2], H, 2 * W) @ _matrix("columns", (H, W), dtype, x.device)
-    return pairs.to(work).unflatten(-1, (-1, 2)).reshape(*x.shape[:-2], H, W // 2 + 1, 2)
+        xs = x.to(dtype)
+        if backend == "matmul":
+            pairs = xs.flatten(-2) @ _matrix("dense", (H, W), dtype, x.device)
+        else:  # along H (full: the map is real), then along W (half), each a GEMM over the other's output as it lies
+            full = torch.matmul(_matrix("rows", (H, W), dtype, x.device), xs)  # (..., 2H, W): rows (k, re | im)
+            pairs = full.reshape(*x.shape[:-2], H, 2 * W) @ _matrix("columns", (H, W), dtype, x.device)
+        pairs = pairs.to(work) * (H * W) ** 0.5 if _orthonormal(dtype) else pairs.to(work)
+        return pairs.unflatten(-1, (-1, 2)).reshape(*x.shape[:-2], H, W // 2 + 1, 2)
 
 
-def irfft2(spectrum: Tensor, hw: tuple[int, int], backend: DFTBackend = "fft") -> Tensor:
-    """The real maps (..., H, W) whose half spectrum is the Hermitian ``spectrum`` (..., H, W//2+1, 2) of pairs."""
+def irfft2(spectrum: Tensor, hw: tuple[int, int], backend: DFTBackend = "fft", logits: bool = False) -> Tensor:
+    """The real maps (..., H, W) whose half spectrum is the Hermitian ``spectrum`` (..., H, W//2+1, 2) of pairs
+    (``logits``: as :func:`rfft2`'s)."""
     H, W = hw
+    device = spectrum.device
     work = fft_dtype(spectrum.dtype)
-    if backend == "fft":
-        with no_autocast(spectrum.device):
+    dtype = _gemm_dtype(spectrum, logits)
+    with no_autocast(device):  # the dtypes are set here
+        if backend == "fft":
             return torch.fft.irfft2(torch.view_as_complex(spectrum.to(work).contiguous()), s=hw)
-    dtype = _gemm_dtype(spectrum)
-    pairs = spectrum.to(dtype).flatten(-3)  # (..., 2 H Wf)
-    if backend == "matmul":
-        return (pairs @ _matrix("inverse_dense", hw, dtype, spectrum.device)).to(work).unflatten(-1, (H, W))
-    # Along W first, into the two real maps T1, T2 per frequency row, then along H: cos T1 - sin T2.
-    halves = pairs.unflatten(-1, (H, -1)) @ _matrix("inverse_columns", hw, dtype, spectrum.device)  # (..., H, 2W)
-    out = torch.matmul(
-        _matrix("inverse_rows", hw, dtype, spectrum.device), halves.reshape(*halves.shape[:-2], 2 * H, W)
-    )
-    return out.to(work)
+        if _orthonormal(dtype):
+            spectrum = spectrum * (H * W) ** -0.5
+        pairs = spectrum.to(dtype).flatten(-3)  # (..., 2 H Wf)
+        if backend == "matmul":
+            return (pairs @ _matrix("inverse_dense", hw, dtype, device)).to(work).unflatten(-1, (H, W))
+        # Along W first, into the two real maps T1, T2 per frequency row, then along H: cos T1 - sin T2.
+        halves = pairs.unflatten(-1, (H, -1)) @ _matrix("inverse_columns", hw, dtype, device)  # (..., H, 2W)
+        out = torch.matmul(_matrix("inverse_rows", hw, dtype, device), halves.reshape(*halves.shape[:-2], 2 * H, W))
+        return out.to(work)

@@ -21,6 +21,7 @@ transform for all of x's.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,27 +69,35 @@ def channel_groups(
 
 
 def to_rows(pairs: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """Spectra (B, c, H, W//2+1, 2) of H x W maps as real rows (B, c, R): their pairs, R = 2*H*(W//2+1); with
-    ``packed``, the N independent reals of each (:func:`cat.ops.spectral.pack_spectrum`)."""
-    B, c = pairs.shape[:2]
+    """Spectra (c, B, H, W//2+1, 2) of H x W maps as real rows (c, B*R): their pairs, R = 2*H*(W//2+1), every map's
+    after the other; with ``packed``, the N independent reals of each (:func:`cat.ops.spectral.pack_spectrum`)."""
     if packed:
-        return pack_spectrum(torch.view_as_complex(pairs.contiguous()), hw[1]).view(B, c, -1)
-    return pairs.reshape(B, c, -1)
+        return pack_spectrum(torch.view_as_complex(pairs.contiguous()), hw[1]).reshape(pairs.shape[0], -1)
+    return pairs.reshape(pairs.shape[0], -1)
 
 
 def to_pairs(rows: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """The spectra (B, c, H, W//2+1, 2) that :func:`to_rows` made ``rows`` from."""
-    B, c = rows.shape[:2]
+    """The spectra (c, B, H, W//2+1, 2) that :func:`to_rows` made ``rows`` from."""
     H, W = hw
     if packed:
-        return torch.view_as_real(unpack_spectrum(rows.view(B, c, H, W), W))
-    return rows.view(B, c, H, W // 2 + 1, 2)
+        return torch.view_as_real(unpack_spectrum(rows.view(rows.shape[0], -1, H, W), W))
+    return rows.view(rows.shape[0], -1, H, W // 2 + 1, 2)
+
+
+def token_maps(tokens: Tensor, hw: tuple[int, int]) -> Tensor:
+    """Tokens (B, N, c) as maps (c, B, H, W), channels outermost (a view)."""
+    return tokens.permute(2, 0, 1).unflatten(-1, hw)
+
+
+def map_tokens(maps: Tensor) -> Tensor:
+    """Maps (c, B, H, W) as tokens (B, N, c) (a view)."""
+    return maps.flatten(-2).permute(1, 2, 0)
 
 
 def grid_rows(x: Tensor, prefix_tokens: int, hw: tuple[int, int], backend: DFTBackend, packed: bool) -> Tensor:
-    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (B, C, R) (:func:`to_rows`)."""
-    B, _, C = x.shape
-    return to_rows(rfft2(x[:, prefix_tokens:].transpose(1, 2).reshape(B, C, *hw), backend), hw, packed)
+    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (C, B*R) (:func:`to_rows`)."""
+    spectrum = rfft2(token_maps(x[:, prefix_tokens:], hw), backend, logits=True)  # q's and k's spectra come from it
+    return to_rows(spectrum, hw, packed)
 
 
 def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
@@ -114,46 +123,49 @@ def value_bias(qkv_bias: Tensor, lo: int, hi: int) -> Tensor:
 
 
 def projected_spectra(rows: Tensor, weight: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """The spectra (B, O, H, W//2+1, 2) of the maps that a (O, C) ``weight`` projects from the maps whose spectra's
-    rows are ``rows`` (B, C, R). The transform is linear, so projecting the spectrum equals transforming the
-    projection: one transform of x gives q, k and v."""
-    # One batched GEMM with the weight broadcast (a 2-D weight times batched rows would copy both ways); autocast may
-    # run it in bf16.
-    return to_pairs(torch.bmm(weight.expand(rows.shape[0], -1, -1), rows).to(rows.dtype), hw, packed)
+    """The spectra (O, B, H, W//2+1, 2) of the maps that a (O, C) ``weight`` projects from the maps whose spectra's
+    rows are ``rows`` (C, B*R). The transform is linear, so projecting the spectrum equals transforming the
+    projection: one transform of x gives q, k and v, with one GEMM for the whole batch (autocast may run it in
+    bf16)."""
+    return to_pairs((weight @ rows).to(rows.dtype), hw, packed)
 
 
 def _join(parts: list[Tensor]) -> Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+@dataclass(frozen=True)
 class _Settings:
     """The non-tensor arguments of one call, as the backward needs them."""
 
-    def __init__(self, hw, head_dim, scale, backend, packed, groups, lean) -> None:
-        self.hw, self.head_dim, self.scale, self.backend = hw, head_dim, scale, backend
-        self.packed, self.groups, self.lean = packed, groups, lean
+    hw: tuple[int, int]
+    head_dim: int
+    scale: float
+    backend: DFTBackend
+    packed: bool
+    groups: list[tuple[int, int]]
+    lean: bool
 
 
 def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, s: _Settings, keep_spectra: bool):
-    """Output (B, T, C), the attention output y (B, C, N) with v's bias, the weights omega (B, heads, H, W) by
+    """Output (B, T, C), the attention output y (C, B, H, W) with v's bias, the weights omega (heads, B, H, W) by
     backward offset, and with ``keep_spectra`` what the backward needs besides (one group): the input spectrum's rows,
     q, k, v's spectra and the weights'."""
     B, T, C = x.shape
-    N = s.hw[0] * s.hw[1]
-    P = T - N
+    P = T - s.hw[0] * s.hw[1]
     rows = grid_rows(x, P, s.hw, s.backend, s.packed)
     ys, omegas = [], []
     qkv = omega_f = None
     for lo, hi in s.groups:
         qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), s.hw, s.packed)
-        q_f, k_f, v_f = qkv.chunk(3, dim=1)
+        q_f, k_f, v_f = qkv.chunk(3)
         y, omega, omega_f = attend_spectra(q_f, k_f, v_f, s.hw, s.head_dim, s.scale, s.backend)
         ys.append(y)
         omegas.append(omega)
-    y = _join(ys).view(B, C, N)
+    y = _join(ys)
     if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
-        y = y + value_bias(qkv_bias, 0, C)[:, None].to(y.dtype)
-    tokens = y.transpose(1, 2)
+        y = y + value_bias(qkv_bias, 0, C).view(C, 1, 1, 1).to(y.dtype)
+    tokens = map_tokens(y)
     if gate_pre is None:
         u = torch.cat([prefix.to(tokens.dtype), tokens], dim=1) if P else tokens
     else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
@@ -206,7 +218,7 @@ class _CirculantAttentionFunction(torch.autograd.Function):
             g_u = torch.matmul(g_out, proj_weight)  # the gradient of the projection's input
             g_out_tokens = g_out[:, P:].reshape(B * N, -1)
             # The qkv weight's gradient from the gradient spectra and x's (Parseval): no inverse transform per group.
-            weighted = rows * parseval_weights(hw, s.packed, work, device)
+            weighted = (rows.view(C, B, -1) * parseval_weights(hw, s.packed, work, device)).view(C, -1)
             g_rows = None
             g_qkv_weight = qkv_weight.new_empty(qkv_weight.shape, dtype=work) if not one_group else None
             g_proj_weight = proj_weight.new_empty(proj_weight.shape, dtype=work) if not one_group else None
@@ -218,16 +230,15 @@ class _CirculantAttentionFunction(torch.autograd.Function):
                 c = hi - lo
                 if s.lean:  # recompute what the forward did not keep
                     qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), hw, s.packed)
-                    q_f, k_f, v_f = qkv.chunk(3, dim=1)
+                    q_f, k_f, v_f = qkv.chunk(3)
                     y, omega, omega_f = attend_spectra(q_f, k_f, v_f, hw, head_dim, s.scale, backend)
-                    y = y.view(B, c, N)
                     if qkv_bias is not None:
-                        y = y + value_bias(qkv_bias, lo, hi)[:, None].to(work)
+                        y = y + value_bias(qkv_bias, lo, hi).view(c, 1, 1, 1).to(work)
                 else:
                     qkv, omega_f, y, omega = stored[1:]
-                    q_f, k_f, v_f = qkv.chunk(3, dim=1)
+                    q_f, k_f, v_f = qkv.chunk(3)
                 # Through the projection and the gate, token-major (B, N, c), as the gate's pre-activation lies.
-                y_t = y.transpose(1, 2)
+                y_t = map_tokens(y)
                 g_u_g = g_u[:, P:, lo:hi]
                 if gate_pre is not None:
                     z = gate_pre[:, P:, lo:hi]
@@ -246,28 +257,27 @@ class _CirculantAttentionFunction(torch.autograd.Function):
                 else:
                     g_proj_weight[:, lo:hi] = g_p
                 # Through the circulant attention, in the frequency domain.
-                g_f = rfft2(g_y.transpose(1, 2).reshape(B, c, *hw), backend)
+                g_f = rfft2(token_maps(g_y, hw), backend)
                 if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
-                    value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0, 0].sum(0))
+                    value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0, 0].sum(1))
                 g_v = per_head(omega_f, g_f, head_dim, conj=True)
                 g_omega = irfft2(head_sum(conj_mul(v_f, g_f), head_dim), hw, backend)
-                heads = omega.shape[1]
-                g_lambda = torch._softmax_backward_data(
-                    g_omega.view(B, heads, N), omega.view(B, heads, N), -1, omega.dtype
-                ).view(B, heads, *hw)
+                g_lambda = torch._softmax_backward_data(g_omega.flatten(-2), omega.flatten(-2), -1, omega.dtype).view(
+                    omega.shape
+                )
                 lam = rfft2(g_lambda * s.scale, backend)
                 g_qkv = to_rows(
-                    torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v], dim=1),
+                    torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v]),
                     hw,
                     s.packed,
                 )
-                # Through the qkv projection, on the spectrum's rows.
-                g_w = torch.matmul(g_qkv, weighted.transpose(1, 2)).sum(0)
+                # Through the qkv projection, on the spectrum's rows: one GEMM each for the whole batch.
+                g_w = g_qkv @ weighted.t()
                 if g_qkv_weight is None:
                     g_qkv_weight = g_w
                 else:
                     set_group_rows(g_qkv_weight, lo, hi, g_w)
-                contribution = torch.bmm(group_rows(qkv_weight, lo, hi).t().expand(B, -1, -1), g_qkv)
+                contribution = group_rows(qkv_weight, lo, hi).t() @ g_qkv
                 g_rows = contribution if g_rows is None else g_rows + contribution
             # There is at least one group.
             assert g_rows is not None and g_qkv_weight is not None and g_proj_weight is not None
@@ -282,11 +292,11 @@ class _CirculantAttentionFunction(torch.autograd.Function):
                     g_prefix, u = g_prefix * gate, u * gate
                 g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
                 g_prefix = g_prefix.to(prefix.dtype)
-            g_grid = irfft2(to_pairs(g_rows, hw, s.packed), hw, backend).view(B, C, N)
+            g_grid = map_tokens(irfft2(to_pairs(g_rows, hw, s.packed), hw, backend))  # a view: autograd adds it so
             if P:  # x's prefix rows reach the output only through the caller's own ops: zeros beside the grid's
-                g_x = torch.cat([g_grid.new_zeros(B, C, P), g_grid], dim=2).transpose(1, 2)
-            else:  # returned transposed (a view; autograd adds it as it is)
-                g_x = g_grid.transpose(1, 2)
+                g_x = torch.cat([g_grid.new_zeros(B, P, C), g_grid], dim=1)
+            else:
+                g_x = g_grid
             g_proj_bias = g_out.sum((0, 1)) if ctx.has_bias else None
         return (
             g_x.to(x.dtype),
@@ -319,10 +329,10 @@ def circulant_attention_function(
 ) -> tuple[Tensor, Tensor]:
     """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid, and with
     ``keep_weights`` the attention weights (B, heads, H, W) by offset, not differentiable (else an empty tensor).
-    ``gate_pre`` None: no gate. ``lean``: keep only x and
-    ``gate_pre`` for the backward, recomputing the rest in channel groups of at most ``budget_bytes`` working set
-    (stored: keep the spectra, one group). ``qkv_bias`` (3C,): q, k, v with a bias (timm's ``qkv_bias=True``
-    models, converted by :func:`cat.convert`), of which only v's part acts
+    ``gate_pre`` None: no gate. ``lean``: keep only x and ``gate_pre`` for the backward, recomputing the rest in
+    channel groups of at most ``budget_bytes`` working set (else keep the spectra, one group). ``qkv_bias`` (3C,):
+    q, k, v with a bias (timm's ``qkv_bias=True`` models, converted by :func:`cat.convert`), of which only v's part
+    acts
     (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero gradient. ``prefix``
     (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class and register tokens,
     whose softmax attention the caller computes); x and ``gate_pre`` then hold those tokens first, (B, P + N, C),
@@ -336,11 +346,14 @@ def circulant_attention_function(
     settings = _Settings(hw, head_dim, scale, backend, packed, groups, lean)
     tensors = (x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix)
     needs_grad = any(t is not None and t.requires_grad for t in tensors)
-    if torch.is_grad_enabled() and needs_grad:
+    # A trace (torch.jit.trace) cannot record the autograd.Function: it records the forward's plain operators.
+    if torch.is_grad_enabled() and needs_grad and not torch.jit.is_tracing():
         out, omega = _training(*tensors, settings)
     else:  # inference: no autograd.Function, nothing kept
         out, _, omega, _ = _forward(*tensors, settings, keep_spectra=False)
-    return out, weights_by_offset(omega) if keep_weights else omega.narrow(0, 0, 0)  # empty: a view, no kernel
+    if not keep_weights:
+        return out, omega.narrow(0, 0, 0)  # empty: a view, no kernel
+    return out, weights_by_offset(omega).transpose(0, 1)
 
 
 def _training(*args) -> tuple[Tensor, Tensor]:

@@ -68,37 +68,33 @@ def conj_mul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def head_sum(channels: Tensor, head_dim: int) -> Tensor:
-    """(B, C, ...) summed over each head's ``head_dim`` channels: (B, C // head_dim, ...)."""
+    """Maps or spectra (C, ...) summed over each head's ``head_dim`` channels: (C // head_dim, ...)."""
     if head_dim == 1:
         return channels
-    B, C = channels.shape[:2]
-    return channels.view(B, C // head_dim, head_dim, *channels.shape[2:]).sum(2)
+    return channels.reshape(channels.shape[0] // head_dim, head_dim, *channels.shape[1:]).sum(1)
 
 
 def per_head(heads: Tensor, channels: Tensor, head_dim: int, conj: bool = False) -> Tensor:
-    """Spectra (B, heads, ..., 2) times spectra (B, C, ..., 2), each head's applied to each of its channels
-    (``conj``: the heads' conjugates)."""
+    """Spectra (heads, ..., 2) times spectra (C, ..., 2), each head's applied to each of its channels (``conj``: the
+    heads' conjugates)."""
     product = conj_mul if conj else cmul
     if head_dim == 1:
         return product(heads, channels)
-    B, C = channels.shape[:2]
-    grouped = channels.view(B, C // head_dim, head_dim, *channels.shape[2:])
-    return product(heads.unsqueeze(2), grouped).view(channels.shape)
+    grouped = channels.reshape(channels.shape[0] // head_dim, head_dim, *channels.shape[1:])
+    return product(heads.unsqueeze(1), grouped).reshape(channels.shape)
 
 
 def circulant_weights(
     q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: DFTBackend = "fft"
 ) -> Tensor:
-    """Softmax weights (B, heads, H, W) of circulant attention from the spectra (B, C, H, W//2+1, 2) of q and k, by
+    """Softmax weights (heads, B, H, W) of circulant attention from the spectra (C, B, H, W//2+1, 2) of q and k, by
     the offset taken backwards: omega[e] is the weight of the key at offset -e from each query (e on the torus).
 
     Backwards because then no conjugate is needed after the softmax: with l[e] = sum_i <q_i, k_{i-e}> (a correlation
     of k with q, spectrum conj(F k) F q), out_i = sum_e omega[e] v_{i-e} is a convolution, spectrum F(omega) F(v).
     :func:`weights_by_offset` turns them round."""
-    B = q_f.shape[0]
-    logits = irfft2(head_sum(conj_mul(k_f, q_f), head_dim), hw, backend)
-    heads = logits.shape[1]
-    return (logits.view(B, heads, -1) * scale).softmax(dim=-1).view(B, heads, *hw)
+    logits = irfft2(head_sum(conj_mul(k_f, q_f), head_dim), hw, backend, logits=True)
+    return (logits.flatten(-2) * scale).softmax(dim=-1).view(logits.shape)
 
 
 def weights_by_offset(omega: Tensor) -> Tensor:
@@ -115,8 +111,8 @@ def attend_spectra(
     scale: float,
     backend: DFTBackend = "fft",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Circulant attention given the unnormalised rfft2 spectra of q, k and v as real pairs, channels first,
-    (B, C, H, W//2+1, 2): the real output (B, C, H, W), the weights omega (B, heads, H, W) by backward offset
+    """Circulant attention given the unnormalised rfft2 spectra of q, k and v as real pairs, channels outermost,
+    (C, B, H, W//2+1, 2): the real output (C, B, H, W), the weights omega (heads, B, H, W) by backward offset
     (:func:`circulant_weights`; :func:`weights_by_offset` gives them by offset) and their spectrum. Channels form heads
     of ``head_dim`` channels; the transforms are ``backend``'s (:mod:`cat.ops.dft`), which also sets their dtypes."""
     omega = circulant_weights(q_f, k_f, hw, head_dim, scale, backend)

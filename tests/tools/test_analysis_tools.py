@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import runpy
@@ -114,8 +113,8 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
 @pytest.mark.parametrize(
     "tool, args, message",
     [
-        ("benchmark", ["--batch", "0"], "argument --batch: '0' is not a positive integer"),
-        ("benchmark", ["--warmup", "-1"], "argument --warmup: '-1' is not an integer >= 0"),
+        ("benchmark", ["--rounds", "0"], "argument --rounds: '0' is not a positive integer"),
+        ("benchmark", ["--res", "-1"], "argument --res: '-1' is not a positive integer"),
         ("benchmark", ["--device", "tpu"], "argument --device: 'tpu' is not cpu, cuda or cuda:N"),
         ("bench_attention", ["--train-res", "0"], "argument --train-res: '0' is not a positive integer"),
         ("bench_attention", ["--device", "cuda:x"], "argument --device: 'cuda:x' is not cpu, cuda or cuda:N"),
@@ -169,23 +168,46 @@ def test_a_missing_gpu_is_named():
 
 
 @pytest.mark.slow
-def test_benchmark(run_tool, tmp_path):
-    args = ("--out", str(tmp_path), "--res", "32", "48", "--iters", "2", "--warmup", "1")
-    text = run_tool("benchmark", *args, forked_workers=True)
-    with open(tmp_path / "benchmark.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["model"], r["res"]) for r in rows] == [
-        ("deit_tiny_patch16_224", "32"),
-        ("ca_deit_tiny", "32"),
-        ("deit_tiny_patch16_224", "48"),
-        ("ca_deit_tiny", "48"),
+def test_benchmark_measures_fig4(run_tool, tmp_path):
+    """tools/benchmark.py, the paper's Fig. 4: (a, b) CA-DeiT-T against DeiT-T with SDPA and with matmul softmax
+    over resolutions, interleaved in one process, with each training step's kernels and tensor memory; (c, d) the
+    families' throughput against the paper's top-1."""
+    args = (
+        "--out",
+        str(tmp_path),
+        "--res",
+        "32",
+        "48",
+        "--rounds",
+        "1",
+        "--min-block",
+        "0.001",
+        "--families-res",
+        "32",
+    )
+    text = run_tool("benchmark", *args)
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    assert result["resolutions"] == [32, 48] and list(result["speed"]) == ["fp32"]
+    for res in ("32", "48"):
+        rows = result["speed"]["fp32"][res]
+        assert list(rows) == ["CA-DeiT-T", "DeiT-T (SDPA)", "DeiT-T (matmul)"]
+        for row in rows.values():
+            assert row["batch"] == 8 and row["infer_img_s"] > 0 and row["train_step_ms"] > 0
+            assert row["train_kernels"] > 100 and row["train_peak_mib"] > 0
+        # The same softmax attention written two ways: more kernels for the matmul form, not fewer.
+        assert rows["DeiT-T (matmul)"]["train_kernels"] > rows["DeiT-T (SDPA)"]["train_kernels"]
+    assert result["gflops"]["DeiT-T (matmul)"] == result["gflops"]["DeiT-T (SDPA)"]
+    assert [r["label"] for r in result["families"]] == [
+        "DeiT-T",
+        "DeiT-S",
+        "DeiT-B",
+        "CA-DeiT-T",
+        "CA-DeiT-S",
+        "CA-DeiT-B",
     ]
-    for r in rows:
-        assert float(r["fwd_img_s"]) > 0 and float(r["fwd_bwd_img_s"]) > 0 and float(r["peak_rss_mib"]) > 50
-        assert float(r["train_peak_mib"]) >= 0
-        assert float(r["fwd_img_s_p25"]) <= float(r["fwd_img_s"]) <= float(r["fwd_img_s_p75"])
+    assert [r["top1"] for r in result["families"]] == [72.2, 79.8, 81.8, 75.0, 81.0, 82.3]  # the paper's Table 2
     assert (tmp_path / "fig4_efficiency.png").stat().st_size > 0
-    assert "forward speed-up of ca_deit_tiny" in text and "train memory" in text
+    assert "CA-DeiT-T against SDPA / matmul softmax" in text
 
 
 def _train_cls(*overrides: str) -> None:

@@ -72,7 +72,7 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
             "--memory-res",
             "256",
             "--memory-pairs",
-            "ca_deit_tiny+lean:ca_deit_tiny+autograd",
+            "ca_deit_tiny+lean:ca_deit_tiny+stored",
             "--json",
             forked_workers=True,
         )
@@ -80,7 +80,7 @@ def test_bench_attention_memory_mode_measures_each_model_in_its_own_process(run_
     (row,) = result["train_memory"]
     assert (row["model"], row["baseline"], row["resolution"], row["batch"]) == (
         "ca_deit_tiny+lean",
-        "ca_deit_tiny+autograd",
+        "ca_deit_tiny+stored",
         256,
         1,
     )
@@ -104,7 +104,7 @@ def train_step_row(run_tool, models: list[str], *extra: str) -> dict:
 
 @pytest.mark.slow
 def test_bench_attention_times_whole_training_steps(run_tool):
-    models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+autograd", "deit_tiny_patch16_224+converted"]
+    models = ["deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+stored", "deit_tiny_patch16_224+converted"]
     row = train_step_row(run_tool, models)
     assert (row["resolution"], row["batch"], row[f"{models[0]}_speed"]) == (32, 2, 1.0)
     for name in models:
@@ -186,8 +186,11 @@ def test_bench_attention_compiles_training_steps_only(run_tool):
     assert "--compile applies to training steps: give --train-res" in err and "Traceback" not in err
 
 
-def test_gpu_check_correctness_dry_run_on_cpu():
-    """The prepared GPU script's correctness part, run on the CPU (autocast there too)."""
+@pytest.mark.parametrize("fft_backend", ["auto", "separable", "matmul"])
+def test_gpu_check_correctness_dry_run_on_cpu(fft_backend):
+    """The prepared GPU script's correctness part, run on the CPU (autocast there too), with each DFT backend: the
+    separable GEMMs that auto takes on CUDA under half precision (bf16 keeps 8 bits) stay within gpu_check's
+    tolerances against float32 FFTs, for the function, the module, its input gradient and a whole CA-DeiT-T."""
     import importlib.util
 
     from tests.conftest import REPO
@@ -195,11 +198,13 @@ def test_gpu_check_correctness_dry_run_on_cpu():
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    rows = gpu_check.correctness("cpu")
+    rows = gpu_check.correctness("cpu", fft_backend)
     assert {r["dtype"] for r in rows} == {"fp16", "bf16"} and len(rows) == 32
     assert sum(r["what"] == "CirculantAttention grad" for r in rows) == 10
     for r in rows:
-        assert r["rel_err"] < max(3e-2, r["tolerance"]), r
+        assert r["rel_err"] < r["tolerance"], r
+    # Not vacuous: half precision moved every result off float32's.
+    assert all(r["rel_err"] > 1e-5 for r in rows if r["what"] != "circulant_attention" or fft_backend != "auto")
 
 
 @pytest.mark.slow
