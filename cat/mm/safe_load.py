@@ -35,7 +35,7 @@ from cat.runtime.io import atomic_write_bytes
 __all__ = [
     "ATOMIC_BACKEND",
     "LAST_CHECKPOINT",
-    "MM_META_KEYS",
+    "MM_META_EXECUTED",
     "check_last_checkpoint",
     "check_weights_match",
     "install_safe_checkpoint_io",
@@ -73,15 +73,22 @@ def mmengine_safe_globals() -> list[Any]:
         core.multiarray.scalar,
         np.ndarray,
         np.dtype,
-        *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
+        *{type(np.dtype(t)) for t in _PLAIN_DTYPES},
         (_history_buffer_method, "builtins.getattr"),
     ]
 
 
-# The ``meta`` entries mmengine may see, each used as data: the loop position (``Runner.resume``),
-# the seed it re-applies, the dataset metainfo it compares, and three informational strings. Not
-# ``config``/``cfg``: ``Runner.resume`` executes ``meta['config']`` as a Python config file.
-MM_META_KEYS = frozenset({"epoch", "iter", "seed", "experiment_name", "time", "mmengine_version", "dataset_meta"})
+# numpy arrays and scalars of these hold numbers, booleans or text, nothing else (a stock checkpoint's palettes,
+# class names and statistics); an object array would unpickle anything and is refused.
+_PLAIN_DTYPES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_PLAIN_DTYPES += ("float16", "float32", "float64", "complex64", "complex128", "U", "S")
+
+
+# The ``meta`` entries that never reach mmengine: ``Runner.resume`` executes ``meta['config']`` as a Python config
+# file (mmcv 1.x wrote it as ``cfg`` too). Everything else in ``meta`` is data a stock checkpoint carries and stock
+# tools read as data (mmdet 2.x's ``CLASSES``, mmseg 0.x's ``PALETTE``, versions, ``dataset_meta``, the loop
+# position), and stays.
+MM_META_EXECUTED = frozenset({"config", "cfg"})
 # CheckpointHook deletes the file its message-hub entry ``best_ckpt*`` names when a new best arrives.
 _BEST_CHECKPOINT_NAME = re.compile(r"best_[\w.\-]+\.pth")
 
@@ -102,10 +109,11 @@ def _own_best_checkpoint(value: Any, folder: str) -> bool:
 def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
     """What of a loaded mmengine checkpoint (read from ``path``) reaches mmengine.
 
-    - ``meta``: only :data:`MM_META_KEYS`; ``epoch``/``iter`` must be counts (else CheckpointError).
+    - ``meta``: all but :data:`MM_META_EXECUTED`; ``epoch``/``iter`` must be counts (else CheckpointError).
     - ``message_hub.runtime_info``: ``best_ckpt*`` kept only where it names a ``best_*.pth`` beside
       ``path``, ``keep_ckpt_ids`` only as a list of counts (CheckpointHook deletes the files these
-      name); everything else there is loop state and metrics, used as numbers. ``log_scalars`` written as plain
+      name), no ``cfg`` (mmengine's inferencers execute it); everything else there is loop state and metrics,
+      used as numbers. ``log_scalars`` written as plain
       data (:class:`cat.mm.portable.PortableCheckpointHook`) become mmengine's HistoryBuffers again.
     - ``param_schedulers``: no ``optimizer`` entry (mmengine's schedulers ``__dict__.update`` their
       state, and never save that one).
@@ -119,7 +127,7 @@ def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
     if meta is not None:
         if not isinstance(meta, dict):
             raise CheckpointError(f"checkpoint {path}: 'meta' is a {type(meta).__name__}, expected a dict")
-        meta = {key: value for key, value in meta.items() if key in MM_META_KEYS}
+        meta = {key: value for key, value in meta.items() if key not in MM_META_EXECUTED}
         for key in ("epoch", "iter"):
             if key in meta and not _is_count(meta[key]):
                 raise CheckpointError(f"checkpoint {path}: meta.{key} is {meta[key]!r}, expected a count (int >= 0)")
@@ -133,6 +141,7 @@ def sanitize_mm_checkpoint(checkpoint: Any, path: str) -> Any:
         for key in [k for k in info if isinstance(k, str) and k.startswith("best_ckpt")]:
             if not _own_best_checkpoint(info[key], folder):
                 del info[key]
+        info.pop("cfg", None)  # mmengine's inferencers execute it as a Python config, as Runner.resume meta's
         ids = info.get("keep_ckpt_ids")
         if ids is not None and not (isinstance(ids, list) and all(_is_count(i) for i in ids)):
             del info["keep_ckpt_ids"]
@@ -148,6 +157,8 @@ def load_from_safe_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint loader, replaced: cat's safe loader with mmengine's globals,
     then :func:`sanitize_mm_checkpoint`."""
     path = os.path.expanduser(filename)
+    if not os.path.isfile(path):  # what stock mmengine raises, word for word
+        raise FileNotFoundError(f"{filename} can not be found.")
     checkpoint = load_checkpoint_file(path, map_location or "cpu", safe_globals=mmengine_safe_globals())
     return sanitize_mm_checkpoint(checkpoint, path)
 

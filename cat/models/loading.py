@@ -181,7 +181,11 @@ def load_checkpoint_file(
     try:
         return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_RestrictedPickleModule)
     except UnsafeCheckpointError as error:
-        raise UnsafeCheckpointError(f"refusing to load checkpoint {path}: {error}") from None
+        # The first global the file needs beyond this call's allow-list: the weights-only reader's (it knew
+        # ``safe_globals``; the restricted reader, made for release files, does not, and would name one of those).
+        named = _REFUSED_GLOBAL.search(str(weights_only_error))
+        reason = f"refused global '{named.group(1) or named.group(2)}'" if named and safe_globals else str(error)
+        raise UnsafeCheckpointError(f"refusing to load checkpoint {path}: {reason}") from None
     except UserError:
         raise
     except Exception as error:
@@ -224,6 +228,10 @@ def _load_safetensors(path: str, map_location: str | torch.device) -> dict[str, 
         return load_file(path, device=str(map_location))
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"checkpoint {path} is unreadable (safetensors: {error})") from None
+
+
+# How torch's weights-only reader names what it refused: a global to look up, or a class it was asked to build.
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)|but got <class '([\w.]+)'>")
 
 
 def _weights_only_reason(error: BaseException) -> str:

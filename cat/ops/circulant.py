@@ -302,21 +302,23 @@ def _autograd_layer(
     prefix: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`circulant_attention_layer` through autograd's own backward: every intermediate spectrum is kept."""
-    C = x.shape[-1]
+    B, _, C = x.shape
     P = 0 if prefix is None else prefix.shape[1]
     gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
     rows = grid_rows(x, P, hw, backend, packed=False)
     if reweight == "pre":  # v, not the output, is gated
         assert gate is not None  # pre-reweighting has a gate (checked by the layer)
-        q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], hw, packed=False).chunk(2)
+        q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], B, hw, packed=False).chunk(2)
         v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
         v_f = rfft2(token_maps(v, hw), backend)
     else:
-        q_f, k_f, v_f = projected_spectra(rows, qkv_weight, hw, packed=False).chunk(3)
+        q_f, k_f, v_f = projected_spectra(rows, qkv_weight, B, hw, packed=False).chunk(3)
     y, omega, _ = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, backend)
     if qkv_bias is not None and reweight != "pre":  # v's bias, a constant through the weights ("pre": in v)
         y = y + value_bias(qkv_bias, 0, C).view(C, 1, 1, 1).to(y.dtype)
-    y = map_tokens(y)
+    # Token-major and contiguous before the elementwise work: on a view whose strides hold the batch, torch.export
+    # orders them with guards that fail at batch 1.
+    y = map_tokens(y).clone(memory_format=torch.contiguous_format)
     if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post" and gate is not None:

@@ -68,20 +68,24 @@ def channel_groups(
     return [(lo, min(lo + size, channels)) for lo in range(0, channels, size)]
 
 
-def to_rows(pairs: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """Spectra (c, B, H, W//2+1, 2) of H x W maps as real rows (c, B*R): their pairs, R = 2*H*(W//2+1), every map's
-    after the other; with ``packed``, the N independent reals of each (:func:`cat.ops.spectral.pack_spectrum`)."""
-    if packed:
-        return pack_spectrum(torch.view_as_complex(pairs.contiguous()), hw[1]).reshape(pairs.shape[0], -1)
-    return pairs.reshape(pairs.shape[0], -1)
-
-
-def to_pairs(rows: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
-    """The spectra (c, B, H, W//2+1, 2) that :func:`to_rows` made ``rows`` from."""
+def to_rows(pairs: Tensor, batch: int, hw: tuple[int, int], packed: bool) -> Tensor:
+    """Spectra (c, B, H, W//2+1, 2) of a ``batch`` of B H x W maps as real rows (c, B*R): their pairs,
+    R = 2*H*(W//2+1), every map's after the other; with ``packed``, the N independent reals of each
+    (:func:`cat.ops.spectral.pack_spectrum`). The sizes come from the grid, never from a spectrum: torch.export
+    (and ONNX after it) cannot read a complex tensor's symbolic size."""
     H, W = hw
     if packed:
-        return torch.view_as_real(unpack_spectrum(rows.view(rows.shape[0], -1, H, W), W))
-    return rows.view(rows.shape[0], -1, H, W // 2 + 1, 2)
+        return pack_spectrum(torch.view_as_complex(pairs.contiguous()), W).reshape(pairs.shape[0], batch * H * W)
+    return pairs.reshape(pairs.shape[0], batch * H * (W // 2 + 1) * 2)
+
+
+def to_pairs(rows: Tensor, batch: int, hw: tuple[int, int], packed: bool) -> Tensor:
+    """The spectra (c, B, H, W//2+1, 2) of a ``batch`` of B that :func:`to_rows` made ``rows`` from (the sizes given,
+    not inferred: under torch.export they are symbols)."""
+    H, W = hw
+    if packed:
+        return torch.view_as_real(unpack_spectrum(rows.view(rows.shape[0], batch, H, W), W))
+    return rows.view(rows.shape[0], batch, H, W // 2 + 1, 2)
 
 
 def token_maps(tokens: Tensor, hw: tuple[int, int]) -> Tensor:
@@ -95,9 +99,12 @@ def map_tokens(maps: Tensor) -> Tensor:
 
 
 def grid_rows(x: Tensor, prefix_tokens: int, hw: tuple[int, int], backend: DFTBackend, packed: bool) -> Tensor:
-    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (C, B*R) (:func:`to_rows`)."""
-    spectrum = rfft2(token_maps(x[:, prefix_tokens:], hw), backend, logits=True)  # q's and k's spectra come from it
-    return to_rows(spectrum, hw, packed)
+    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (C, B*R) (:func:`to_rows`). The maps are
+    made contiguous first: a transform of the strided view wrote its spectrum in x's layout, which the rows then
+    copied, a larger copy (2*H*(W//2+1) reals per map against N)."""
+    # A copy made unconditionally (not .contiguous(), whose check torch.export turns into guards on the batch size).
+    maps = token_maps(x[:, prefix_tokens:], hw).clone(memory_format=torch.contiguous_format)
+    return to_rows(rfft2(maps, backend, logits=True), x.shape[0], hw, packed)  # q's and k's spectra come from it
 
 
 def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
@@ -122,12 +129,12 @@ def value_bias(qkv_bias: Tensor, lo: int, hi: int) -> Tensor:
     return qkv_bias[2 * C + lo : 2 * C + hi]
 
 
-def projected_spectra(rows: Tensor, weight: Tensor, hw: tuple[int, int], packed: bool) -> Tensor:
+def projected_spectra(rows: Tensor, weight: Tensor, batch: int, hw: tuple[int, int], packed: bool) -> Tensor:
     """The spectra (O, B, H, W//2+1, 2) of the maps that a (O, C) ``weight`` projects from the maps whose spectra's
-    rows are ``rows`` (C, B*R). The transform is linear, so projecting the spectrum equals transforming the
-    projection: one transform of x gives q, k and v, with one GEMM for the whole batch (autocast may run it in
-    bf16)."""
-    return to_pairs((weight @ rows).to(rows.dtype), hw, packed)
+    rows are ``rows`` (C, B*R), B = ``batch``. The transform is linear, so projecting the spectrum equals
+    transforming the projection: one transform of x gives q, k and v, with one GEMM for the whole batch (autocast
+    may run it in bf16)."""
+    return to_pairs((weight @ rows).to(rows.dtype), batch, hw, packed)
 
 
 def _join(parts: list[Tensor]) -> Tensor:
@@ -157,7 +164,7 @@ def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, 
     ys, omegas = [], []
     qkv = omega_f = None
     for lo, hi in s.groups:
-        qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), s.hw, s.packed)
+        qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), B, s.hw, s.packed)
         q_f, k_f, v_f = qkv.chunk(3)
         y, omega, omega_f = attend_spectra(q_f, k_f, v_f, s.hw, s.head_dim, s.scale, s.backend)
         ys.append(y)
@@ -229,7 +236,7 @@ class _CirculantAttentionFunction(torch.autograd.Function):
             for lo, hi in s.groups:
                 c = hi - lo
                 if s.lean:  # recompute what the forward did not keep
-                    qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), hw, s.packed)
+                    qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), B, hw, s.packed)
                     q_f, k_f, v_f = qkv.chunk(3)
                     y, omega, omega_f = attend_spectra(q_f, k_f, v_f, hw, head_dim, s.scale, backend)
                     if qkv_bias is not None:
@@ -268,6 +275,7 @@ class _CirculantAttentionFunction(torch.autograd.Function):
                 lam = rfft2(g_lambda * s.scale, backend)
                 g_qkv = to_rows(
                     torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v]),
+                    B,
                     hw,
                     s.packed,
                 )
@@ -292,7 +300,7 @@ class _CirculantAttentionFunction(torch.autograd.Function):
                     g_prefix, u = g_prefix * gate, u * gate
                 g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
                 g_prefix = g_prefix.to(prefix.dtype)
-            g_grid = map_tokens(irfft2(to_pairs(g_rows, hw, s.packed), hw, backend))  # a view: autograd adds it so
+            g_grid = map_tokens(irfft2(to_pairs(g_rows, B, hw, s.packed), hw, backend))  # a view: autograd adds it so
             if P:  # x's prefix rows reach the output only through the caller's own ops: zeros beside the grid's
                 g_x = torch.cat([g_grid.new_zeros(B, P, C), g_grid], dim=1)
             else:

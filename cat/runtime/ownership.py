@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -114,6 +115,12 @@ def _marked(folder: str) -> bool:
         record = None
     if not (isinstance(record, dict) and record.get("cat_run") == 1):
         raise OutputError(f"{path} is not cat's run marker; remove it if {folder} is not a cat run's folder")
+    owner = os.lstat(path).st_uid
+    if owner != os.getuid() or record.get("uid", owner) != owner:
+        raise OutputError(
+            f"{folder} is another user's run folder (its marker {RUN_MARKER} belongs to uid {owner}, recorded "
+            f"{record.get('uid')!r}; you are uid {os.getuid()}): choose a folder of your own"
+        )
     return True
 
 
@@ -192,7 +199,16 @@ def output_dir_problems(output_dir: str, data_roots: Iterable[str | None] = (), 
     for root in filter(None, data_roots):
         if _is_within(real, os.path.realpath(root)):
             return [f"output_dir={output_dir} is inside data.root={root}: a run never writes into its dataset"]
-    if os.path.isdir(real) and not is_run_folder(real):
+        if _is_within(os.path.realpath(root), real):
+            return [
+                f"data.root={root} is inside output_dir={output_dir}: a run folder holds what runs write, which "
+                "resume=false moves aside; keep the dataset outside it"
+            ]
+    try:
+        foreign = os.path.isdir(real) and not is_run_folder(real)
+    except OutputError as error:  # a marker that is not cat's, or another user's
+        return [str(error)]
+    if foreign:
         if real == os.path.realpath(os.getcwd()):
             return [f"output_dir={output_dir} is the current directory, not a cat run's folder: give the run its own"]
         with contextlib.suppress(OSError, OutputError):
@@ -244,6 +260,16 @@ def refuse_planted_entries(folder: str) -> None:
         if stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and not a_file_name):
             continue
         refuse_planted(entry.path)
+
+
+# What runs make in their folder besides RUN_FILES and RUN_FOLDERS: checkpoints, mmengine's dumped config, its
+# checkpoint pointer and its timestamped log folders, and an atomic writer's temporaries.
+_RUN_MADE = re.compile(r".+\.pth|mm_config\.py|last_checkpoint|\d{8}_\d{6}|\.cat-tmp-.+", re.DOTALL)
+
+
+def run_made(name: str) -> bool:
+    """Whether ``name`` is one a run makes in the top level of its folder (what starting over moves aside)."""
+    return name in RUN_FILES or name in RUN_FOLDERS or _RUN_MADE.fullmatch(name) is not None
 
 
 def _child_run(path: str) -> bool:
@@ -428,15 +454,18 @@ class RunDirLock:
         )
 
     def set_aside_earlier_run(self) -> str | None:
-        """Start the held folder over (``resume=false``): move everything in it but the lock into
-        ``earlier_runs/<time>/``, so the earlier run's record and checkpoints are kept and none of them mixes with
-        the new run's (a snapshot, a metric history, a W&B run id), and record this launch as the one that started
-        it over. Returns where the earlier run went, None if the folder held none."""
+        """Start the held folder over (``resume=false``): move what the earlier runs made in it
+        (:func:`run_made`) into ``earlier_runs/<time>/``, so their record and checkpoints are kept and none of them
+        mixes with the new run's (a snapshot, a metric history, a W&B run id), and record this launch as the one
+        that started it over. Anything else in the folder (a user's file or folder) stays where it is, and the log
+        says so. Returns where the earlier run went, None if the folder held none."""
         assert self.held, "set_aside_earlier_run needs the lock"
         # The launch record is the start over's own bookkeeping: replaced below, not kept.
-        entries = sorted(
-            name for name in os.listdir(self.folder) if name not in (LOCK_NAME, RUN_MARKER, EARLIER_RUNS, STARTED_OVER)
-        )
+        names = set(os.listdir(self.folder)) - {LOCK_NAME, RUN_MARKER, EARLIER_RUNS, STARTED_OVER}
+        entries = sorted(name for name in names if run_made(name))
+        if left := sorted(names - set(entries)):
+            shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
+            self.notes.append(f"resume=false left in {self.folder} what no run makes there: {shown}")
         target = None
         if entries:
             stamp = time.strftime("%Y%m%d-%H%M%S")

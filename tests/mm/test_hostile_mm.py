@@ -94,11 +94,12 @@ def test_checkpoint_config_never_runs(task, trained, tmp_path):
 
 
 def test_sanitizer_keeps_what_mmengine_needs_and_drops_the_rest(trained, tmp_path):
-    from cat.mm.safe_load import MM_META_KEYS, load_from_safe_local, sanitize_mm_checkpoint
+    from cat.mm.safe_load import MM_META_EXECUTED, load_from_safe_local, sanitize_mm_checkpoint
 
     out, checkpoint, _ = trained["det"]
     legit = load_from_safe_local(str(checkpoint))
-    assert {"epoch", "iter", "seed"} <= set(legit["meta"]) <= MM_META_KEYS  # mmengine's own file keeps its loop state
+    assert {"epoch", "iter", "seed"} <= set(legit["meta"])  # mmengine's own file keeps its loop state
+    assert not set(legit["meta"]) & MM_META_EXECUTED
     assert legit["message_hub"]["runtime_info"]["keep_ckpt_ids"]
     victim = tmp_path / "victim.pth"
     victim.write_bytes(b"x")
@@ -115,7 +116,7 @@ def test_sanitizer_keeps_what_mmengine_needs_and_drops_the_rest(trained, tmp_pat
         "param_schedulers": [{"optimizer": "not a state", "last_epoch": 3}],
     }
     clean = sanitize_mm_checkpoint(hostile, str(checkpoint))
-    assert clean["meta"] == {"epoch": 1, "iter": 4}
+    assert clean["meta"] == {"epoch": 1, "iter": 4, "hook_msgs": {}}  # the executed config gone, data kept
     assert clean["message_hub"]["runtime_info"] == {
         "best_ckpt_coco/bbox_mAP": str(checkpoint.parent / "best_coco_bbox_mAP_epoch_1.pth"),
         "epoch": 1,

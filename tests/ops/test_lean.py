@@ -42,7 +42,7 @@ def test_parseval_weights_give_inner_products_of_maps(hw, packed):
     """The backward takes the qkv weight's gradient as a product of spectra: it must equal the
     product of the maps, for the (re, im) rows and for the packed ones."""
     a, b = torch.randn(2, 3, *hw, dtype=torch.float64).unbind(0)
-    rows_a, rows_b = (to_rows(torch.view_as_real(torch.fft.rfft2(t.unsqueeze(1))), hw, packed) for t in (a, b))
+    rows_a, rows_b = (to_rows(torch.view_as_real(torch.fft.rfft2(t.unsqueeze(1))), 1, hw, packed) for t in (a, b))
     weights = parseval_weights(hw, packed, torch.float64, a.device)
     assert weights.shape == rows_a.shape[-1:]
     torch.testing.assert_close((rows_a * weights * rows_b).sum(-1), (a * b).sum((-2, -1)), rtol=1e-12, atol=1e-12)

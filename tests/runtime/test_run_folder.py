@@ -322,3 +322,49 @@ def test_writable_is_probed_by_writing(tmp_path):
     )
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
     assert "a symbolic link to" in check_writable(str(tmp_path / "dangling"), "hydra.run.dir")
+
+
+def test_starting_over_moves_only_what_runs_make_and_never_the_users_data(tmp_path):
+    """resume=false sets aside what runs make (their files, checkpoints, mmengine's config and log folders); a user's
+    folder or file that happens to sit in the run folder stays where it is, and the log names it."""
+    folder = open_run_folder(str(tmp_path), DistEnv())
+    folder.close()
+    for name in ("last.pth", "epoch_3.pth", "metrics.jsonl", "mm_config.py", "last_checkpoint"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "20261205_101010").mkdir()
+    (tmp_path / "data" / "train" / "a").mkdir(parents=True)  # a copy of the dataset a user keeps beside the run
+    (tmp_path / "data" / "train" / "a" / "0.png").write_bytes(b"png")
+    (tmp_path / "notes.md").write_text("mine")
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    (kept,) = (tmp_path / "earlier_runs").iterdir()
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "20261205_101010", "epoch_3.pth", "last.pth", "last_checkpoint", "log.txt", "metrics.jsonl", "mm_config.py",
+    ]  # fmt: skip
+    assert (tmp_path / "data" / "train" / "a" / "0.png").read_bytes() == b"png"
+    assert (tmp_path / "notes.md").read_text() == "mine"
+    assert (
+        "resume=false left in" in (tmp_path / "log.txt").read_text()
+        and "data, notes.md" in (tmp_path / "log.txt").read_text()
+    )
+
+
+def test_a_dataset_inside_the_run_folder_is_refused(tmp_path):
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    assert output_dir_problems(str(run), [str(run / "data")]) == [
+        f"data.root={run / 'data'} is inside output_dir={run}: a run folder holds what runs write, which resume=false "
+        "moves aside; keep the dataset outside it"
+    ]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the marker to another user")
+def test_a_run_folder_marked_by_another_user_is_refused_like_a_foreign_folder(tmp_path):
+    """A root run never takes a folder whose marker another user's run wrote (nor moves its files)."""
+    open_run_folder(str(tmp_path), DistEnv()).close()
+    (tmp_path / "last.pth").write_text("theirs")
+    os.chown(tmp_path / RUN_MARKER, 4242, 4242)
+    (problem,) = output_dir_problems(str(tmp_path))
+    assert problem.startswith(f"{tmp_path} is another user's run folder (its marker .cat-run belongs to uid 4242")
+    with pytest.raises(OutputError, match="another user's run folder"):
+        open_run_folder(str(tmp_path), DistEnv(), start_over=True)
+    assert (tmp_path / "last.pth").read_text() == "theirs" and not (tmp_path / "earlier_runs").exists()
