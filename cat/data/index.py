@@ -55,6 +55,7 @@ VERSION = 1
 _PREAMBLE = struct.Struct("<8sII")
 _ALIGN = 64
 _MAX_HEADER_BYTES = 16 << 20  # a header of more (a million class names?) is not one cat wrote
+_MAX_INDEX_BYTES = 16 << 30  # ImageNet's is about 60 MB: a file of more is not one cat wrote
 # What every index holds, and what each kind adds: name -> dtype. A file with other arrays or dtypes is refused.
 COMMON_ARRAYS = {"labels": "<i4", "name_offsets": "<i8", "names": "|u1"}
 KINDS: dict[str, dict[str, str]] = {
@@ -182,7 +183,15 @@ def load_index(path: str, kind: str, key: Mapping[str, Any]) -> SampleIndex:
         size = os.fstat(fd).st_size
         if size < _PREAMBLE.size:
             raise _Invalid("shorter than its preamble")
-        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        if size > _MAX_INDEX_BYTES:
+            raise _Invalid(f"{size} bytes, more than any index cat writes")
+        # Read into this process's own memory, not mapped from the file: a file truncated or rewritten while a run
+        # reads it would end the process by SIGBUS at the next access to a page past its new end, without a word.
+        # Forked loader workers share these pages (nothing writes them).
+        mapped = mmap.mmap(-1, size)
+        with open(fd, "rb", closefd=False) as file:
+            if file.readinto(mapped) != size:
+                raise _Invalid("shorter than when it was opened (truncated while it was read)")
     finally:
         os.close(fd)
     magic, version, length = _PREAMBLE.unpack_from(mapped, 0)
@@ -215,6 +224,7 @@ def load_index(path: str, kind: str, key: Mapping[str, Any]) -> SampleIndex:
         if start + offset + nbytes > size:
             raise _Invalid(f"array {name} runs past the file's end")
         views[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=start + offset)
+        views[name].flags.writeable = False
         digest.update(views[name].data)
     if digest.hexdigest() != header.get("sha256"):
         raise _Invalid("its arrays do not match their checksum (altered or torn)")
@@ -267,7 +277,7 @@ def shared_index(
             except _Invalid as invalid:
                 why = f"{path} was refused: {invalid}"
             else:
-                log.info("mapped the index of %s (%d images) in %.2f s: %s", source, len(index), _since(started), path)
+                log.info("read the index of %s (%d images) in %.2f s: %s", source, len(index), _since(started), path)
                 return index
         started = time.perf_counter()
         save_index(_checked_build(kind, source, build), path)

@@ -181,10 +181,13 @@ def load_checkpoint_file(
     try:
         return torch.load(path, map_location=map_location, weights_only=False, pickle_module=_RestrictedPickleModule)
     except UnsafeCheckpointError as error:
-        # The first global the file needs beyond this call's allow-list: the weights-only reader's (it knew
-        # ``safe_globals``; the restricted reader, made for release files, does not, and would name one of those).
+        # The restricted reader (made for release files) does not know this call's ``safe_globals``: where it
+        # refused one of those, the global the file really needs beyond them is the weights-only reader's.
+        reason = str(error)
+        restricted = re.search(r"refused global '([\w.]+)'", reason)
         named = _REFUSED_GLOBAL.search(str(weights_only_error))
-        reason = f"refused global '{named.group(1) or named.group(2)}'" if named and safe_globals else str(error)
+        if restricted and named and restricted.group(1) in _global_names(safe_globals):
+            reason = f"refused global '{named.group(1) or named.group(2)}'"
         raise UnsafeCheckpointError(f"refusing to load checkpoint {path}: {reason}") from None
     except UserError:
         raise
@@ -231,6 +234,13 @@ def _load_safetensors(path: str, map_location: str | torch.device) -> dict[str, 
 
 
 # How torch's weights-only reader names what it refused: a global to look up, or a class it was asked to build.
+def _global_names(safe_globals: Iterable[Any]) -> set[str]:
+    """The ``module.name`` of each allowed global (an entry may be ``(object, name)``, as torch takes them)."""
+    return {
+        entry[1] if isinstance(entry, tuple) else f"{entry.__module__}.{entry.__qualname__}" for entry in safe_globals
+    }
+
+
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)|but got <class '([\w.]+)'>")
 
 

@@ -80,13 +80,25 @@ def cell_dir(sweep: SweepDir) -> str:
     ``/``, a checkpoint's path, nests it there). A name that would leave it (a ``..`` part) or that holds control
     characters is a ConfigError naming it."""
     name = str(sweep.subdir or "")
-    if ".." in name.split("/") or name.startswith("/") or not name.isprintable():
+    if _leaves_folder(name):
         raise ConfigError(
             f"sweep cell {name!r}: a cell's folder is named by its overrides, and these would put it outside the "
             f"sweep's folder {sweep.dir} ('..' or control characters in a value that names cells); drop them from "
             "the values"
         )
-    return os.path.join(sweep.dir, name)
+    path = os.path.join(sweep.dir, name)
+    if os.path.islink(path.rstrip("/")):
+        raise ConfigError(
+            f"sweep cell folder {path} is a symbolic link (to {os.readlink(path.rstrip('/'))}): a cell writes only in "
+            "a folder of its own; remove the link"
+        )
+    return path
+
+
+def _leaves_folder(name: str) -> bool:
+    """Whether a relative folder name would leave the folder it is joined to: a '..' part, an absolute path, or
+    control characters."""
+    return ".." in name.split("/") or name.startswith("/") or not name.isprintable()
 
 
 # More cells than this in one sweep is a typo (a range's step, a missing comma), not a plan: refused before it expands.
@@ -106,6 +118,15 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[s
         return []
     problems, cells, multirun = [], 1, bool({"-m", "--multirun"} & set(args))
     for override in overrides:
+        # Where a sweep and its cells go, checked before Hydra makes a folder: under outputs/<task>/sweeps/.
+        if override.key_or_group in ("sweep_name", "hydra.sweep.subdir"):
+            named = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
+            problems += [
+                f"{override.input_line}: {override.key_or_group} names a folder inside the sweeps' folder; "
+                f"{v!r} would leave it ('..', an absolute path or control characters)"
+                for v in named
+                if "${" not in v and (_leaves_folder(v) or not v.strip())
+            ]
         if override.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and not override.is_sweep_override():
             folder = override.get_value_element_as_str()
             if "${" not in folder and (problem := check_writable(folder, override.key_or_group)) is not None:

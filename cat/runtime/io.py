@@ -83,7 +83,8 @@ def _planted(path: str, kind: str) -> OutputError:
 def open_owned(path: str, mode: str = "r") -> int:
     """A descriptor of ``path``, a regular file, opened to read (``r``), append (``a``, created if absent) or
     create (``x``, exclusively). A symbolic link at the name is not followed and a FIFO never blocks: either, a
-    folder or a device is an OutputError naming it, before anything is read or written."""
+    folder or a device is an OutputError naming it, before anything is read or written; so is, for appending, a
+    file with another name (a hard link)."""
     flags = _OPEN_FLAGS[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o666)
@@ -95,6 +96,11 @@ def open_owned(path: str, mode: str = "r") -> int:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise _planted(path, _kind(info.st_mode))
+    if mode == "a" and info.st_nlink > 1:  # a hard link: appending would write into the other name's file too
+        os.close(fd)
+        raise OutputError(
+            f"{path} has {info.st_nlink} names (a hard link): cat appends only to a file of its own; remove it"
+        )
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd
 

@@ -35,14 +35,20 @@ CONF_DIR=/etc/slurm
 HOST=$(hostname -s)
 START_S=${CAT_SLURM_START_S:-120}
 # Checked as text before any use: a value reaches neither the shell's arithmetic nor a command line unchecked.
-[[ "$START_S" =~ ^[0-9]{1,5}$ ]] && [ "$START_S" -ge 1 ] && [ "$START_S" -le 86400 ] \
+[[ "$START_S" =~ ^[0-9]{1,5}$ ]] && [ "$((10#$START_S))" -ge 1 ] && [ "$((10#$START_S))" -le 86400 ] \
     || die "CAT_SLURM_START_S must be a number of seconds from 1 to 86400, got '$START_S'"
+START_S=$((10#$START_S))  # decimal, leading zeros and all (the shell's arithmetic would read 08 as octal)
 [[ "$NET" =~ ^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])$ ]] \
     || die "CAT_SLURM_NET must be the first three numbers of an IPv4 /24 (e.g. 10.231.0), got '$NET'"
 [[ "$STATE" = /* && "$STATE" != *$'\n'* ]] || die "CAT_SLURM_DIR must be an absolute path, got '$STATE'"
 
 # The state folder: made 0700 for the caller, or refused where it could be someone else's (a link planted in /tmp,
-# another owner, a folder others may write in).
+# another owner, a folder others may write in), and one this script made: it holds its marker, or was empty. An
+# existing folder of anything else (CAT_SLURM_DIR=/var) is refused by `start` and left alone by `stop`, which
+# deletes names of its own in it.
+MARKER=.cat-slurm-state
+# What this script and its daemons write in the state folder (a folder made before the marker holds only these).
+OWN_NAMES='^(ctld|spool|started|namespaces|bridge|jobcomp\.txt|slurmctld\.(pid|log)|slurmd(-cat-n[0-9]+)?\.(pid|log))$'
 state_dir() {
     [ ! -L "$STATE" ] || die "$STATE is a symbolic link; the cluster's state folder must be a folder of its own"
     if [ ! -e "$STATE" ]; then (umask 077 && mkdir -p "$STATE") || die "cannot make $STATE"; fi
@@ -51,6 +57,13 @@ state_dir() {
     case "$(stat -c %A "$STATE")" in
     ?????w????|????????w?) die "$STATE may be written by others ($(stat -c %A "$STATE")); use a folder only you write" ;;
     esac
+    if [ ! -f "$STATE/$MARKER" ] || [ -L "$STATE/$MARKER" ]; then
+        local foreign
+        foreign=$(ls -A "$STATE" | grep -Ev "$OWN_NAMES" | head -n 3 | tr '\n' ' ' || true)
+        [ -z "$foreign" ] || die "$STATE is not a folder this script made (no $MARKER; it holds ${foreign% }): give \
+CAT_SLURM_DIR a new folder"
+        : > "$STATE/$MARKER"
+    fi
 }
 
 # The kernel's start time of PID (field 22 of /proc/PID/stat, after the command's parentheses).
@@ -291,7 +304,7 @@ stop_all() {
     # What this script and its daemons write there, by name; the folder goes only if nothing else is left in it.
     rm -rf "$STATE/ctld" "$STATE/spool" "$STATE/started" "$STATE/namespaces" "$STATE/bridge" "$STATE/jobcomp.txt"
     rm -f "$STATE"/slurmctld.{pid,log} "$STATE"/slurmd.{pid,log} "$STATE"/slurmd-cat-n*.{pid,log}
-    rmdir "$STATE" 2>/dev/null || true
+    if [ -z "$(ls -A "$STATE" | grep -vx -- "$MARKER" || true)" ]; then rm -f "$STATE/$MARKER"; rmdir "$STATE" || true; fi
 }
 
 command=${1:-start}

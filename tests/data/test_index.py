@@ -130,7 +130,7 @@ def _rank(root: str, run: str, go, results) -> None:
     results.put((len(dataset), [line.split(" the index")[0] for line in said if "the index of" in line]))
 
 
-def test_the_ranks_of_a_node_build_the_index_once_and_map_it(tmp_path):
+def test_the_ranks_of_a_node_build_the_index_once_and_read_it(tmp_path):
     root = str(_zip_split(tmp_path / "zip", 5000))
     go, results = _FORK.Barrier(4), _FORK.Queue()
     ranks = [_FORK.Process(target=_rank, args=(root, str(tmp_path / "run"), go, results)) for _ in range(4)]
@@ -140,7 +140,7 @@ def test_the_ranks_of_a_node_build_the_index_once_and_map_it(tmp_path):
     for rank in ranks:
         rank.join(30)
     assert all(count == 5000 for count, _ in said)
-    assert sorted(line for _, lines in said for line in lines) == ["built", "mapped", "mapped", "mapped"]
+    assert sorted(line for _, lines in said for line in lines) == ["built", "read", "read", "read"]
 
 
 def _one_rank_log(caplog, build):
@@ -160,7 +160,7 @@ def test_a_changed_folder_rebuilds_its_index(tmp_path, caplog):
     first, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
     assert len(first) == 30 and said.startswith("built")
     again, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
-    assert len(again) == 30 and said.startswith("mapped")
+    assert len(again) == 30 and said.startswith("read")
     os.link(root / "0.jpg", root / "train" / "c001" / "new.jpg")  # a file added: its class folder changed
     (root / "train" / "c002" / "deep").mkdir()
     changed, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
@@ -201,7 +201,7 @@ def test_an_altered_or_torn_index_is_rebuilt(tmp_path, caplog):
     wrong_dtype = json.loads(json.dumps(header))
     wrong_dtype["arrays"]["labels"][0] = "<f8"
     _rewrite_header(path, header)  # the helper itself keeps a valid index valid
-    assert "mapped" in _one_rank_log(caplog, lambda: ZipImageDataset(str(root), "train", index_dir=run))[1]
+    assert "read" in _one_rank_log(caplog, lambda: ZipImageDataset(str(root), "train", index_dir=run))[1]
     cases = {
         "its arrays do not match their checksum": lambda: Path(path).write_bytes(bytes(flipped)),
         "runs past the file's end": lambda: _rewrite_header(path, past_end),
@@ -270,3 +270,29 @@ def test_the_folder_listing_is_imagefolders_order(tmp_path):
     dataset = build_dataset(cfg.data, cfg.aug, "train")
     expected = make_dataset(str(train), {"a": 0, "b": 1, "c": 2}, extensions=(".jpg", ".jpeg", ".png", ".webp"))
     assert list(dataset.samples) == expected and dataset.targets.tolist() == [label for _, label in expected]
+
+
+def _read_every_sample_after(dataset, change) -> None:
+    change()
+    for i in range(len(dataset)):
+        dataset.index.name(i), int(dataset.index.labels[i])
+
+
+@pytest.mark.parametrize("change", ["truncate", "rewrite"])
+def test_an_index_file_truncated_or_rewritten_under_a_run_cannot_kill_it(tmp_path, change):
+    """The index a run read stays whole in its memory when its file is truncated (a mapped one ended the process by
+    SIGBUS, rc 135, without a word in the console or log.txt) or rewritten with other content."""
+    root = _zip_split(tmp_path / "zip", 5000)
+    dataset = ZipImageDataset(str(root), "train", index_dir=str(tmp_path / "run"))
+    (path,) = (tmp_path / "run").glob(".index-*.bin")
+    expected = [dataset.index.name(i) for i in range(0, len(dataset), 499)]
+
+    def alter() -> None:
+        with open(path, "r+b") as file:
+            file.truncate(64) if change == "truncate" else file.write(b"\xff" * path.stat().st_size)
+
+    reader = _FORK.Process(target=_read_every_sample_after, args=(dataset, alter))
+    reader.start()
+    reader.join(60)
+    assert reader.exitcode == 0, f"the reader ended with {reader.exitcode} (-7: SIGBUS)"
+    assert [dataset.index.name(i) for i in range(0, len(dataset), 499)] == expected

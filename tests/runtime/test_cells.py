@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from cat.errors import ConfigError, SweepCellError
-from cat.runtime.cells import cell_dir, other_failed_cells, record_refused_cell
+from cat.runtime.cells import cell_dir, command_line_problems, other_failed_cells, record_refused_cell
 
 
 def _sweep(folder, subdir: str):
@@ -23,6 +23,22 @@ def test_a_cells_folder_is_its_overrides_inside_the_sweeps(tmp_path):
     for leaving in ("../x", "a/../../x", "/etc", "seed=0\n"):
         with pytest.raises(ConfigError, match="outside the sweep's folder"):
             cell_dir(_sweep(tmp_path, leaving))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "seed=3").symlink_to(elsewhere)  # a cell's folder planted as a link: never written through
+    with pytest.raises(ConfigError, match=r"sweep cell folder .*seed=3 is a symbolic link \(to "):
+        cell_dir(_sweep(tmp_path, "seed=3"))
+
+
+@pytest.mark.parametrize(
+    "override", ["sweep_name=../..", "sweep_name=/tmp/elsewhere", "hydra.sweep.subdir=../../x", "hydra.sweep.subdir=/x"]
+)
+def test_where_a_sweep_goes_is_checked_before_hydra_makes_a_folder(override):
+    """sweep_name and hydra.sweep.subdir name folders under outputs/<task>/sweeps/: a value that leaves it is refused
+    from the command line, before Hydra makes the sweep's folder or a cell's."""
+    (problem,) = command_line_problems(["-m", override, "seed=1,2"], ("sweep_name",))  # as the schema leaves it
+    assert problem.startswith(f"{override}: {override.split('=')[0]} names a folder inside the sweeps' folder")
+    assert command_line_problems(["-m", "sweep_name=table2/deit", "seed=1,2"], ()) == []
 
 
 def test_a_refused_cell_leaves_its_line_but_never_over_a_log(tmp_path, monkeypatch):

@@ -368,3 +368,17 @@ def test_a_run_folder_marked_by_another_user_is_refused_like_a_foreign_folder(tm
     with pytest.raises(OutputError, match="another user's run folder"):
         open_run_folder(str(tmp_path), DistEnv(), start_over=True)
     assert (tmp_path / "last.pth").read_text() == "theirs" and not (tmp_path / "earlier_runs").exists()
+
+
+def test_an_append_never_writes_through_a_hard_link(tmp_path):
+    """A log or metric history with a second name (a hard link to a file outside the run) is refused like a
+    symbolic link: appending to it would write into the other file too."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("theirs\n")
+    run = tmp_path / "run"
+    open_run_folder(str(run), DistEnv()).close()
+    (run / "metrics.jsonl").unlink(missing_ok=True)
+    os.link(outside, run / "metrics.jsonl")
+    with pytest.raises(OutputError, match=r"metrics.jsonl has 2 names \(a hard link\)"):
+        open_append(str(run / "metrics.jsonl"))
+    assert outside.read_text() == "theirs\n"

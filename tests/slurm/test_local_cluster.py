@@ -33,7 +33,7 @@ def _cluster(state: Path, *args: str, **env: str) -> subprocess.CompletedProcess
 
 def _state(tmp_path: Path) -> Path:
     state = tmp_path / "state"
-    state.mkdir(mode=0o700)
+    state.mkdir(mode=0o700, parents=True)
     return state
 
 
@@ -58,6 +58,7 @@ def foreign_namespace():
 def test_stop_and_fail_leave_what_they_did_not_start(tmp_path, foreign_namespace):
     name, inside = foreign_namespace
     state = _state(tmp_path)
+    (state / ".cat-slurm-state").write_text("")  # the script's own folder, with PID files planted in it
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         for planted in ("sleep.pid", "slurmctld.pid", "munged.pid"):  # PID files the script never wrote
@@ -111,3 +112,21 @@ def test_a_state_folder_others_could_have_planted_is_refused(tmp_path):
     made = tmp_path / "new" / "state"
     _cluster(made, "status")  # not running: exit 1, but its folder is made private
     assert oct(made.stat().st_mode & 0o777) == "0o700"
+
+
+def test_an_existing_folder_the_script_did_not_make_is_refused_and_left_alone(tmp_path):
+    """CAT_SLURM_DIR naming an existing folder of other files (as /var would): `start` refuses it and `stop` deletes
+    none of its names (spool/, ctld/ are also names the script uses); a folder it made, or an empty one, is taken."""
+    var = _state(tmp_path)
+    for name in ("spool", "ctld", "lib"):
+        (var / name).mkdir()
+        (var / name / "keep").write_text(name)
+    for command in ("stop", "start", "status"):
+        proc = _cluster(var, command)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{var} is not a folder this script made (no .cat-slurm-state; it holds lib)" in proc.stderr
+    assert sorted(p.name for p in var.iterdir()) == ["ctld", "lib", "spool"]
+    assert all((var / name / "keep").read_text() == name for name in ("spool", "ctld", "lib"))
+    empty = _state(tmp_path / "empty")
+    assert _cluster(empty, "status", CAT_SLURM_START_S="08").stdout.strip() == "not running"  # 08 read as 8
+    assert (empty / ".cat-slurm-state").is_file()

@@ -31,3 +31,19 @@ def test_the_export_is_the_quick_starts_split_up_to_8_bit_rounding(tmp_path, run
     link.symlink_to(elsewhere)
     assert "is not a folder (a link" in run_tool("export_folder", str(link), expect=2, stderr=True)
     assert not any(elsewhere.iterdir())
+
+
+def test_paths_stay_where_they_say_and_nothing_is_overwritten(tmp_path, run_tool):
+    """'X/new/..' is X: refused when X holds anything (it overwrote 10 of 100 files before), and a name under a file,
+    an unwritable place or an oversized image ends in one line with nothing written."""
+    full = tmp_path / "full"
+    (full / "train" / "3").mkdir(parents=True)
+    (full / "train" / "3" / "00000.png").write_bytes(b"mine")
+    err = run_tool("export_folder", f"{full}/new/..", expect=2, stderr=True)
+    assert f"({full}) is not empty" in err and (full / "train" / "3" / "00000.png").read_bytes() == b"mine"
+    assert not (full / "new").exists()
+    (tmp_path / "a_file").write_text("x")
+    err = run_tool("export_folder", str(tmp_path / "a_file" / "under"), expect=2, stderr=True)
+    assert "cannot write the digits into" in err and "Not a directory" in err and "Traceback" not in err
+    err = run_tool("export_folder", str(tmp_path / "big"), "--img-size", "100000", expect=2, stderr=True)
+    assert "--img-size 100000: at most 512" in err and not (tmp_path / "big").exists()
