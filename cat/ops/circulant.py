@@ -45,7 +45,7 @@ from .policy import (
     compute_dtype,
     lean_for,
 )
-from .precision import fft_dtype
+from .precision import fft_dtype, fft_itemsize
 from .spectral import attend_spectra, weights_by_offset
 
 Reweight = Literal["post", "pre", "none"]
@@ -265,7 +265,7 @@ def circulant_attention_layer(
         )  # fmt: skip
     gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
     budget = budget_bytes(memory_mb, x.device)
-    stored = stored_floats(B * N, C, C // head_dim, hw) * torch.finfo(fft_dtype(x.dtype)).bits // 8
+    stored = stored_floats(B * N, C, C // head_dim, hw) * fft_itemsize(x.dtype)
     return circulant_attention_function(
         x,
         qkv_weight,

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dft import DFTBackend, irfft2, rfft2
-from .precision import autocast_state, fft_dtype
+from .precision import autocast_state, fft_itemsize
 from .spectral import (
     attend_spectra,
     conj_mul,
@@ -349,8 +349,7 @@ def circulant_attention_function(
     are the caller's (:class:`cat.ops.CirculantAttention`)."""
     B, T, C = x.shape
     tokens = B * (T - (0 if prefix is None else prefix.shape[1]))
-    itemsize = torch.finfo(fft_dtype(x.dtype)).bits // 8
-    groups = channel_groups(C, head_dim, tokens, itemsize, budget_bytes) if lean else [(0, C)]
+    groups = channel_groups(C, head_dim, tokens, fft_itemsize(x.dtype), budget_bytes) if lean else [(0, C)]
     settings = _Settings(hw, head_dim, scale, backend, packed, groups, lean)
     tensors = (x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix)
     needs_grad = any(t is not None and t.requires_grad for t in tensors)

@@ -6,12 +6,17 @@ import contextlib
 
 import torch
 
-__all__ = ["fft_dtype", "no_autocast", "autocast_state"]
+__all__ = ["fft_dtype", "fft_itemsize", "no_autocast", "autocast_state"]
 
 
 def fft_dtype(dtype: torch.dtype) -> torch.dtype:
     """The real dtype FFTs run in for inputs of ``dtype``."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fft_itemsize(dtype: torch.dtype) -> int:
+    """Bytes per real of the spectra of inputs of ``dtype`` (:func:`fft_dtype`)."""
+    return torch.finfo(fft_dtype(dtype)).bits // 8
 
 
 def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
