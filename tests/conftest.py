@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests import prewarmed
+from tests.subprocess_output import pytest_runtest_makereport  # noqa: F401 (a hook: a failed command's output shown)
 
 # pytest-xdist's workers (a worker per core and one more): each takes its share of the cores (one thread at least),
 # and so do the processes it starts, so that OpenMP threads do not spin against each other's.

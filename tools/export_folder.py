@@ -40,6 +40,12 @@ def write_split(out: Path, split: str, img_size: int) -> int:
     return len(labels)
 
 
+def _shown(path: str | os.PathLike) -> str:
+    """A path for a message: a long one cut in the middle."""
+    text = str(path)
+    return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
@@ -48,16 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.img_size > MAX_IMG_SIZE:
         parser.error(f"--img-size {args.img_size}: at most {MAX_IMG_SIZE} (8x8 digits, upsampled)")
     given = Path(args.out_dir)
-    if given.is_symlink() or (given.exists() and not given.is_dir()):
-        parser.error(f"{given} is not a folder (a link or a file); choose a new or empty folder")
-    # The folder the writes land in: 'X/new/..' is X, whatever the name says.
-    out = Path(os.path.realpath(given))
-    try:
+    try:  # every step may meet the path's own trouble: a name too long, a file on the way, a read-only place
+        if given.is_symlink() or (given.exists() and not given.is_dir()):
+            parser.error(f"{_shown(given)} is not a folder (a link or a file); choose a new or empty folder")
+        # The folder the writes land in: 'X/new/..' is X, whatever the name says.
+        out = Path(os.path.realpath(given))
         if out.exists() and any(out.iterdir()):
-            parser.error(f"{given} ({out}) is not empty; choose a new or empty folder")
+            parser.error(f"{_shown(given)} ({_shown(out)}) is not empty; choose a new or empty folder")
         counts = {split: write_split(out, split, args.img_size) for split in ("train", "val")}
     except OSError as error:
-        parser.error(f"cannot write the digits into {given}: {error.strerror or error} ({error.filename or out})")
+        where = _shown(error.filename or given)
+        parser.error(f"cannot write the digits into {_shown(given)}: {error.strerror or error} ({where})")
     print(
         f"wrote {counts['train']} train and {counts['val']} val digits ({args.img_size}x{args.img_size} greyscale PNG) "
         f"to {out}; normalise with mean {DIGITS_MEAN} and std {DIGITS_STD}"

@@ -145,10 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out.suffix not in FORMATS:
         parser.error(f"--out {args.out}: expected a .png or .svg file")
-    missing = [str(f) for f in args.folders if not f.is_dir()]
-    if missing:
-        raise DataError(f"not a folder: {', '.join(missing)}")
-    curves = [curve for folder in args.folders for curve in curves_of(folder)]
+    try:  # a path the OS will not look at (a name over its limit, a link only its owner may follow) is one line too
+        missing = [str(f) for f in args.folders if not f.is_dir()]
+        if missing:
+            raise DataError(f"not a folder: {', '.join(missing)}")
+        curves = [curve for folder in args.folders for curve in curves_of(folder)]
+    except OSError as error:
+        where = str(error.filename or "")
+        where = where if len(where) <= 160 else f"{where[:80]}...{where[-60:]}"
+        raise DataError(f"{where}: cannot be read ({error.strerror or error})") from None
     if not any(history[key] for curve in curves for history in curve.histories for key, _ in PANELS):
         raise DataError(f"{', '.join(map(str, args.folders))}: no run has an epoch's row in its {METRICS_HISTORY} yet")
     if args.out.is_dir():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 from typing import Any
 
 import torch
@@ -89,11 +90,33 @@ def _optimizer_problems(cfg: ClsConfig) -> list[str]:
     return [f"optim.kwargs.{k}: not an argument of {cfg.optim.opt} (accepted: {', '.join(accepted)})" for k in unknown]
 
 
+# Bounds of timm's RandAugment/AugMix option sections (``rand-m9-n2``): operations per image (n), mixing width (w)
+# and chain depth (d), each a loop per image (n=9999 trained at 2 images/s), and magnitudes (m, mmax: timm's scale is
+# 0-10, a larger m is clipped to mmax).
+_AUGMENT_BOUNDS = {"n": (1, 15), "w": (1, 16), "d": (1, 16), "m": (0, 100), "mmax": (1, 100)}
+
+
+def _auto_augment_bounds(policy: str) -> str | None:
+    """What is out of bounds in an ``aug.auto_augment`` policy string (``rand-m9-n2-mstd0.5``), or None; what timm
+    would not parse is left to timm's own message."""
+    sections: dict[str, str] = {}
+    for section in policy.split("-")[1:]:
+        if match := re.fullmatch(r"([a-z]+)(\d+)", section):
+            sections[match[1]] = match[2]
+    for key, (least, most) in _AUGMENT_BOUNDS.items():
+        if key in sections and not least <= int(sections[key]) <= most:
+            return f"{key}{sections[key]}: expected {key} from {least} to {most}"
+    return None
+
+
 def _augment_problems(cfg: ClsConfig) -> list[str]:
     """timm parses ``aug.auto_augment`` when a file dataset's transform is built: build it (no data
-    needed). The tensor datasets (digits, synthetic) take no image transform."""
+    needed), its counts bounded first. The tensor datasets (digits, synthetic) take no image transform."""
     if not reads_files(cfg.data):
         return []
+    bound = _auto_augment_bounds(cfg.aug.auto_augment) if cfg.aug.auto_augment else None
+    if bound:
+        return [f"aug.auto_augment={cfg.aug.auto_augment!r}: {bound}"]
     try:
         build_transform(cfg.data, cfg.aug, is_train=True)
     except Exception as error:

@@ -24,6 +24,7 @@ __all__ = [
     "list_images",
     "folder_index",
     "escaping_name",
+    "is_within",
     "split_images",
 ]
 
@@ -75,7 +76,7 @@ def list_images(folder: str, classes: list[str], root: str) -> FolderListing:
     resolve inside ``root``, one ``scandir`` of each folder; links to folders are named and not entered."""
     inside = os.path.realpath(root)
     # A plain file in a real folder under a split inside the root is inside it; only links need resolving.
-    split_inside = _within(os.path.realpath(folder), inside)
+    split_inside = is_within(os.path.realpath(folder), inside)
     names: list[bytes] = []
     labels = array.array("i")
     left_out: list[str] = []
@@ -204,14 +205,15 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def _within(path: str, inside: str) -> bool:
+def is_within(path: str, inside: str) -> bool:
+    """Whether the resolved ``path`` is ``inside`` (a resolved folder) or under it."""
     return os.path.commonpath([path, inside]) == inside
 
 
 def _refusal(path: str, inside: str) -> str | None:
     """Why ``path`` is left out, or None: it must resolve to a regular file under ``inside``."""
     real = os.path.realpath(path)
-    if not _within(real, inside):
+    if not is_within(real, inside):
         return f"leads outside the dataset's folder (to {real})"
     try:
         mode = os.stat(real).st_mode

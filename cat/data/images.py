@@ -28,13 +28,13 @@ from cat.runtime.logger import DATA_LOGGER
 
 from .augment import install_timm_augment_fixes
 from .config import AugConfig, DataConfig
-from .folders import IMAGE_EXTENSIONS, class_folders, escaping_name, folder_index
+from .folders import IMAGE_EXTENSIONS, class_folders, escaping_name, folder_index, is_within
 from .index import IndexSamples, SampleIndex, return_freed_memory
 from .packed import ZipImageDataset
 from .registry import DATASETS
 from .request import SplitRequest
 from .shards import ShardStream
-from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular
+from .untrusted import as_rgb, check_image_size, check_label_array, decode_image, image_limit, open_regular
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -52,11 +52,15 @@ __all__ = [
 
 
 def load_rgb(
-    path: str, max_image_mb: float | None = None, draft: Callable[[Image.Image], Image.Image] | None = None
+    path: str,
+    max_image_mb: float | None = None,
+    draft: Callable[[Image.Image], Image.Image] | None = None,
+    follow_links: bool = True,
 ) -> Image.Image:
     """An image file as RGB: a regular file of at most ``max_image_mb``; one that cannot be decoded
-    raises a DataError naming it. ``draft``: decodes the opened file itself (:class:`DraftCrop`)."""
-    with open_regular(path) as f:
+    raises a DataError naming it. ``draft``: decodes the opened file itself (:class:`DraftCrop`). ``follow_links``
+    False: a link at the path's last part is refused (a dataset's reader opens the path it resolved and checked)."""
+    with open_regular(path, follow_links) as f:
         check_image_size(os.fstat(f.fileno()).st_size, image_limit(max_image_mb), f"image {path}")
         return decode_image(f, f"image {path}", draft)
 
@@ -84,7 +88,7 @@ class DraftCrop:
         if enough < 1 and image.format == "JPEG":
             image.draft("RGB", (math.ceil(full_w * enough), math.ceil(full_h * enough)))
         self.last_scale = image.size[0] / full_w
-        rgb = image.convert("RGB")
+        rgb = as_rgb(image)  # as the plain path decodes: a 16-bit image scaled, not clipped at 255
         if rgb.size == (full_w, full_h):
             return F.resized_crop(rgb, i, j, h, w, [out_h, out_w], interpolation)
         fx, fy = rgb.size[0] / full_w, rgb.size[1] / full_h
@@ -188,9 +192,9 @@ def read_folder(data: DataConfig, aug: AugConfig, request: SplitRequest) -> Inde
     if data.num_classes is not None and len(classes) != data.num_classes:
         raise DataError(f"{folder} has {len(classes)} class folders but data.num_classes={data.num_classes}")
     draft, transform = build_decoding(data, aug, request.train)
-    loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft)
+    loader = functools.partial(load_rgb, max_image_mb=data.max_image_mb, draft=draft, follow_links=False)
     index = folder_index(folder, classes, root, request.index_dir)
-    return IndexedImageFolder(folder, classes, index, transform, loader)
+    return IndexedImageFolder(folder, classes, index, transform, loader, inside=root)
 
 
 class IndexedImageFolder(Dataset):
@@ -205,8 +209,12 @@ class IndexedImageFolder(Dataset):
         index: SampleIndex,
         transform: Callable[[Image.Image], Any] | None = None,
         loader: Callable[[str], Any] = load_rgb,
+        inside: str | None = None,
     ) -> None:
         self.root, self.classes, self.index, self.transform, self.loader = root, classes, index, transform, loader
+        # Where every image must resolve (data.root; default the split): an index kept in a run folder is read
+        # again by each run, and one altered there could name a link out of it. The listing's own rule, per read.
+        self.inside = os.path.realpath(inside if inside is not None else root)
         self.class_to_idx = {name: label for label, name in enumerate(classes)}
         check_label_array(index.labels, len(classes), root, lambda i: f"{root}: sample {i} of its index")
         escaping = escaping_name(index)
@@ -238,7 +246,14 @@ class IndexedImageFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         label = int(self.index.labels[index])
-        image = self.loader(self._path(label, os.fsdecode(self.index.name(index))))
+        path = self._path(label, os.fsdecode(self.index.name(index)))
+        real = os.path.realpath(path)
+        if not is_within(real, self.inside):
+            raise DataError(
+                f"{path} leads out of {self.inside} (to {real}): only files inside data.root are read (an altered "
+                "index, or a link changed since the listing)"
+            )
+        image = self.loader(real)
         return (self.transform(image) if self.transform is not None else image), label
 
 

@@ -108,17 +108,30 @@ def _line_of(path: str, sample: int) -> str:
 
 
 def _stamp(path: str) -> list[Any]:
+    """The file's identity and times: its inode change time too, which a rewrite moves and no one can set back
+    (a rewrite with the same size and modification time kept the old index)."""
     info = os.stat(path)
-    return [os.path.realpath(path), info.st_size, info.st_mtime_ns]
+    return [os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
 def zip_index(zip_path: str, map_path: str, index_dir: str | None) -> SampleIndex:
     """The image list of ``map_path`` joined to the directory of ``zip_path``, as a
-    :class:`~cat.data.index.SampleIndex` shared through ``index_dir``, keyed by both files' sizes and times."""
+    :class:`~cat.data.index.SampleIndex` shared through ``index_dir``, keyed by both files' identities and times.
+    The list is read each time (a second or so for ImageNet's) and a kept index whose names or labels are not the
+    list's is rebuilt: one altered in a run folder, its checksum recomputed, does not train on other labels."""
     key = {"zip": _stamp(zip_path), "map": _stamp(map_path)}
+    members, labels = _read_map(map_path)
+    offsets, names = pack_names(members)
+
+    def not_the_list(index: SampleIndex) -> str | None:
+        same = (
+            np.array_equal(index.labels, labels)
+            and np.array_equal(index.arrays["name_offsets"], offsets)
+            and np.array_equal(index.arrays["names"], names)
+        )
+        return None if same else f"its names or labels are not those of {map_path}"
 
     def build() -> SampleIndex:
-        members, labels = _read_map(map_path)
         try:
             with open_regular(zip_path) as f:
                 directory = read_directory(f)
@@ -129,11 +142,10 @@ def zip_index(zip_path: str, map_path: str, index_dir: str | None) -> SampleInde
         if (missing := np.flatnonzero(picked < 0)).size:
             member = members[missing[0]].decode("utf-8")
             raise DataError(f"{zip_path} has no member {member!r}, which its image list names")
-        offsets, names = pack_names(members)
         arrays = {field: values[picked] for field, values in directory.arrays.items()}
         return SampleIndex("zip", key, {}, {"labels": labels, "name_offsets": offsets, "names": names, **arrays})
 
-    return shared_index(index_dir, "zip", zip_path, key, build)
+    return shared_index(index_dir, "zip", zip_path, key, build, not_the_list)
 
 
 class ZipImageDataset(Dataset):

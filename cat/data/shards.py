@@ -250,6 +250,10 @@ class ShardStream(IterableDataset):
             if stray is not None:
                 raise DataError(f"{stray} is not in {root}/{MANIFEST}: a stray shard, or the manifest is stale")
             for shard, name in zip(self.shards, names, strict=True):
+                if "images" not in entries[name]:  # the count each shard's reader plans its epoch by
+                    raise DataError(
+                        f"{root}/{MANIFEST}: files[{name!r}] has no 'images' count; re-run tools/pack_dataset.py"
+                    )
                 check_against_manifest(shard, manifest)
                 _check_fits(shard, entries[name])
             self.counts = [entries[n]["images"] for n in names]

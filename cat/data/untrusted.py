@@ -9,6 +9,7 @@ checked to be ``0 ... K-1``. Shards written class by class are detected from the
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import logging
@@ -33,6 +34,7 @@ __all__ = [
     "image_limit",
     "check_image_size",
     "decode_image",
+    "as_rgb",
     "parse_label",
     "check_labels",
     "check_label_array",
@@ -64,12 +66,16 @@ def require_regular(path: str) -> os.stat_result:
     return info
 
 
-def open_regular(path: str) -> BinaryIO:
+def open_regular(path: str, follow_links: bool = True) -> BinaryIO:
     """``path`` opened for reading, if it is a regular file. Opened non-blocking and checked on the open
-    descriptor, so a FIFO swapped in after a check cannot block; the file then reads as usual."""
+    descriptor, so a FIFO swapped in after a check cannot block; the file then reads as usual. ``follow_links``
+    False: a symbolic link at the last part of ``path`` is refused (``O_NOFOLLOW``), not followed."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as error:
+        if error.errno == errno.ELOOP and not follow_links:
+            raise DataError(f"{path} is a symbolic link where a file was read: refused, not followed") from None
         raise DataError(f"cannot read {path} ({error.strerror})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -100,7 +106,7 @@ def decode_image(data: bytes | BinaryIO, name: str, read: Callable[[Image.Image]
     (:class:`~cat.data.images.DraftCrop`), or read its header alone."""
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-            return read(image) if read is not None else _as_rgb(image)
+            return read(image) if read is not None else as_rgb(image)
     except Image.UnidentifiedImageError:  # its own text names a file object, not the file
         reason = "not an image PIL can identify"
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
@@ -112,7 +118,7 @@ def decode_image(data: bytes | BinaryIO, name: str, read: Callable[[Image.Image]
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
-def _as_rgb(image: Image.Image) -> Image.Image:
+def as_rgb(image: Image.Image) -> Image.Image:
     """``image`` as 8-bit RGB, a 16-bit greyscale one scaled by its real range (200/65535 is black, not 200/255)."""
     if image.mode in _SIXTEEN_BIT:
         image = Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")

@@ -41,6 +41,11 @@ class TimmBackbone(BaseModule):
             None: a share of the device's free memory).
         grad_checkpointing: recompute each block's activations in the backward (timm's
             ``set_grad_checkpointing``): less memory, slower steps.
+        init_cfg: mmengine's; OpenMMLab's usual ``dict(type='Pretrained', checkpoint=...)`` without a ``prefix``
+            (an ImageNet checkpoint of the classification model) is read as ``pretrained``: mmengine would load it
+            into this wrapper, whose keys sit under ``model.``, and match nothing. With a ``prefix`` (the backbone
+            of a detector's or segmentor's checkpoint, ``prefix='backbone.'``) the keys are this module's own, and
+            mmengine loads it as it does for any backbone.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class TimmBackbone(BaseModule):
         grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:
+        init_cfg, pretrained = _pretrained_from_init_cfg(init_cfg, pretrained)
         super().__init__(init_cfg=init_cfg)
         # A timm model: its feature API (feature_info, forward_intermediates, pruning) is timm's, not nn.Module's.
         model: Any = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
@@ -85,6 +91,24 @@ class TimmBackbone(BaseModule):
                 for norm, f in zip(self.norms, feats, strict=True)
             ]
         return tuple(feats)
+
+
+def _pretrained_from_init_cfg(init_cfg: Any, pretrained: str | None) -> tuple[Any, str | None]:
+    """``(init_cfg, pretrained)`` with a prefix-less ``Pretrained`` entry of ``init_cfg`` moved to ``pretrained``."""
+    entries = init_cfg if isinstance(init_cfg, list) else [init_cfg] if init_cfg is not None else []
+    moved = [e for e in entries if isinstance(e, dict) and e.get("type") == "Pretrained" and not e.get("prefix")]
+    if not moved:
+        return init_cfg, pretrained
+    if len(moved) > 1 or pretrained is not None:
+        raise ValueError(
+            "TimmBackbone: give the ImageNet checkpoint once, as pretrained=... or as init_cfg=dict(type='Pretrained', "
+            f"checkpoint=...), not both (got pretrained={pretrained!r} and {len(moved)} init_cfg Pretrained entries)"
+        )
+    checkpoint = moved[0].get("checkpoint")
+    if not isinstance(checkpoint, str) or not checkpoint:
+        raise ValueError(f"TimmBackbone: init_cfg {moved[0]!r} names no checkpoint file")
+    rest = [e for e in entries if e is not moved[0]]
+    return (rest if isinstance(init_cfg, list) else None) or None, checkpoint
 
 
 def check_pretrained(model: nn.Module) -> None:

@@ -19,6 +19,14 @@ BASE_PACKAGES = ("mmdet", "mmseg")  # the packages whose shipped configs a base 
 def base_config_path(spec: str) -> Path:
     """The file ``model.base=spec`` names; a ConfigError (one line) where it names another package, leads out of
     the package's config tree, or is no file."""
+    try:
+        return _base_config_path(spec)
+    except OSError as error:  # a name over the filesystem's limit, a folder that cannot be read on the way
+        shown = spec if len(spec) <= 120 else f"{spec[:60]}...{spec[-40:]} ({len(spec)} characters)"
+        raise ConfigError(f"model.base={shown}: cannot be looked up ({error.strerror})") from None
+
+
+def _base_config_path(spec: str) -> Path:
     package, sep, relative = spec.partition("::")
     if not sep:
         if not os.path.isfile(spec):

@@ -124,18 +124,39 @@ def backbone_cfg(model: MMModelConfig, strict_pretrained: bool = False) -> tuple
 
 
 def _head_strides(model: ConfigDict) -> tuple[str, list[int]] | None:
-    """The strides the heads are built for, and the key that holds them: a detector's RoI extractors, or
-    SemanticFPN's head (UperNet names none)."""
-    if model.get("roi_head") is not None:
-        return "roi_head.bbox_roi_extractor.featmap_strides", list(model.roi_head.bbox_roi_extractor.featmap_strides)
-    strides = model.decode_head.get("feature_strides")
+    """The strides the heads are built for, and the key that holds them: a two-stage detector's RoI extractors, or
+    SemanticFPN's head. None where the config names none for the backbone's levels: UperNet, and single-stage
+    detectors (RetinaNet, FCOS), whose head strides cover the neck's extra levels too."""
+    extractor = (model.get("roi_head") or {}).get("bbox_roi_extractor") or {}
+    if (strides := extractor.get("featmap_strides")) is not None:
+        return "roi_head.bbox_roi_extractor.featmap_strides", list(strides)
+    strides = (model.get("decode_head") or {}).get("feature_strides")
     return None if strides is None else ("decode_head.feature_strides", list(strides))
+
+
+def _has_section(config: ConfigDict, dotted: str) -> bool:
+    """Whether ``config`` holds a section (a mapping) at the ``dotted`` path ('' is ``config`` itself)."""
+    node: Any = config
+    for name in filter(None, dotted.split(".")):
+        if not isinstance(node, dict) or not isinstance(node.get(name), dict):
+            return False
+        node = node[name]
+    return True
 
 
 def backbone_problems(model: MMModelConfig) -> list[str]:
     """``model.backbone.out_indices`` name feature levels the backbone has, at the strides the heads are built
     for: mmdet and mmseg take the strides from their config, not from the maps, so maps at other strides (a
     timm ResNet's levels 0-3 are strides 2-16) train without an error and detect nothing."""
+    base = load_base_config(model.base).model
+    missing = [key for key in model.overrides or {} if not _has_section(base, key.rpartition(".")[0])]
+    if missing:  # merged in, they would make sections without a 'type' (a KeyError in the model's build)
+        sections = sorted({f"model.{key.rpartition('.')[0]}" for key in missing})
+        return [
+            f"model.overrides {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}: {model.base} has no "
+            f"{', '.join(sections)} (overrides for another architecture, e.g. an experiment preset's: leave the "
+            "preset out with '~experiment', or give model.overrides for this base)"
+        ]
     name, out_indices = model.backbone.name, list(model.backbone.out_indices)
     features = backbone_features(name, **_backbone_kwargs(model))
     strides = [level["reduction"] for level in features]

@@ -7,14 +7,14 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
 from hydra.conf import SweepDir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -105,19 +105,25 @@ def _leaves_folder(name: str) -> bool:
 MAX_SWEEP_CELLS = 10_000
 
 
-def command_line_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[str]:
+def command_line_problems(args: Sequence[str], unnamed: Sequence[str], groups: Collection[str] = ()) -> list[str]:
     """What forbids a multirun's command line before Hydra expands it, one line each: a range that never ends (a
     step of 0, a bound at infinity), more than :data:`MAX_SWEEP_CELLS` cells, a key left out of cell names
     (``unnamed``) given several values, whose cells would share a folder, and a value that names cells with a
     ``..`` part or control characters, which would put a cell's folder outside the sweep's (:func:`cell_dir`).
     For any run, a ``hydra.run.dir`` or ``hydra.sweep.dir`` that cannot be written (Hydra makes it before the run
-    starts). What Hydra cannot parse is left to Hydra's own refusal."""
+    starts), and a config group (``groups``) set to null, which Hydra refuses with a traceback. What Hydra cannot
+    parse is left to Hydra's own refusal."""
     try:
         overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
     except HydraException:
         return []
     problems, cells, multirun = [], 1, bool({"-m", "--multirun"} & set(args))
     for override in overrides:
+        if override.key_or_group in groups and not override.is_delete() and override.value() is None:
+            problems.append(
+                f"{override.input_line}: {override.key_or_group} is a config group, whose value names one of its "
+                f"options; to run without the group's default, leave it out with '~{override.key_or_group}'"
+            )
         # Where a sweep and its cells go, checked before Hydra makes a folder: under outputs/<task>/sweeps/.
         if override.key_or_group in ("sweep_name", "hydra.sweep.subdir"):
             named = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
@@ -135,6 +141,12 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str]) -> list[s
             continue
         values = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
         sweep = override.value() if override.is_sweep_override() else None
+        if isinstance(sweep, IntervalSweep):  # Hydra's basic sweeper, cat's, stops on it with a traceback
+            problems.append(
+                f"{override.input_line}: interval() is a search space for optimizing sweepers (Optuna, Ax), which "
+                "cat's sweeps do not use; give the values (a,b,c) or a range(start,stop,step)"
+            )
+            continue
         if isinstance(sweep, RangeSweep):
             start, stop, step = sweep.start, sweep.stop, sweep.step
             if start is None or stop is None or step == 0 or not all(math.isfinite(b) for b in (start, stop, step)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import time
@@ -58,6 +59,19 @@ def _users_full_error() -> Iterator[None]:
                 os.environ[name] = value
 
 
+def config_groups(config_dir: str) -> set[str]:
+    """The config groups a trainer's command line can choose from: its config folder's subfolders and those of
+    cat's shared configs (``pkg://cat.configs``)."""
+    shared = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    return {
+        entry.name
+        for folder in (config_dir, shared)
+        if os.path.isdir(folder)
+        for entry in os.scandir(folder)
+        if entry.is_dir() and not entry.name.startswith(("_", "."))
+    }
+
+
 def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """``hydra.main`` on ``<config_path>/config.yaml`` for a trainer whose keys ``schema/<schema>``
     declares, with :func:`report_user_errors`. Hydra's own refusals of the command line (a key the
@@ -79,7 +93,8 @@ def hydra_entry(config_path: str, schema: str) -> Callable[[Callable[[DictConfig
 
         @functools.wraps(task)
         def entry() -> None:
-            if problems := command_line_problems(sys.argv[1:], unnamed_keys(schema_of(schema))):
+            groups = config_groups(os.path.join(os.path.dirname(inspect.getfile(task)), config_path))
+            if problems := command_line_problems(sys.argv[1:], unnamed_keys(schema_of(schema)), groups):
                 for problem in problems:
                     print(f"error: {problem}", file=sys.stderr, flush=True)
                 raise SystemExit(2)
@@ -117,6 +132,12 @@ def _command_line_problem(error: ConfigCompositionException | OverrideParseExcep
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
         parent = cause.full_key.rpartition(".")[0]
         known = section_keys(schema, parent)
+        name = cause.full_key.rpartition(".")[2]
+        if known and name in known:  # a key of the schema the chosen option leaves out (data=synthetic: no mean)
+            return (
+                f"{cause.full_key}: the {parent} option chosen does not set it (its config has no such key: other "
+                f"{parent} options use it); to set it anyway: ++{cause.full_key}=..."
+            )
         if known:
             return unknown_key_problem(cause.full_key, known)
         if known is None:  # a free-form mapping (model.kwargs) takes new entries with '+', as Hydra says

@@ -91,11 +91,24 @@ def relaunch_of(record: dict[str, Any], now: dict[str, Any]) -> bool:
     )
 
 
+class _NotJSON(ValueError):
+    """A record's text that is no JSON value (``text``: the text read)."""
+
+    def __init__(self, path: str, text: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.text = text
+
+
 def _json_head(path: str) -> tuple[str, Any]:
-    """The first 4 KiB of a small JSON record cat keeps in a run folder, and its value (ValueError if it is none;
-    OutputError if a link, FIFO or folder stands at its name)."""
+    """The first 4 KiB of a small JSON record cat keeps in a run folder, and its value (_NotJSON, a ValueError, if it
+    is none, nesting too deep for the parser included; OutputError if a link, FIFO or folder stands at its name)."""
     text = read_owned(path, 4096).decode("utf-8", errors="replace")
-    return text, json.loads(text)
+    try:
+        return text, json.loads(text)
+    except ValueError as error:
+        raise _NotJSON(path, text, str(error)) from None
+    except RecursionError:  # '[[[[...': no record of cat's nests deeper than two
+        raise _NotJSON(path, text, "nested too deeply to be a record of cat's") from None
 
 
 # What a run made before markers existed leaves beside its config.yaml: a log, metrics, a checkpoint.
@@ -124,17 +137,23 @@ def _marked(folder: str) -> bool:
     return True
 
 
-def _made_before_markers(folder: str) -> bool:
+def _made_before_markers(folder: str, within_mode_folder: bool = False) -> bool:
     """Whether ``folder`` is a run folder from before markers: a ``config.yaml`` with a cat job's keys beside what
-    such a run leaves, or a folder holding nothing but runs of other modes (an ``eval/``)."""
+    such a run leaves, or a folder holding nothing but runs of other modes (an ``eval/``), which hold no further
+    mode folders of their own (``eval/eval/...`` 400 deep ran out of stack)."""
     config = os.path.join(folder, "config.yaml")
     with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, OutputError):
         if os.path.isfile(config) and any(os.path.lexists(os.path.join(folder, n)) for n in _EARLIER_RUN_FILES):
             recorded = yaml.safe_load(read_owned(config, 1 << 20).decode("utf-8"))
             return isinstance(recorded, dict) and recorded.keys() >= _JOB_KEYS
+    if within_mode_folder:
+        return False
     entries = os.listdir(folder)
     return bool(entries) and all(
-        name in _MODE_FOLDERS and is_run_folder(os.path.join(folder, name)) for name in entries
+        name in _MODE_FOLDERS
+        and os.path.isdir(path := os.path.join(folder, name))
+        and (_marked(path) or _made_before_markers(path, within_mode_folder=True))
+        for name in entries
     )
 
 
@@ -184,7 +203,12 @@ def output_dir_problems(output_dir: str, data_roots: Iterable[str | None] = (), 
         return [
             "output_dir is empty (an unset shell variable?): give the run a folder, e.g. output_dir=outputs/cls/my_run"
         ]
-    real = os.path.realpath(output_dir)
+    try:  # realpath reads each link on the way: /proc/1/cwd is one that only its owner may read
+        real = os.path.realpath(output_dir)
+        roots = [(root, os.path.realpath(root)) for root in filter(None, data_roots)]
+    except OSError as error:
+        where = f"{error.strerror}: {error.filename}"
+        return [f"output_dir={output_dir} or a data path: cannot follow a link on its path ({where})"]
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
     for place, what in (
         (os.path.realpath(os.path.expanduser("~")), "your home folder"),
@@ -196,10 +220,10 @@ def output_dir_problems(output_dir: str, data_roots: Iterable[str | None] = (), 
             return [
                 f"output_dir={output_dir} {held} {what} ({place}), not a run's folder: give the run a folder of its own"
             ]
-    for root in filter(None, data_roots):
-        if _is_within(real, os.path.realpath(root)):
+    for root, real_root in roots:
+        if _is_within(real, real_root):
             return [f"output_dir={output_dir} is inside data.root={root}: a run never writes into its dataset"]
-        if _is_within(os.path.realpath(root), real):
+        if _is_within(real_root, real):
             return [
                 f"data.root={root} is inside output_dir={output_dir}: a run folder holds what runs write, which "
                 "resume=false moves aside; keep the dataset outside it"
@@ -391,8 +415,12 @@ class RunDirLock:
             )
         try:
             text, holder = _json_head(self.path)
-        except (OSError, ValueError):
+        except OSError:
             return None
+        except _NotJSON as error:
+            if error.text.lstrip()[:1] in ("", "{"):  # cat's record, not yet all written
+                return None
+            text, holder = error.text, None
         pid = holder.get("pid") if isinstance(holder, dict) else None
         if not (type(pid) is int and 0 < pid < 2**31 and isinstance(holder.get("host"), str)):
             raise RunDirLockedError(

@@ -19,8 +19,9 @@
 # It ends only what it started. Each daemon it starts is recorded in $CAT_SLURM_DIR/started (name, PID and the
 # kernel's start time of that PID), and only a process that still matches all three is ended, with its job steps;
 # munged only if it started munged; a site's own Slurm or munge is left running. The namespaces and the bridge it
-# creates are recorded in $CAT_SLURM_DIR/namespaces and .../bridge, and only those are deleted (`stop`) or failed
-# (`fail NODE`): a namespace of the same name made by anyone else is left as it is. Every setting from the
+# creates are recorded in $CAT_SLURM_DIR/namespaces and .../bridge with their identities (a namespace's inode, the
+# bridge's interface index), and only those are deleted (`stop`) or failed (`fail NODE`): a namespace or bridge of
+# the same name made by anyone else, even after ours was gone, is left as it is. Every setting from the
 # environment is checked before it is used (digits only, bounded), so none reaches the shell's arithmetic.
 # `stop` returns once they are gone (or names the one it could not end); `start` gives up after
 # $CAT_SLURM_START_S seconds (default 120) with the daemon or node that did not come up and its log's end.
@@ -66,10 +67,12 @@ CAT_SLURM_DIR a new folder"
     fi
 }
 
-# The kernel's start time of PID (field 22 of /proc/PID/stat, after the command's parentheses).
-start_time() { awk '{sub(/^.*\) /, ""); print $20}' "/proc/$1/stat" 2>/dev/null; }
+# The kernel's start time of PID (field 22 of /proc/PID/stat, after the command's parentheses), empty once it has
+# exited: a killed daemon stays in the process table as a zombie (state Z, or X) until it is reaped, which on a loaded
+# machine can take a while, and must not count as running.
+start_time() { awk '{sub(/^.*\) /, ""); if ($1 != "Z" && $1 != "X") print $20}' "/proc/$1/stat" 2>/dev/null; }
 # A recorded daemon ("KEY COMMAND PID START") that still lives as recorded: the same command at the same start.
-alive_as_recorded() { [ "$(ps -o comm= -p "$3" 2>/dev/null)" = "$2" ] && [ "$(start_time "$3")" = "$4" ]; }
+alive_as_recorded() { [ "$(ps -o comm= -p "$3" 2>/dev/null)" = "$2" ] && [ -n "$4" ] && [ "$(start_time "$3")" = "$4" ]; }
 # The PID of the daemon this script started as KEY (slurmctld, slurmd, slurmd-cat-n2, munged), if it still lives.
 our_pid() {
     local key command pid started
@@ -96,28 +99,42 @@ with_descendants() {
     for child in $(pgrep -P "$pid" 2>/dev/null || true); do with_descendants "$child"; done
 }
 # Once the daemon's PID file names a live NAME (daemons write it after they fork), record it as started here
-# under KEY (default NAME), with the kernel's start time of its PID; or fail with its log's end.
+# under KEY (default NAME), with the kernel's start time of its PID; or fail with its log's end. Bounded by the
+# start's deadline, not a count of tries: on a loaded machine a daemon can take seconds to write its PID file.
 wait_for_pid() {
-    local file=$1 name=$2 log=$3 key=${4:-$2} pid
-    for _ in $(seq 50); do
+    local file=$1 name=$2 log=$3 key=${4:-$2} pid started deadline=$((SECONDS + START_S))
+    while [ "$SECONDS" -lt "$deadline" ]; do
         pid=$(cat "$file" 2>/dev/null || true)
         if [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$name" ]; then
-            echo "$key $name $pid $(start_time "$pid")" >> "$STATE/started"
-            return 0
+            started=$(start_time "$pid")
+            if [ -n "$started" ]; then echo "$key $name $pid $started" >> "$STATE/started"; return 0; fi
         fi
         sleep 0.2
     done
-    die "$name did not start (no live process in $file); the end of $log: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+    die "$name did not start in ${START_S} s (no live process in $file); the end of $log: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
 }
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs as root)"
 
-# The namespaces this script created (recorded as it made them), those that still exist.
+# A namespace's identity: the inode of the network namespace its name is bound to (a namespace deleted and made
+# again by someone else under the same name has another).
+netns_id() { stat -L -c %i "/var/run/netns/$1" 2>/dev/null; }
+# The bridge's identity: its interface index (a bridge re-made under the same name has another).
+bridge_id() { cat "/sys/class/net/$BRIDGE/ifindex" 2>/dev/null; }
+# The namespaces this script created (recorded as "NAME INODE" as it made them), those that still exist as made.
+# Its readers grep without -q: under pipefail, grep -q ending the pipe early kills the writer (SIGPIPE) and the test
+# fails at random (seen once the lines took a stat each).
 node_names() {
-    local name
+    local name id
     [ -f "$STATE/namespaces" ] || return 0
-    while read -r name; do
-        [[ "$name" =~ ^cat-n[0-9]+$ ]] && [ -e "/var/run/netns/$name" ] && echo "$name"
+    while read -r name id; do
+        [[ "$name" =~ ^cat-n[0-9]+$ ]] && [ -n "$id" ] && [ "$(netns_id "$name")" = "$id" ] && echo "$name"
     done < "$STATE/namespaces"
+}
+# Whether the bridge that exists is the one this script made (recorded as "NAME IFINDEX").
+our_bridge() {
+    local name id
+    [ -f "$STATE/bridge" ] && read -r name id < "$STATE/bridge" && [ "$name" = "$BRIDGE" ] && [ -n "$id" ] \
+        && [ "$(bridge_id)" = "$id" ]
 }
 
 install_packages() {
@@ -145,6 +162,7 @@ start_munge() {
 
 start_slurmctld() {
     our_pid slurmctld >/dev/null && return 0
+    rm -f "$STATE/slurmctld.pid"
     slurmctld || die "slurmctld exited with status $?: see $STATE/slurmctld.log"
     wait_for_pid "$STATE/slurmctld.pid" slurmctld "$STATE/slurmctld.log"
 }
@@ -153,20 +171,20 @@ start_slurmctld() {
 start_network() {
     local nodes=$1 i name
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-        if ip route show | grep -q "^$NET\.0/24"; then die "$NET.0/24 is already routed on this machine; set CAT_SLURM_NET"; fi
+        if ip route show | grep "^$NET\.0/24" >/dev/null; then die "$NET.0/24 is already routed on this machine; set CAT_SLURM_NET"; fi
         ip link add "$BRIDGE" type bridge
-        echo "$BRIDGE" > "$STATE/bridge"
+        echo "$BRIDGE $(bridge_id)" > "$STATE/bridge"
         ip addr add "$NET.1/24" dev "$BRIDGE"
         ip link set "$BRIDGE" up
-    elif [ ! -f "$STATE/bridge" ]; then
+    elif ! our_bridge; then
         die "a bridge $BRIDGE exists that this cluster did not make; remove it, or stop the cluster that made it"
     fi
     for i in $(seq "$nodes"); do
         name=cat-n$i
         if [ -e "/var/run/netns/$name" ]; then
-            node_names | grep -qx "$name" || die "a network namespace $name exists that this cluster did not make; remove it first"
+            node_names | grep -x "$name" >/dev/null || die "a network namespace $name exists that this cluster did not make; remove it first"
         else
-            ip netns add "$name" && echo "$name" >> "$STATE/namespaces"
+            ip netns add "$name" && echo "$name $(netns_id "$name")" >> "$STATE/namespaces"
         fi
         if ! ip link show "$name-h" >/dev/null 2>&1; then
             ip -n "$name" link del eth0 2>/dev/null || true
@@ -251,31 +269,55 @@ start_node() {
     local name=$1
     if our_pid slurmd-"$name" >/dev/null; then return; fi
     mkdir -p "$STATE/spool/$name"
+    rm -f "$STATE/slurmd-$name.pid"  # a lost slurmd's: its PID must not be taken for the new one's
     ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd" \
         || die "slurmd of $name did not start: it exited with status $? (see $STATE/slurmd-$name.log)"
     wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log" "slurmd-$name"
 }
 
-# Within the start's deadline: every node up, each daemon of ours still alive; else which, and why.
+# Within the start's deadline: each node (NAME:KEY, KEY its slurmd's record) answering and usable in Slurm, as
+# registered by the slurmd running now, not an earlier one the controller has not yet missed (a `start` just after
+# `fail` would otherwise see the lost node still "idle"); each daemon of ours alive throughout; else which, and why.
 wait_for_nodes() {
-    local names=("$@") deadline=$((SECONDS + START_S)) name
+    local deadline=$((SECONDS + START_S)) node name key pid since registered states waiting
     while [ "$SECONDS" -lt "$deadline" ]; do
         our_pid slurmctld >/dev/null \
             || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
-        if [ "$(timeout 10 sinfo -h -N -n "$(IFS=,; echo "${names[*]}")" -o '%t' 2>/dev/null | grep -cE '^(idle|mix|alloc)')" = "${#names[@]}" ]; then
-            return 0
-        fi
-        for name in "${names[@]}"; do timeout 10 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; done
+        states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)
+        waiting=()
+        for node in "$@"; do
+            name=${node%%:*} key=${node#*:}
+            pid=$(our_pid "$key") || die "slurmd of $name died while the nodes came up; the end of $(node_log "$name"): \
+$(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
+            since=$(date -d "$(ps -o lstart= -p "$pid")" +%s)
+            registered=$(timeout 10 scontrol show node -o "$name" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+            if ! grep -qE "^$name (idle|mix|alloc)\$" <<< "$states" || [ "$(date -d "$registered" +%s 2>/dev/null || echo 0)" -lt "$since" ]; then
+                waiting+=("$name")
+                timeout 10 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
+            fi
+        done
+        [ "${#waiting[@]}" -gt 0 ] || return 0
         sleep 1
     done
-    die "nodes ${names[*]} did not come up in ${START_S} s ($(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | tr '\n' ',' || echo 'sinfo did not answer')); see $STATE/slurmctld.log and $STATE/slurmd*.log"
+    die "nodes ${waiting[*]} did not come up in ${START_S} s (${states//$'\n'/, }; sinfo: $(timeout 10 sinfo -h -R -o '%N: %E' 2>/dev/null | tr '\n' ' ')); the end of \
+$(node_log "${waiting[0]}"): $(tail -n 3 "$(node_log "${waiting[0]}")" 2>/dev/null | tr '\n' ' ')"
 }
+# A node's slurmd log.
+node_log() { if [ "$1" = "$HOST" ]; then echo "$STATE/slurmd.log"; else echo "$STATE/slurmd-$1.log"; fi; }
 
-# Everything in a node's namespace, killed at once (slurmd, job steps, trainers): a node that is gone.
+# Everything in a node's namespace, killed at once (slurmd, job steps, trainers): a node that is gone. Returns once
+# they have exited (zombies aside, which are gone for every purpose here), so a `start` right after cannot mistake
+# the dying slurmd for a running one; names what is left after 30 s.
 kill_node() {
-    local name=$1 pids
-    pids=$(ip netns pids "$name" 2>/dev/null || true)
-    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+    local name=$1 pids pid left
+    for _ in $(seq 150); do
+        pids=$(ip netns pids "$name" 2>/dev/null || true)
+        left=$(for pid in $pids; do [ -n "$(start_time "$pid")" ] && echo "$pid"; done || true)
+        [ -n "$left" ] || return 0
+        kill -9 $left 2>/dev/null || true
+        sleep 0.2
+    done
+    die "could not end $(for pid in $left; do echo -n "$pid ($(ps -o comm= -p "$pid" 2>/dev/null)) "; done)in node $name in 30 s"
 }
 
 # Ours only: the namespaces' processes, then each daemon of ours with its job steps; returns when they are gone.
@@ -299,7 +341,7 @@ stop_all() {
         ip netns del "$name"
         rm -rf "/etc/netns/$name"
     done
-    if [ -f "$STATE/bridge" ]; then ip link del "$BRIDGE" 2>/dev/null || true; fi
+    if our_bridge; then ip link del "$BRIDGE" 2>/dev/null || true; fi
     rmdir /etc/netns 2>/dev/null || true
     # What this script and its daemons write there, by name; the folder goes only if nothing else is left in it.
     rm -rf "$STATE/ctld" "$STATE/spool" "$STATE/started" "$STATE/namespaces" "$STATE/bridge" "$STATE/jobcomp.txt"
@@ -333,23 +375,24 @@ start)
         write_config 1
         start_slurmctld
         if ! our_pid slurmd >/dev/null; then
+            rm -f "$STATE/slurmd.pid"
             slurmd || die "slurmd did not start: it exited with status $? (see $STATE/slurmd.log)"
             wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"
         fi
-        wait_for_nodes "$HOST"
+        wait_for_nodes "$HOST:slurmd"
     else
         start_network "$nodes"
         write_config "$nodes"
         start_slurmctld
         names=()
-        for i in $(seq "$nodes"); do start_node "cat-n$i"; names+=("cat-n$i"); done
+        for i in $(seq "$nodes"); do start_node "cat-n$i"; names+=("cat-n$i:slurmd-cat-n$i"); done
         wait_for_nodes "${names[@]}"
     fi
     timeout 10 sinfo
     ;;
 fail)
     name=${1:?usage: local_cluster.sh fail NODE}
-    node_names | grep -qx -- "$name" || die "no node $name of this cluster (its nodes: $(node_names | tr '\n' ' '))"
+    node_names | grep -x -- "$name" >/dev/null || die "no node $name of this cluster (its nodes: $(node_names | tr '\n' ' '))"
     ip -n "$name" link set eth0 down  # first the network, so nothing it held says goodbye
     kill_node "$name"
     echo "node $name lost"

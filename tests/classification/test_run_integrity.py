@@ -21,6 +21,7 @@ from tests import prewarmed
 from tests.classification.test_train_cls import env_single_thread, final_weights, run_train, train_cmd, train_proc
 from tests.conftest import REPO
 from tests.entry_cases import run_entry_cases
+from tests.subprocess_output import output_tail
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -238,7 +239,7 @@ def test_corrupt_image_is_named(tmp_path):
 
 def test_batch_log_is_plain_and_numbered_like_the_epochs(tmp_path):
     proc = train_proc(tmp_path, "epochs=2", "batch_size=8", "log_interval=4", timeout=300)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, output_tail(proc)
     output = proc.stdout + proc.stderr
     assert "\r" not in output
     assert "epoch 1/2 step 4/8  loss" in output and "epoch 2/2 step 8/8  loss" in output

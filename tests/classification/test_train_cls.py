@@ -360,7 +360,8 @@ def test_sigterm_with_accumulation_resumes_identically(tmp_path, uninterrupted_a
     pins that down), so the resumed run is the uninterrupted one, bit for bit."""
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, *ACCUMULATED)
-    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    output = proc.stdout.read()
+    assert proc.returncode == 0 and "stop requested" in output, output[-3000:]
     state = torch.load(out / "last.pth", map_location="cpu", weights_only=True)
     assert state["step_in_epoch"] > 0
     run_train(out, *RESUME_RUN, *ACCUMULATED)
@@ -421,7 +422,8 @@ def test_zip_trains_as_the_folder_and_resumes_exactly(fmt, image_data, uninterru
     a run from it is the folder's run, bit for bit, also when preempted mid-epoch and resumed."""
     out = tmp_path / fmt
     proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format(fmt, image_data))
-    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    output = proc.stdout.read()
+    assert proc.returncode == 0 and "stop requested" in output, output[-3000:]
     assert torch.load(out / "last.pth", map_location="cpu", weights_only=True)["step_in_epoch"] > 0
     run_train(out, *IMAGE_RUN, *_format(fmt, image_data))
     got = final_weights(out)
@@ -440,7 +442,8 @@ def test_tar_stream_trains_as_the_folder_and_resumes_exactly(image_data, folder_
     assert folder["val/top1"] >= 90 and uninterrupted["val/top1"] == folder["val/top1"], (uninterrupted, folder)
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *IMAGE_RUN, *_format("tar", image_data))
-    assert proc.returncode == 0 and "stop requested" in proc.stdout.read()
+    output = proc.stdout.read()
+    assert proc.returncode == 0 and "stop requested" in output, output[-3000:]
     assert torch.load(out / "last.pth", map_location="cpu", weights_only=True)["step_in_epoch"] > 0
     run_train(out, *IMAGE_RUN, *_format("tar", image_data))
     expected, got = final_weights(tmp_path / "whole"), final_weights(out)

@@ -236,6 +236,13 @@ def test_an_image_count_the_shard_cannot_hold_is_one_line(packed, tmp_path):
         ShardStream(str(tar), "train")
 
 
+def test_a_tar_manifest_entry_without_its_image_count_is_one_line(packed, tmp_path):
+    tar = _copy(packed["tar"], tmp_path)
+    _edit_manifest(tar, lambda m: m["files"]["train-000000.tar"].pop("images"))
+    with pytest.raises(DataError, match=r"files\['train-000000\.tar'\] has no 'images' count; re-run"):
+        ShardStream(str(tar), "train")
+
+
 # 5. One image's size is bounded before it is read or inflated.
 def _bomb(size: int) -> bytes:
     return bytes(size)  # zeros: deflate and gzip shrink them ~1000x

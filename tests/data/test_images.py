@@ -108,7 +108,7 @@ def test_uint8_batches_normalised_on_the_device_are_timms_tensors():
     assert build_batch_transform(plain, AUG, torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize(("level", "expected"), [(200, 0), (65535, 255), (32896, 128)])
+@pytest.mark.parametrize(("level", "expected"), [(200, 0), (65535, 255), (32896, 128), (40000, 156)])
 def test_a_sixteen_bit_png_decodes_by_its_real_range(tmp_path, level, expected):
     """A 16-bit greyscale PNG at 200/65535 is black: Pillow's ``convert("RGB")`` clips it to 200/255 instead."""
     from cat.data import load_rgb
@@ -118,3 +118,7 @@ def test_a_sixteen_bit_png_decodes_by_its_real_range(tmp_path, level, expected):
     assert Image.open(path).mode == "I;16"
     rgb = np.asarray(load_rgb(str(path)))
     assert rgb.shape == (4, 6, 3) and (rgb == expected).all()
+    # The draft path (data.decode_draft=true) decodes it alike: it clipped 40000/65535 to 255 where this gives 156.
+    draft, _ = build_decoding(DATA, AUG, is_train=True)
+    cropped = np.asarray(load_rgb(str(path), draft=draft))
+    assert cropped.shape == (224, 224, 3) and (cropped == expected).all()

@@ -246,6 +246,26 @@ def test_an_index_altered_with_its_checksum_fixed_is_still_checked(tmp_path):
     with pytest.raises(DataError, match=r"sample 3 is named b'../../../etc/passwd': an altered index"):
         build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
 
+    # A link planted in a class folder (its time set back: the index's key still holds) to an image outside the
+    # root, named by the forged index: the reader resolves each path and opens it only inside data.root.
+    outside = tmp_path / "outside.png"
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(outside)
+    first = index.labels.tolist().index(0)
+    class_folder = root / "train" / "c000"
+    times = os.stat(class_folder)
+    (class_folder / "evil.png").symlink_to(outside)
+    os.utime(class_folder, ns=(times.st_atime_ns, times.st_mtime_ns))
+    names = [b"evil.png" if i == first else index.name(i) for i in range(len(index))]
+    offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(n) for n in names])
+    forged = type(index)(index.kind, index.key, index.meta, {**index.arrays, "name_offsets": offsets})
+    forged.arrays["names"] = np.frombuffer(b"".join(names), dtype=np.uint8)
+    save_index(forged, path)
+    dataset = build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
+    assert dataset.index.name(first) == b"evil.png"  # the forged index was taken: its key and checksum hold
+    with pytest.raises(DataError, match=r"evil\.png leads out of .* \(to .*outside\.png\): only files inside data"):
+        dataset[first]
+
     zipped = _zip_split(tmp_path / "zip", 50, classes=5)
     ZipImageDataset(str(zipped), "train", index_dir=run)
     path = index_path(run, "zip", str(zipped / "train.zip"))
@@ -296,3 +316,28 @@ def test_an_index_file_truncated_or_rewritten_under_a_run_cannot_kill_it(tmp_pat
     reader.join(60)
     assert reader.exitcode == 0, f"the reader ended with {reader.exitcode} (-7: SIGBUS)"
     assert [dataset.index.name(i) for i in range(0, len(dataset), 499)] == expected
+
+
+def test_a_kept_zip_index_is_checked_against_its_image_list(tmp_path):
+    """The image list rewritten with the same size and modification time (labels moved one class on), and an
+    index whose labels were flipped with its checksum recomputed: each run trains on the list's labels."""
+    from cat.data.index import load_index, save_index
+
+    zipped, run = _zip_split(tmp_path / "zip", 40, classes=4), str(tmp_path / "run")
+    listed = ZipImageDataset(str(zipped), "train", index_dir=run)
+    assert listed.index.labels.tolist() == [i % 4 for i in range(40)]
+    map_path = zipped / "train_map.txt"
+    times = os.stat(map_path)
+    lines = map_path.read_text().splitlines()
+    map_path.write_text("".join(f"{line[:-1]}{(int(line[-1]) + 1) % 4}\n" for line in lines))  # same size
+    os.utime(map_path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert (os.stat(map_path).st_size, os.stat(map_path).st_mtime_ns) == (times.st_size, times.st_mtime_ns)
+    moved = [(i + 1) % 4 for i in range(40)]
+    assert ZipImageDataset(str(zipped), "train", index_dir=run).index.labels.tolist() == moved
+
+    path = index_path(run, "zip", str(zipped / "train.zip"))
+    index = load_index(path, "zip", _header(path)[0]["key"])
+    flipped = (3 - index.labels).astype(index.labels.dtype)
+    save_index(type(index)(index.kind, index.key, index.meta, {**index.arrays, "labels": flipped}), path)
+    assert load_index(path, "zip", _header(path)[0]["key"]).labels.tolist() != moved  # the forgery holds as a file
+    assert ZipImageDataset(str(zipped), "train", index_dir=run).index.labels.tolist() == moved

@@ -18,6 +18,7 @@ import torch
 from tests import prewarmed
 from tests.conftest import OFFICIAL_CA_DEIT, REPO, TINY_CLS, refusal_line, run_folder
 from tests.entry_cases import run_entry_cases
+from tests.subprocess_output import output_tail
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
 
@@ -41,6 +42,14 @@ def _foreign(out: Path) -> list[str]:
     """A folder of the user's, not a run's: refused, nothing in it touched."""
     out.mkdir(parents=True)
     (out / "thesis.tex").write_text("mine")
+    return []
+
+
+def _mode_folders_deep(out: Path) -> list[str]:
+    """eval/eval/... 400 deep, a config.yaml at the bottom: no run's folder (its check ran out of stack)."""
+    deepest = out.joinpath(*["eval"] * 400)
+    deepest.mkdir(parents=True)
+    (deepest / "config.yaml").write_text("x: 1\n")
     return []
 
 
@@ -127,6 +136,15 @@ def _overrides(*overrides: str) -> Callable[[Path], list[str]]:
     return lambda out: list(overrides)
 
 
+def _unreadable_link_output(out: Path) -> list[str]:
+    """output_dir through a link only its owner may read: init's working directory under /proc."""
+    try:
+        os.readlink("/proc/1/cwd")
+    except PermissionError:
+        return ["output_dir=/proc/1/cwd"]
+    pytest.skip("/proc/1/cwd can be read here (init is this user's, or ptrace is allowed)")
+
+
 def _with(setup: Callable[[Path], list[str]], *overrides: str) -> Callable[[Path], list[str]]:
     return lambda out: [*setup(out), *overrides]
 
@@ -149,6 +167,11 @@ CASES = {
         _overrides("data=imagenet", "data.root=/usr", "data.mean=[0.5,0.5]"),
         "data.mean=[0.5, 0.5]: expected 3 numbers, one per RGB channel",
     ),
+    "experiment_null": (_overrides("experiment=null"), "experiment=null: experiment is a config group, whose value"),
+    "mean_of_synthetic": (
+        _overrides("data=synthetic", "data.mean=[0.5,0.5,0.5]"),
+        "data.mean: the data option chosen does not set it (its config has no such key: other data options use it)",
+    ),
     "mean_empty": (_overrides("data=imagenet", "data.root=/usr", "data.mean=[]"), "data.mean=[]: expected 3 numbers"),
     "dist_timeout_huge": (_overrides("dist_timeout_s=100000000000000000000"), "dist_timeout_s=100000000000000000000"),
     "train_split_is_val": (
@@ -157,7 +180,9 @@ CASES = {
     ),
     "name_help_resolver": (_overrides("name=${cat_keys:train_cls}"), "characters): expected a string of 1 to 255"),
     "name_empty": (_overrides("name="), "name='': expected a string of 1 to 255 characters"),
+    "output_dir_unreadable_link": (_unreadable_link_output, "cannot follow a link on its path (Permission denied"),
     "output_dir_empty": (_overrides("output_dir="), "output_dir is empty (an unset shell variable?)"),
+    "output_dir_mode_folders_deep": (_mode_folders_deep, "holds files that are not a cat run's (1 entry, e.g. eval)"),
     "output_dir_foreign": (_foreign, "holds files that are not a cat run's (1 entry, e.g. thesis.tex); choose an"),
     # the profiler window (a list the schema types; its shape and order are checked after)
     "profile_steps_one": (_overrides("profile.steps=[5]"), "profile.steps=[5]: expected [first, last]"),
@@ -175,12 +200,22 @@ CASES = {
         _overrides("data=imagenet", "data.normalize_on_device=2"),
         "data.normalize_on_device=2: expected true or false",
     ),
+    "auto_augment_layers_huge": (
+        _overrides("data=imagenet", "data.root=/usr", "aug.auto_augment=rand-m9999-n9999"),
+        "aug.auto_augment='rand-m9999-n9999': n9999: expected n from 1 to 15",
+    ),
+    "augmix_width_huge": (
+        _overrides("data=imagenet", "data.root=/usr", "aug.auto_augment=augmix-m5-w400"),
+        "aug.auto_augment='augmix-m5-w400': w400: expected w from 1 to 16",
+    ),
     # the folder's lock
     "lock_list": (_write(".lock", "[]"), "holds '[]', not cat's lock record"),
     "lock_string": (_write(".lock", '"str"'), "not cat's lock record"),
     "lock_pid_text": (_write(".lock", '{"pid": "abc"}'), "not cat's lock record"),
     "lock_pid_huge": (_write(".lock", '{"pid": 1e30}'), "not cat's lock record"),
     "lock_pid_null": (_write(".lock", '{"pid": null}'), "not cat's lock record"),
+    "lock_nested_deep": (_write(".lock", "[" * 5000 + "]" * 5000), "holds '[[[["),
+    "marker_nested_deep": (_write(".cat-run", "[" * 5000 + "]" * 5000), ".cat-run is not cat's run marker"),
     "lock_dangling_link": (_lock_link, ".lock is a symbolic link, not a regular file"),
     "lock_folder": (_lock_folder, ".lock is a folder, not a regular file"),
     "output_dir_dangling_link": (_dangling_output, "a symbolic link to"),
@@ -204,6 +239,10 @@ CASES = {
     "started_over_types": (
         _with(_write(".started_over", '{"slurm_job_id": 7, "slurm_restarts": "1"}'), "resume=false"),
         "is not cat's record of the launch that started this run over (resume=false); remove it, or pass resume=true",
+    ),
+    "started_over_nested_deep": (
+        _with(_write(".started_over", "[" * 5000 + "]" * 5000), "resume=false"),
+        ".started_over is not cat's record",
     ),
     "started_over_folder": (_with(_started_over_folder, "resume=false"), ".started_over is not cat's record"),
     # config values
@@ -412,7 +451,8 @@ def test_folder_named_like_a_temporary_is_left_alone(tmp_path):
 def test_refused_resume_leaves_the_record(tmp_path):
     """A resume with a change that diverges: nothing in the record claims the change ran."""
     out = tmp_path / "run"
-    assert _run(out, []).returncode == 0
+    proc = _run(out, [])
+    assert proc.returncode == 0, output_tail(proc)
     before = _snapshot(out)
     proc = _run(out, ["lr=1e6", "epochs=4", "schedule.warmup_epochs=0"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -426,7 +466,8 @@ def test_refused_resume_leaves_the_record(tmp_path):
 
 def test_diverging_fresh_run_does_not_claim_a_good_checkpoint(tmp_path):
     out = tmp_path / "run"
-    assert _run(out, []).returncode == 0
+    proc = _run(out, [])
+    assert proc.returncode == 0, output_tail(proc)
     proc = _run(out, ["lr=1e6", "resume=false", "schedule.warmup_epochs=0"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -451,7 +492,8 @@ def small_disk(tmp_path):
 
 def test_full_disk_while_saving_is_one_line_and_keeps_last(small_disk):
     out = small_disk / "run"
-    assert _run(out, []).returncode == 0
+    proc = _run(out, [])
+    assert proc.returncode == 0, output_tail(proc)
     kept = hashlib.sha256((out / "last.pth").read_bytes()).hexdigest()
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     (small_disk / "filler").write_bytes(b"\0" * (free - 8192))  # room for the log, not for a checkpoint

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import mmap
 import re
 import time
 from pathlib import Path
@@ -113,8 +114,12 @@ def test_memory_growth_between_lines_is_seen():
     meter = StepMeter("cpu")
     meter.step_done(1)
     meter.interval(1, 1, 1)
-    held = torch.ones(64 * 2**20)  # 256 MiB, touched
-    del held
+    # 256 MiB of new pages, touched, then freed: fresh anonymous memory (an allocator's own free memory, resident
+    # from an earlier test in this worker, would not raise the peak)
+    held = mmap.mmap(-1, 256 * 2**20)
+    for offset in range(0, len(held), mmap.PAGESIZE):
+        held[offset] = 1
+    held.close()
     meter.step_done(1)
     stats = meter.interval(1, 1, 1)
     assert stats.mem_growth_mib >= 200 and stats.mem_peak_mib >= 200

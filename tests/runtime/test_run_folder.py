@@ -20,6 +20,7 @@ from cat.runtime.ownership import RUN_MARKER, is_run_folder, output_dir_problems
 from tests import prewarmed
 from tests.conftest import REPO, TINY_CLS, refusal_line
 from tests.entry_cases import run_entry_cases
+from tests.subprocess_output import output_tail
 
 
 def _tree(folder: Path) -> dict[str, str]:
@@ -215,7 +216,8 @@ def _train(out: Path, *overrides: str, cwd: Path = REPO) -> subprocess.Completed
 @pytest.mark.slow
 def test_a_planted_name_in_a_run_folder_ends_the_run_in_one_line(tmp_path):
     base = tmp_path / "base"
-    assert _train(base).returncode == 0
+    trained = _train(base)
+    assert trained.returncode == 0, output_tail(trained)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "file").write_text("the user's\n")

@@ -147,6 +147,7 @@ def test_a_cell_named_out_of_the_sweep_folder_is_refused_before_any_cell_runs(tm
     [
         (["seed=range(0,10,0)"], "seed=range(0,10,0): a range needs a finite start and stop and a step other than 0"),
         (["seed=range(0,inf)"], "seed=range(0,inf): a range needs a finite start and stop"),
+        (["lr=interval(0,1)"], "lr=interval(0,1): interval() is a search space for optimizing sweepers (Optuna, Ax)"),
         (["seed=range(0,100000)"], "the sweep expands to 100000 cells, over 10000"),
         (
             [

@@ -130,3 +130,26 @@ def test_an_existing_folder_the_script_did_not_make_is_refused_and_left_alone(tm
     empty = _state(tmp_path / "empty")
     assert _cluster(empty, "status", CAT_SLURM_START_S="08").stdout.strip() == "not running"  # 08 read as 8
     assert (empty / ".cat-slurm-state").is_file()
+
+
+def test_a_stale_record_of_a_namespace_since_made_again_by_someone_else_is_not_the_clusters(
+    tmp_path, foreign_namespace
+):
+    """The cluster's record names cat-n9 with the inode of the namespace it made (here: one that no longer exists);
+    a namespace of that name made since by someone else has another inode: `fail` refuses it and `stop` leaves
+    it and its process alone. A record of the right inode is the cluster's own: `stop` ends it."""
+    name, inside = foreign_namespace
+    state = _state(tmp_path)
+    (state / ".cat-slurm-state").write_text("")
+    inode = os.stat(f"/var/run/netns/{name}").st_ino
+    (state / "namespaces").write_text(f"{name} {inode + 1}\n")  # ours was another namespace of that name
+    fail = _cluster(state, "fail", name)
+    assert fail.returncode != 0 and f"no node {name} of this cluster" in fail.stderr, fail.stderr
+    assert _cluster(state, "stop").returncode == 0
+    assert _alive(inside) and name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    state.mkdir(mode=0o700, exist_ok=True)  # stop removed what it made, the folder too
+    (state / ".cat-slurm-state").write_text("")
+    (state / "namespaces").write_text(f"{name} {inode}\n")  # the record of this very namespace
+    assert _cluster(state, "stop").returncode == 0
+    inside.wait(timeout=30)  # its processes ended, the namespace deleted
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import runpy
 import sys
 import zipfile
@@ -428,6 +429,16 @@ def test_plot_runs_ends_every_hostile_input_in_one_line_or_a_picture(run_tool, t
     for out, problem in ((tmp_path / "a_folder.png", "a folder"), (Path("/proc/cat.png"), "cannot be written")):
         err = run_tool("plot_runs", str(tmp_path / "run_$x^2$_{"), "--out", str(out), expect=2, stderr=True)
         assert f"--out {out}: {problem}" in err and "Traceback" not in err
+    # Folders the OS will not look at: a name over its 255 bytes (and a link only its owner may follow, where
+    # this user is not its owner): one line each, not an OSError's traceback.
+    long_name = str(tmp_path / ("a" * 300))
+    err = run_tool("plot_runs", long_name, "--out", str(tmp_path / "l.png"), expect=2, stderr=True)
+    assert "cannot be read (File name too long)" in err and "Traceback" not in err
+    try:
+        os.readlink("/proc/1/cwd")
+    except PermissionError:
+        err = run_tool("plot_runs", "/proc/1/cwd", "--out", str(tmp_path / "p.png"), expect=2, stderr=True)
+        assert "/proc/1/cwd: cannot be read (Permission denied)" in err
 
 
 def test_make_tables_counts_a_cell_with_a_foreign_lock_as_failed(run_tool, tmp_path):
@@ -551,3 +562,26 @@ def test_bench_index_measures_each_format_at_each_scale(run_tool, tmp_path):
     assert rows["zip/part", 400]["cache_mb"] > 0 and rows["torchvision", 400]["index_file_mb"] == 0
     assert all(r["first_batch_s"] > 0 and r["worker_end_mb"] > 0 and r["epoch_batches"] > 2 for r in rows.values())
     assert [n["format"] for n in report["node"]] == formats and all(n["node_gb"] >= 0 for n in report["node"])
+
+
+# A run folder as train_cls.py wrote it before each metric had one name (`top1`, `best_top1`, `val_loss`, ... in
+# metrics.json; the checkpoints left out): made by the code of the commit before the rename (8638be8^), a tiny
+# CA-DeiT-T on a 2-class ImageNet-layout folder, 2 epochs.
+RUN_BEFORE_RENAME = Path(__file__).parent / "runs_before_rename" / "ca_deit_t"
+
+
+def test_the_tools_read_a_run_written_before_the_metrics_were_renamed(run_tool, tmp_path):
+    old = json.loads((RUN_BEFORE_RENAME / "metrics.json").read_text())
+    assert "top1" in old and "val/top1" not in old  # the folder is what it says
+    text = run_tool("make_tables", str(RUN_BEFORE_RENAME.parent), "--table", "2")
+    assert _row(text, "CA-DeiT-T")[3:6] == [f"{old['best_top1']:.2f}", "75.0", f"`{RUN_BEFORE_RENAME}`"]
+    run_tool("plot_runs", str(RUN_BEFORE_RENAME), "--out", str(tmp_path / "curves.svg"))
+    assert "paper 75.0" in (tmp_path / "curves.svg").read_text()
+    values = runpy.run_path(str(REPO / "tools" / "plot_runs.py"))["epoch_values"](RUN_BEFORE_RENAME)
+    assert set(values["val/top1"]) == set(values["train/loss"]) == {1, 2}
+    # As a sweep's cell: its seeds' mean is the old run's top-1.
+    cell = _one_cell_sweep(tmp_path / "sweep")
+    for name in ("metrics.json", "metrics.jsonl", "config.yaml"):
+        (cell / name).write_bytes((RUN_BEFORE_RENAME / name).read_bytes())
+    summary = run_tool("make_tables", str(tmp_path / "sweep"))
+    assert f"{old['best_top1']:.2f}" in summary and "1 finished" in summary, summary

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from PIL import Image
@@ -47,3 +49,9 @@ def test_paths_stay_where_they_say_and_nothing_is_overwritten(tmp_path, run_tool
     assert "cannot write the digits into" in err and "Not a directory" in err and "Traceback" not in err
     err = run_tool("export_folder", str(tmp_path / "big"), "--img-size", "100000", expect=2, stderr=True)
     assert "--img-size 100000: at most 512" in err and not (tmp_path / "big").exists()
+    long_name = tmp_path / ("a" * 300)  # over the filesystem's 255 bytes a name
+    err = run_tool("export_folder", str(long_name), expect=2, stderr=True)
+    assert "File name too long" in err and len(err.strip().splitlines()[-1]) < 600
+    for place in ("/proc/cat-export", "/sys/cat-export"):  # the kernel's own folders take no files
+        err = run_tool("export_folder", place, expect=2, stderr=True)
+        assert f"cannot write the digits into {place}:" in err and not os.path.exists(place)
