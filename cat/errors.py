@@ -14,7 +14,15 @@ __all__ = [
     "OutputError",
     "RunDirLockedError",
     "SweepCellError",
+    "shortened",
 ]
+
+
+def shortened(text: object, limit: int = 160) -> str:
+    """``text`` (a path, a value) for a one-line message: one over ``limit`` characters cut in the middle, its
+    length said."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 3 :]} ({len(text)} characters)"
 
 
 def _restored(cls: type[UserError], args: tuple, state: dict) -> UserError:

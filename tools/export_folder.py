@@ -21,6 +21,7 @@ from pathlib import Path
 from PIL import Image
 
 from cat.data.tensor_sets import DIGITS_MEAN, DIGITS_STD, digits_images
+from cat.errors import shortened
 from cat.toolkit import positive_int
 
 # The largest image side written: a split is upsampled at once in float32 (1,797 digits at 512^2: 1.9 GB).
@@ -40,12 +41,6 @@ def write_split(out: Path, split: str, img_size: int) -> int:
     return len(labels)
 
 
-def _shown(path: str | os.PathLike) -> str:
-    """A path for a message: a long one cut in the middle."""
-    text = str(path)
-    return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
@@ -56,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     given = Path(args.out_dir)
     try:  # every step may meet the path's own trouble: a name too long, a file on the way, a read-only place
         if given.is_symlink() or (given.exists() and not given.is_dir()):
-            parser.error(f"{_shown(given)} is not a folder (a link or a file); choose a new or empty folder")
+            parser.error(f"{shortened(given)} is not a folder (a link or a file); choose a new or empty folder")
         # The folder the writes land in: 'X/new/..' is X, whatever the name says.
         out = Path(os.path.realpath(given))
         if out.exists() and any(out.iterdir()):
-            parser.error(f"{_shown(given)} ({_shown(out)}) is not empty; choose a new or empty folder")
+            parser.error(f"{shortened(given)} ({shortened(out)}) is not empty; choose a new or empty folder")
         counts = {split: write_split(out, split, args.img_size) for split in ("train", "val")}
     except OSError as error:
-        where = _shown(error.filename or given)
-        parser.error(f"cannot write the digits into {_shown(given)}: {error.strerror or error} ({where})")
+        where = shortened(error.filename or given)
+        parser.error(f"cannot write the digits into {shortened(given)}: {error.strerror or error} ({where})")
     print(
         f"wrote {counts['train']} train and {counts['val']} val digits ({args.img_size}x{args.img_size} greyscale PNG) "
         f"to {out}; normalise with mean {DIGITS_MEAN} and std {DIGITS_STD}"

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cat.errors import DataError
+from cat.errors import DataError, shortened
 from cat.runtime import report_user_errors
 from cat.runtime.metric_sinks import METRICS_HISTORY, read_history
 from cat.toolkit.runs import paper_values, run_record, sweep_cells
@@ -151,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DataError(f"not a folder: {', '.join(missing)}")
         curves = [curve for folder in args.folders for curve in curves_of(folder)]
     except OSError as error:
-        where = str(error.filename or "")
-        where = where if len(where) <= 160 else f"{where[:80]}...{where[-60:]}"
-        raise DataError(f"{where}: cannot be read ({error.strerror or error})") from None
+        raise DataError(f"{shortened(error.filename or '')}: cannot be read ({error.strerror or error})") from None
     if not any(history[key] for curve in curves for history in curve.histories for key, _ in PANELS):
         raise DataError(f"{', '.join(map(str, args.folders))}: no run has an epoch's row in its {METRICS_HISTORY} yet")
     if args.out.is_dir():

@@ -9,7 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from cat.errors import ConfigError
+from cat.errors import ConfigError, shortened
 
 __all__ = ["BASE_PACKAGES", "base_config_path"]
 
@@ -22,8 +22,7 @@ def base_config_path(spec: str) -> Path:
     try:
         return _base_config_path(spec)
     except OSError as error:  # a name over the filesystem's limit, a folder that cannot be read on the way
-        shown = spec if len(spec) <= 120 else f"{spec[:60]}...{spec[-40:]} ({len(spec)} characters)"
-        raise ConfigError(f"model.base={shown}: cannot be looked up ({error.strerror})") from None
+        raise ConfigError(f"model.base={shortened(spec, 120)}: cannot be looked up ({error.strerror})") from None
 
 
 def _base_config_path(spec: str) -> Path:
