@@ -44,7 +44,7 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 # What the entry points and tools import on their way to a step; a module missing here (no OpenMMLab stack) is
@@ -395,6 +395,24 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def kill_tree(self) -> None:
+        """Kill it and every process it started (a shim's end makes the server kill what the shim's command is)."""
+        if self.returncode is None:
+            for pid in [*_descendants(self.pid), self.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started and theirs, from /proc (none where it has ended)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                for child in map(int, children.read().split()):
+                    found += [child, *_descendants(child)]
+    return found
+
 
 # What the forked path takes of subprocess's arguments; a call with any other goes to subprocess.
 _POPEN_KEYS = {"cwd", "env", "stdin", "stdout", "stderr", "text"}
@@ -445,18 +463,24 @@ def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
-            child.kill()
+            child.kill_tree()
             child.wait()
-            raise
-        captured = []
-        for file in (out, err):
-            file.seek(0)
-            data = file.read() if capture else None
-            captured.append(data.decode(errors="replace") if kwargs.get("text") and data is not None else data)
+            raise subprocess.TimeoutExpired(args, timeout, *_read(out, err, capture, kwargs.get("text"))) from None
+        captured = _read(out, err, capture, kwargs.get("text"))
     proc = subprocess.CompletedProcess(args, child.returncode, *captured)
     if kwargs.get("check"):
         proc.check_returncode()
     return proc
+
+
+def _read(out: IO[bytes], err: IO[bytes], capture: bool, text: bool | None) -> list[Any]:
+    """What a command wrote to the files its output was captured in: (stdout, stderr), None where not captured."""
+    captured = []
+    for file in (out, err):
+        file.seek(0)
+        data = file.read() if capture else None
+        captured.append(data.decode(errors="replace") if text and data is not None else data)
+    return captured
 
 
 def _client(address: str, args: list[str]) -> int:

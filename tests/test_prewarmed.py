@@ -1,5 +1,6 @@
-"""The prewarmed children (tests/prewarmed.py): torchrun stays a process of its own and its workers are forked, and
-a shim killed outright takes its forked command with it, as the killed process would have ended."""
+"""The prewarmed children (tests/prewarmed.py): torchrun stays a process of its own and its workers are forked, a
+shim killed outright takes its forked command with it, as the killed process would have ended, and a command past
+its timeout ends with its output kept and its own commands ended."""
 
 from __future__ import annotations
 
@@ -76,3 +77,30 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "Z"
+
+
+def test_a_command_past_its_timeout_ends_with_what_it_printed_and_takes_its_commands_with_it(tmp_path):
+    """As ``subprocess.run``: the timeout's error carries the output so far (the failure report shows it), and what
+    the command started (here a forked grandchild through the shim) ends with it instead of running on unseen."""
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    starter = (
+        f"import os, subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {code!r}])\n"
+        f"path = {str(pid_file)!r}\nwhile not (os.path.exists(path) and os.path.getsize(path)): time.sleep(0.05)\n"
+        "print('waiting on it', flush=True); time.sleep(300)"
+    )
+    env = {**os.environ, "CAT_TEST_FORK_CHILDREN": "1"}
+    with pytest.raises(subprocess.TimeoutExpired) as timeout:
+        prewarmed.run(
+            [sys.executable, "-c", starter],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    assert timeout.value.stdout == "waiting on it\n"
+    grandchild, deadline = int(pid_file.read_text()), time.time() + 60
+    while Path(f"/proc/{grandchild}").exists() and _state(grandchild) != "Z":
+        assert time.time() < deadline, "the command's own command outlived the timeout"
+        time.sleep(0.05)

@@ -21,10 +21,11 @@ gpus_per_node() {
     fi
 }
 
-# The job's own rendezvous port, 20000-39999 (a requeued job keeps its id, so its port): two jobs that share
-# a node never bind the same one. cat's submitit path derives it the same way (cat/runtime/dist.py).
+# The job's own rendezvous port, 20000-31999 (a requeued job keeps its id, so its port): two jobs that share
+# a node never bind the same one, and no outgoing connection holds it (Linux gives those from 32768 up).
+# cat's submitit path derives it the same way (cat/runtime/dist.py).
 rendezvous_port() {
-    echo $((20000 + SLURM_JOB_ID % 20000))
+    echo $((20000 + SLURM_JOB_ID % 12000))
 }
 
 # Run the training step ("$@", an srun command) and handle preemption. On USR1 (time limit near,

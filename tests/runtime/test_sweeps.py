@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from tests import prewarmed
 from tests.conftest import REPO
+from tests.subprocess_output import output_tail
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
 
@@ -40,9 +41,21 @@ def sweep(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CAT_TEST_FORK_CHILDREN": "1"}
     if not wait:
         return prewarmed.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc = prewarmed.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    try:
+        proc = prewarmed.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as error:
+        error.add_note(cell_logs(sweep_dir))
+        raise
+    assert proc.returncode == 0, output_tail(proc) + "\n" + cell_logs(sweep_dir)
     return proc
+
+
+def cell_logs(sweep_dir: Path, chars: int = 2000) -> str:
+    """The end of each cell task's own log (submitit's, under the sweep), where a cell says why it failed."""
+    logs = sorted((sweep_dir / ".submitit").glob("*/*_log.*"))
+    return "\n".join(
+        f"--- {log.relative_to(sweep_dir)} ---\n{log.read_text(errors='replace')[-chars:]}" for log in logs
+    )
 
 
 def cells(sweep_dir: Path) -> dict[str, Path]:
@@ -178,7 +191,8 @@ def test_a_sweeps_command_line_is_checked_before_it_expands(overrides, problem):
 
 @pytest.mark.slow
 def test_cell_with_two_tasks_runs_distributed_without_torchrun(tmp_path):
-    sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0")
+    # A rank that cannot meet the other ends its cell within dist_timeout_s, inside the test's bound.
+    sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "epochs=1", "seed=0", "dist_timeout_s=120")
     (folder,) = cells(tmp_path).values()
     assert "(world size 2: " in (folder / "log.txt").read_text()
     assert json.loads((folder / "metrics.json").read_text())["epoch"] == 1
