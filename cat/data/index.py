@@ -9,10 +9,12 @@ node's ranks to ask builds it (or finds a valid one) and writes it atomically wh
 beside it, then all map it read-only, so its pages are the page cache's, held once.
 
 The file: ``CATINDEX``, a little-endian u32 version and u32 header length, a JSON header (kind, the key of what
-was indexed, small facts such as class names, each array's dtype, length and offset, the body's sha256), then the
-arrays at 64-byte-aligned offsets. It is read as untrusted input: every length, offset and dtype is checked
-against the file and the kind's declared arrays, the body against its checksum, the key against the dataset as it
-is now; anything off is rebuilt, with a log line saying why. Each reader then checks what its arrays mean (labels
+was indexed, small facts such as class names, each array's dtype, length and offset, the body's sha256, and the
+header's seal under the user's key, :mod:`cat.runtime.seal`), then the arrays at 64-byte-aligned offsets. It is
+read as untrusted input: the seal must hold (an index rewritten by anyone else, checksum recomputed or not, is not
+believed), every length, offset and dtype is checked against the file and the kind's declared arrays, the body
+against its checksum, the key against the dataset as it is now; anything off is rebuilt, with a log line saying
+why. Each reader then checks what its arrays mean (labels
 within the classes, a name inside its folder, a member inside its zip), exactly as it checks a fresh index.
 """
 
@@ -38,6 +40,7 @@ import numpy as np
 from cat.errors import OutputError
 from cat.runtime.io import atomic_write, open_owned
 from cat.runtime.logger import DATA_LOGGER
+from cat.runtime.seal import seal, seal_holds
 
 __all__ = [
     "SampleIndex",
@@ -151,7 +154,7 @@ def save_index(index: SampleIndex, path: str) -> None:
         offset += -(-array.nbytes // _ALIGN) * _ALIGN
         digest.update(array.data)
     header = {"kind": index.kind, "key": index.key, "meta": index.meta, "arrays": layout, "sha256": digest.hexdigest()}
-    text = json.dumps(header, allow_nan=False).encode("utf-8")
+    text = json.dumps({**header, "seal": seal(header)}, allow_nan=False).encode("utf-8")
     start = _body_start(len(text))
 
     def write(f: io.BufferedWriter) -> None:
@@ -205,6 +208,9 @@ def load_index(path: str, kind: str, key: Mapping[str, Any]) -> SampleIndex:
         raise _Invalid(f"its header is not JSON ({error})") from None
     if not isinstance(header, dict) or header.get("kind") != kind:
         raise _Invalid(f"not a {kind} index")
+    claimed = header.pop("seal", None)
+    if not seal_holds(header, claimed):
+        raise _Invalid("its seal does not hold (written by another user or with another key, or altered since)")
     if header.get("key") != dict(key):
         raise _Invalid("the dataset changed since it was built (sizes, modification times or listing)")
     declared = {**COMMON_ARRAYS, **KINDS[kind]}

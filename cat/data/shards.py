@@ -54,6 +54,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from cat.errors import DataError
 from cat.runtime.io import atomic_write_json
+from cat.runtime.seal import seal, seal_holds
 
 from .manifest import MANIFEST, TAR_SAMPLE_MIN_BYTES, check_against_manifest, read_manifest
 from .untrusted import (
@@ -163,7 +164,9 @@ _MAX_SHARD_IMAGES = 10**9
 
 def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[str, Any]]:
     """:func:`scan_shard` of each shard, cached in ``index_dir`` (the run's folder: the data's may be
-    read-only) under the shards' folder, keyed by each shard's size and modification time."""
+    read-only) under the shards' folder, keyed by each shard's size, modification and change times and
+    inode (a rewrite changes the change time, whatever the modification time is set back to), and sealed
+    by the user's key (:mod:`cat.runtime.seal`): a cache that someone else wrote or edited is rescanned."""
     cache_path = None
     cached: dict[str, Any] = {}
     if index_dir is not None:
@@ -171,14 +174,15 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
         cache_path = os.path.join(index_dir, f".shard-index-{digest}.json")
         try:
             with open_regular(cache_path) as f:
-                cached = json.loads(f.read(_MAX_INDEX_BYTES))
-            cached = cached if isinstance(cached, dict) else {}
+                record = json.loads(f.read(_MAX_INDEX_BYTES))
+            sealed = isinstance(record, dict) and isinstance(record.get("shards"), dict)
+            cached = record["shards"] if sealed and seal_holds(record["shards"], record.get("seal")) else {}
         except (DataError, OSError, ValueError, RecursionError):  # untrusted: rescanned, never believed
             cached = {}
     found, changed = [], False
     for path in shards:
         info = os.stat(path)
-        stamp = [info.st_size, info.st_mtime_ns]
+        stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
         entry = cached.get(os.path.basename(path))
         if not (isinstance(entry, dict) and entry.get("stamp") == stamp and _well_formed(entry)):
             entry = {"stamp": stamp, **scan_shard(path, limit)}
@@ -187,7 +191,7 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
         found.append({"images": entry["images"], "labels": {int(k): v for k, v in entry["labels"].items()}})
     if index_dir is not None and cache_path is not None and changed:  # a disposable cache: a torn write is rescanned
         os.makedirs(index_dir, exist_ok=True)
-        atomic_write_json(cache_path, cached)
+        atomic_write_json(cache_path, {"seal": seal(cached), "shards": cached})
     return found
 
 

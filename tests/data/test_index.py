@@ -3,6 +3,7 @@ altered file rebuilt or refused, and the same samples in the same order as torch
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -22,6 +23,7 @@ from cat.data import ZipImageDataset, build_dataset
 from cat.data.index import MAGIC, index_path
 from cat.errors import DataError, OutputError
 from cat.runtime.memory import private_memory
+from cat.runtime.seal import seal
 from tests.conftest import compose_config
 
 _FORK = multiprocessing.get_context("fork")
@@ -177,10 +179,16 @@ def _header(path: str) -> tuple[dict, int]:
     return json.loads(data[16 : 16 + length]), length
 
 
-def _rewrite_header(path: str, header: dict) -> None:
-    """The index with another header, its arrays moved along (their offsets count from the body's start)."""
+def _rewrite_header(path: str, header: dict, sealed: bool = True) -> None:
+    """The index with another header, its arrays moved along (their offsets count from the body's start); sealed
+    by this user's key (what cat checks past the seal), or with the seal it had (what anyone else can write)."""
     data = Path(path).read_bytes()
     _, length = _header(path)
+    if sealed:
+        header = {
+            **{k: v for k, v in header.items() if k != "seal"},
+            "seal": seal({k: v for k, v in header.items() if k != "seal"}),
+        }
     text = json.dumps(header).encode()
     body = data[-(-(16 + length) // 64) * 64 :]
     start = -(-(16 + len(text)) // 64) * 64
@@ -200,6 +208,18 @@ def test_an_altered_or_torn_index_is_rebuilt(tmp_path, caplog):
     past_end["arrays"]["labels"][2] = 1 << 40
     wrong_dtype = json.loads(json.dumps(header))
     wrong_dtype["arrays"]["labels"][0] = "<f8"
+    # Labels moved one class on and the checksum recomputed, by someone without this user's key.
+    labels_at = -(-(16 + _header(path)[1]) // 64) * 64 + header["arrays"]["labels"][2]
+    relabelled = bytearray(pristine)
+    count = header["arrays"]["labels"][1]
+    labels = np.frombuffer(pristine, "<i4", count, labels_at)
+    relabelled[labels_at : labels_at + 4 * count] = ((labels + 1) % 3).astype("<i4").tobytes()
+    forged = json.loads(json.dumps(header))
+    digest = hashlib.sha256()
+    for dtype, length, offset in forged["arrays"].values():
+        start = labels_at - header["arrays"]["labels"][2] + offset
+        digest.update(bytes(relabelled[start : start + length * np.dtype(dtype).itemsize]))
+    forged["sha256"] = digest.hexdigest()
     _rewrite_header(path, header)  # the helper itself keeps a valid index valid
     assert "read" in _one_rank_log(caplog, lambda: ZipImageDataset(str(root), "train", index_dir=run))[1]
     cases = {
@@ -207,6 +227,10 @@ def test_an_altered_or_torn_index_is_rebuilt(tmp_path, caplog):
         "runs past the file's end": lambda: _rewrite_header(path, past_end),
         "expected dtype <i4": lambda: _rewrite_header(path, wrong_dtype),
         "not a version-1 cat index": lambda: Path(path).write_bytes(b"NOTINDEX" + pristine[8:]),
+        "its seal does not hold": lambda: (
+            Path(path).write_bytes(bytes(relabelled)),
+            _rewrite_header(path, forged, sealed=False),
+        ),
         "shorter than its preamble": lambda: Path(path).write_bytes(MAGIC),
     }
     for why, alter in cases.items():

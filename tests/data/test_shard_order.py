@@ -184,8 +184,8 @@ def test_packed_and_foreign_shards_train_as_well_as_the_folder(digits):
 
 def test_foreign_shards_are_scanned_once_into_the_runs_folder_not_the_datas(digits, tmp_path):
     """The header scan is cached in the run's folder (the data's may be read-only, and is shared), keyed by each
-    shard's size and time: a shard changed under the same size and time is not rescanned (so the cache is what
-    was read), one with a new time is."""
+    shard's size, times and inode: a shard rewritten under the same size, its modification time set back, is
+    rescanned (its change time moved), as is one with a new time."""
     from cat.data.shards import ShardStream
     from cat.errors import DataError
 
@@ -198,7 +198,9 @@ def test_foreign_shards_are_scanned_once_into_the_runs_folder_not_the_datas(digi
     stamp = shard.stat()
     shard.write_bytes(bytes(range(256)) * (stamp.st_size // 256) + bytes(stamp.st_size % 256))
     os.utime(shard, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
-    assert sum(ShardStream(str(data), "train", index_dir=str(run)).counts) == 1437
+    assert shard.stat().st_size == stamp.st_size and shard.stat().st_mtime_ns == stamp.st_mtime_ns
+    with pytest.raises(DataError, match=r"cannot read shard .*train-000002\.tar"):
+        ShardStream(str(data), "train", index_dir=str(run))
     with pytest.raises(DataError, match=r"cannot read shard .*train-000002\.tar"):
         ShardStream(str(data), "train")  # no cache: scanned
     os.utime(shard)
@@ -208,23 +210,26 @@ def test_foreign_shards_are_scanned_once_into_the_runs_folder_not_the_datas(digi
 
 @pytest.mark.parametrize(
     "lie",
-    ["more classes", "negative count", "1e30 images", "non-digit label", "deep nesting", "a folder"],
+    ["more classes", "negative count", "1e30 images", "non-digit label", "deep nesting", "a folder", "sealed lie"],
 )
 def test_a_lying_shard_index_is_rescanned_or_named(digits, tmp_path, lie):
-    """The shard-index cache is the user's file like any other: a malformed entry is rescanned, never believed (it
-    was a traceback), and labels that lie while stamps and counts match are named by the first full read of the
-    shard (they made a 16-class model from shards of fewer classes)."""
+    """The shard-index cache is the user's file like any other: one edited by anyone without the user's seal key
+    (here: any edit, its seal left as it was) is rescanned, never believed (a forged one made a 16-class model from
+    2-class shards); labels that lie under a seal that holds (only the user could make it) are named by the first
+    full read of the shard."""
     from cat.data.shards import ShardStream
     from cat.errors import DataError, OutputError
+    from cat.runtime.seal import seal
 
     data = Path(shutil.copytree(digits["shuffled"], tmp_path / "data"))
     run = tmp_path / "run"
     honest = ShardStream(str(data), "val", train=False, index_dir=str(run))
     [cache] = run.glob(".shard-index-*.json")
-    index = json.loads(cache.read_text())
+    record = json.loads(cache.read_text())
+    index = record["shards"]
     name = sorted(index)[0]
     entry = index[name]
-    if lie == "more classes":  # the same count, spread over 16 labels
+    if lie in ("more classes", "sealed lie"):  # the same count, spread over 16 labels
         entry["labels"] = {str(k): entry["images"] // 16 + (k < entry["images"] % 16) for k in range(16)}
     elif lie == "negative count":
         entry["labels"] = {"0": -1, "1": entry["images"] + 1}
@@ -232,9 +237,11 @@ def test_a_lying_shard_index_is_rescanned_or_named(digits, tmp_path, lie):
         entry["images"], entry["labels"] = 10**30, {"0": 10**30}
     elif lie == "non-digit label":
         entry["labels"] = {"x": entry["images"]}
-    text = json.dumps(index)
+    if lie == "sealed lie":
+        record["seal"] = seal(index)
+    text = json.dumps(record)
     if lie == "deep nesting":
-        text = "{" + json.dumps(name) + ": " + "[" * 50_000 + "]" * 50_000 + "}"
+        text = '{"seal": ' + json.dumps(record["seal"]) + ', "shards": ' + "[" * 50_000 + "]" * 50_000 + "}"
     if lie == "a folder":
         cache.unlink()
         cache.mkdir()
@@ -243,8 +250,8 @@ def test_a_lying_shard_index_is_rescanned_or_named(digits, tmp_path, lie):
         return
     cache.write_text(text)
     stream = ShardStream(str(data), "val", train=False, index_dir=str(run))
-    if lie != "more classes":  # rescanned: what the headers say
-        assert stream.num_classes == honest.num_classes and stream.counts == honest.counts
+    if lie != "sealed lie":  # rescanned: what the headers say
+        assert stream.num_classes == honest.num_classes == 10 and stream.counts == honest.counts
         return
     assert stream.num_classes == 16 and honest.num_classes < 16  # believed until the shard is read...
     with pytest.raises(DataError, match=rf"{name} holds labels .* says .*the index is stale"):
