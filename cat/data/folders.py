@@ -85,7 +85,7 @@ def list_images(folder: str, classes: list[str], root: str) -> FolderListing:
         top = os.path.join(folder, name)
         for relative, regular, others in _walk(top, left_out):
             if relative:
-                subfolders.append((os.path.join(name, relative), os.stat(os.path.join(top, relative)).st_mtime_ns))
+                subfolders.append((os.path.join(name, relative), os.stat(os.path.join(top, relative)).st_ctime_ns))
             kept = [file for file in regular if file.lower().endswith(IMAGE_EXTENSIONS)]
             if not split_inside:
                 others, kept = [os.path.join(top, relative, file) for file in kept] + others, []
@@ -106,12 +106,12 @@ def list_images(folder: str, classes: list[str], root: str) -> FolderListing:
 def folder_index(folder: str, classes: list[str], root: str, index_dir: str | None) -> SampleIndex:
     """The split ``folder``'s :func:`list_images` as a :class:`~cat.data.index.SampleIndex` (names under their
     class folders), shared through ``index_dir`` (:func:`~cat.data.index.shared_index`): keyed by the split, the
-    root, and each class folder's name and modification time (a file added, removed or renamed changes it), each
-    subfolder's checked when it is read."""
+    root, and each class folder's name and change time (a file added, removed or renamed changes it, and unlike the
+    modification time it cannot be set back), each subfolder's checked when it is read."""
     key = {
         "split": os.path.realpath(folder),
         "root": os.path.realpath(root),
-        "classes": [[name, os.stat(os.path.join(folder, name)).st_mtime_ns] for name in classes],
+        "classes": [[name, os.stat(os.path.join(folder, name)).st_ctime_ns] for name in classes],
     }
 
     def build() -> SampleIndex:
@@ -133,7 +133,7 @@ def _changed_subfolder(folder: str, index: SampleIndex) -> str | None:
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and type(entry[1]) is int):
             return "its listing's facts are malformed"
         try:
-            if os.stat(os.path.join(folder, entry[0]), follow_symlinks=False).st_mtime_ns != entry[1]:
+            if os.stat(os.path.join(folder, entry[0]), follow_symlinks=False).st_ctime_ns != entry[1]:
                 return f"{entry[0]} changed"
         except OSError:
             return f"{entry[0]} is gone"

@@ -171,6 +171,13 @@ def test_a_changed_folder_rebuilds_its_index(tmp_path, caplog):
     os.link(root / "0.jpg", root / "train" / "c002" / "deep" / "x.jpg")  # a subfolder changed, not the class's
     deeper, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
     assert len(deeper) == 32 and "c002/deep changed" in said
+    # A file swapped in and its folder's modification time set back: the change time still moves.
+    for folder in (root / "train" / "c000", root / "train" / "c002" / "deep"):
+        times = os.stat(folder)
+        os.link(root / "0.jpg", folder / "swapped.jpg")
+        os.utime(folder, ns=(times.st_atime_ns, times.st_mtime_ns))
+        swapped, said = _one_rank_log(caplog, lambda: build_dataset(cfg.data, cfg.aug, "train", index_dir=run))
+        assert str(folder / "swapped.jpg") in [path for path, _ in swapped.samples] and "built" in said, said
 
 
 def _header(path: str) -> tuple[dict, int]:
@@ -270,15 +277,14 @@ def test_an_index_altered_with_its_checksum_fixed_is_still_checked(tmp_path):
     with pytest.raises(DataError, match=r"sample 3 is named b'../../../etc/passwd': an altered index"):
         build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
 
-    # A link planted in a class folder (its time set back: the index's key still holds) to an image outside the
-    # root, named by the forged index: the reader resolves each path and opens it only inside data.root.
+    # A link planted in a class folder to an image outside the root (the listing leaves it out), named by an index
+    # forged for the folder as it is now and sealed: the reader resolves each path and opens it only inside data.root.
     outside = tmp_path / "outside.png"
     Image.new("RGB", (8, 8), (255, 0, 0)).save(outside)
     first = index.labels.tolist().index(0)
-    class_folder = root / "train" / "c000"
-    times = os.stat(class_folder)
-    (class_folder / "evil.png").symlink_to(outside)
-    os.utime(class_folder, ns=(times.st_atime_ns, times.st_mtime_ns))
+    (root / "train" / "c000" / "evil.png").symlink_to(outside)
+    build_dataset(cfg.data, cfg.aug, "train", index_dir=run)
+    index = load_index(path, "folder", _header(path)[0]["key"])
     names = [b"evil.png" if i == first else index.name(i) for i in range(len(index))]
     offsets = np.zeros(len(names) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(n) for n in names])
