@@ -9,8 +9,9 @@
 # key, slurmctld and slurmd as root, one partition "local", job-completion records for `sacct -c`.
 #
 # With --nodes N (N >= 2) node i is "cat-n<i>": a slurmd in its own network and UTS namespace (hostname cat-n<i>,
-# address $NET.<10+i> on a bridge "catslurm0" this script creates, the controller at $NET.1 on the bridge). Names
-# resolve inside the nodes through /etc/netns/cat-n<i>/hosts (ip-netns bind-mounts it as their /etc/hosts).
+# address $NET.<10+i> on a bridge this script creates, $CAT_SLURM_BRIDGE (default catslurm0), the controller at
+# $NET.1 on the bridge). Names resolve inside the nodes through /etc/netns/cat-n<i>/hosts (ip-netns bind-mounts
+# it as their /etc/hosts).
 # The nodes share this machine's filesystem, munge socket and CPUs; packets go only between the bridge, the
 # nodes and the loopback (nothing is routed: the bridge has no uplink and forwarding is left as it is).
 # State and logs live in $CAT_SLURM_DIR (default /tmp/cat-slurm): made 0700 and owned by the caller; one that is a
@@ -31,7 +32,7 @@ die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 
 STATE=${CAT_SLURM_DIR:-/tmp/cat-slurm}
 NET=${CAT_SLURM_NET:-10.231.0}  # the bridge's /24; refused if this machine already routes it elsewhere
-BRIDGE=catslurm0
+BRIDGE=${CAT_SLURM_BRIDGE:-catslurm0}  # the bridge's interface name (another for a second cluster on this machine)
 CONF_DIR=/etc/slurm
 HOST=$(hostname -s)
 START_S=${CAT_SLURM_START_S:-120}
@@ -42,6 +43,8 @@ START_S=$((10#$START_S))  # decimal, leading zeros and all (the shell's arithmet
 [[ "$NET" =~ ^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])$ ]] \
     || die "CAT_SLURM_NET must be the first three numbers of an IPv4 /24 (e.g. 10.231.0), got '$NET'"
 [[ "$STATE" = /* && "$STATE" != *$'\n'* ]] || die "CAT_SLURM_DIR must be an absolute path, got '$STATE'"
+[[ "$BRIDGE" =~ ^[a-z][a-z0-9]{0,14}$ ]] \
+    || die "CAT_SLURM_BRIDGE must be an interface name of 1 to 15 lower-case letters and digits, got '$BRIDGE'"
 
 # The state folder: made 0700 for the caller, or refused where it could be someone else's (a link planted in /tmp,
 # another owner, a folder others may write in), and one this script made: it holds its marker, or was empty. An

@@ -1,7 +1,7 @@
 """The local Slurm helper (scripts/slurm/local_cluster.sh) ends only what it started: a process named in a PID file
 it did not write, a network namespace of one of its names that someone else made, a state folder others could
-have planted, and an environment value that would run code are each left alone or refused, with real processes
-and real namespaces. None of these starts a cluster: each is refused, or touches nothing, before one would."""
+have planted, and an environment value that would run code are each left alone or refused, with real processes,
+namespaces and bridges. None of these starts a cluster: each is refused, or touches nothing, before one would."""
 
 from __future__ import annotations
 
@@ -153,3 +153,33 @@ def test_a_stale_record_of_a_namespace_since_made_again_by_someone_else_is_not_t
     assert _cluster(state, "stop").returncode == 0
     inside.wait(timeout=30)  # its processes ended, the namespace deleted
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def foreign_bridge():
+    """A bridge of the name a cluster was told to use (CAT_SLURM_BRIDGE), made by someone else."""
+    name = "catbrtest9"
+    if subprocess.run(["ip", "link", "add", name, "type", "bridge"], capture_output=True).returncode != 0:
+        pytest.skip("a bridge cannot be made here")
+    yield name
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+def test_a_stale_record_of_a_bridge_since_made_again_by_someone_else_is_not_the_clusters(tmp_path, foreign_bridge):
+    """As for namespaces: the record names the bridge with the interface index of the one the cluster made (here
+    one since gone); a bridge of that name made since has another index and `stop` leaves it. A record of its own
+    index is the cluster's: `stop` deletes it."""
+    name = foreign_bridge
+    state = _state(tmp_path)
+    (state / ".cat-slurm-state").write_text("")
+    index = int(Path(f"/sys/class/net/{name}/ifindex").read_text())
+    (state / "bridge").write_text(f"{name} {index + 1000}\n")
+    assert _cluster(state, "stop", CAT_SLURM_BRIDGE=name).returncode == 0
+    assert Path(f"/sys/class/net/{name}").exists()
+    state.mkdir(mode=0o700, exist_ok=True)
+    (state / ".cat-slurm-state").write_text("")
+    (state / "bridge").write_text(f"{name} {index}\n")
+    assert _cluster(state, "stop", CAT_SLURM_BRIDGE=name).returncode == 0
+    assert not Path(f"/sys/class/net/{name}").exists()
+    bad = _cluster(state, "stop", CAT_SLURM_BRIDGE="cat;touch x")
+    assert bad.returncode != 0 and "CAT_SLURM_BRIDGE must be an interface name" in bad.stderr
