@@ -30,6 +30,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 REPO = Path(__file__).resolve().parents[1]
 # Read-only fixtures beside the checkout in development and CI; absent on users' machines.
 SHARED = REPO.parent / "shared"
+# The bound on one toy run a test starts (training, a tool, a sweep): they take 5 to 40 s here, up to three times
+# that on a slow or loaded machine; a hang fails within this, not after a blanket 10 or 15 minutes.
+TOY_RUN_S = 300
 OFFICIAL_CA_DEIT = SHARED / "fixtures" / "official_ca_deit"
 # A tiny CA-DeiT on learnable synthetic data (train_cls.py overrides): seconds per run on one thread.
 TINY_CLS = [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_wheel_installs_and_works_without_the_checkout(wheel_venv, tmp_path):
         capture_output=True,
         text=True,
         env={"REPO": str(REPO), "PATH": "/usr/bin:/bin"},
-        timeout=600,
+        timeout=TOY_RUN_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("wheel OK")

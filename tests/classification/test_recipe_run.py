@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests import prewarmed
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_deit_recipe_on_a_jpeg_folder(toy_imagenet, tmp_path):
         "logger.wandb.mode=disabled",
         f"output_dir={out}",
     ]
-    proc = prewarmed.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = prewarmed.run(command, cwd=REPO, capture_output=True, text=True, timeout=TOY_RUN_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epoch"] == 3 and 0.0 <= metrics["val/top1"] <= 100.0

@@ -30,6 +30,7 @@ from tests import prewarmed
 from tests.conftest import (
     REPO,
     TINY_CLS,
+    TOY_RUN_S,
     compose_config,
     descendant_pids,
     quick_few,
@@ -261,7 +262,7 @@ def test_torchrun_restarting_a_killed_worker_goes_on_with_a_run_started_over(tmp
         time.sleep(0.02)
     (worker,) = [pid for pid in descendant_pids(proc.pid) if "train_cls.py" in Path(f"/proc/{pid}/cmdline").read_text()]
     os.kill(worker, signal.SIGKILL)
-    output = proc.communicate(timeout=600)[0].decode()
+    output = proc.communicate(timeout=TOY_RUN_S)[0].decode()
     assert proc.returncode == 0, output[-3000:]
     log = (out / "log.txt").read_text()
     assert re.search(r"started over by torchrun run \S+, now in its worker restart 1; it goes on with that run", log)

@@ -17,7 +17,7 @@ import torch
 
 from cat.errors import CheckpointError
 from tests import prewarmed
-from tests.conftest import REPO, refusal_line, run_folder
+from tests.conftest import REPO, TOY_RUN_S, refusal_line, run_folder
 from tests.hostile import write_hostile_files
 from tests.mm.conftest import run_entry
 
@@ -37,7 +37,7 @@ def _entry(task: str, *overrides: str, env: dict[str, str] | None = None) -> sub
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=TOY_RUN_S,
         env={**os.environ, **(env or {})},
     )
 

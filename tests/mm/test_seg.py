@@ -16,7 +16,7 @@ from cat.runtime.dist import DistEnv
 from cat.runtime.metric_sinks import read_history
 from cat.runtime.resume import START_OVER
 from tests import prewarmed
-from tests.conftest import REPO, compose_config, mm_builder
+from tests.conftest import REPO, TOY_RUN_S, compose_config, mm_builder
 from tests.entry_cases import run_entry_cases
 from tests.mm.conftest import run_entry, stop_like_slurm
 
@@ -107,7 +107,7 @@ def test_a_requeued_start_over_goes_on_with_its_run(toy_ade, tmp_path, fpn_run):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=TOY_RUN_S,
     )
     log = (out / "log.txt").read_text()
     assert proc.returncode == 0, proc.stderr[-3000:]

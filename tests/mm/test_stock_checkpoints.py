@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 
 mmdet = pytest.importorskip("mmdet", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
 mmseg = pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
@@ -73,7 +73,7 @@ def stock_calls(folder: Path, with_cat: bool) -> dict:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=TOY_RUN_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

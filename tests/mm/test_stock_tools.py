@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import prewarmed
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 from tests.mm.conftest import run_entry
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -36,7 +36,7 @@ def run_stock(tool: Path, *args: str, cwd: Path, fresh: bool = False) -> subproc
     components there is the config's custom_imports line alone), else forked from the prewarmed one."""
     command = [sys.executable, str(tool), *args]
     runner = subprocess.run if fresh else prewarmed.run
-    proc = runner(command, cwd=cwd, capture_output=True, text=True, timeout=900)
+    proc = runner(command, cwd=cwd, capture_output=True, text=True, timeout=TOY_RUN_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 
@@ -234,7 +234,7 @@ sys.argv = ["get_flops.py", {str(USER_CONFIGS / "mask_rcnn_ca_pvt_t_1x_coco.py")
 runpy.run_path({str(stock_tool(mmdet, "analysis_tools/get_flops.py"))!r}, run_name="__main__")
 print("COUNTS", json.dumps(counts))
 """
-    proc = prewarmed.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = prewarmed.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=TOY_RUN_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Input shape: (800, 800)" in proc.stdout
     (mmengine_count,) = json.loads(proc.stdout.split("COUNTS", 1)[1])

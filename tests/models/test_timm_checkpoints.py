@@ -16,7 +16,7 @@ import cat
 from cat.errors import CheckpointError
 from cat.models import load_checkpoint_file
 from tests import prewarmed
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 from tests.hostile import _RunsCommand, _unicode, _zip_with_pickle
 
 TINY = {"embed_dim": 32, "depth": 2, "patch_size": 8, "img_size": 32, "num_classes": 10}
@@ -84,7 +84,7 @@ def test_mode_eval_takes_a_timm_checkpoint_and_its_ema(timm_checkpoint, tmp_path
     proc = prewarmed.run(
         [sys.executable, str(REPO / "train_cls.py"), "mode=eval", f"checkpoint={path}", f"output_dir={out}",
          "logger.wandb.mode=disabled", *kwargs],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO, capture_output=True, text=True, timeout=TOY_RUN_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "eval" / "metrics.json").read_text())  # an evaluation's folder

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests import prewarmed
-from tests.conftest import REPO
+from tests.conftest import REPO, TOY_RUN_S
 from tests.subprocess_output import output_tail
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher not installed")
@@ -42,7 +42,7 @@ def sweep(
     if not wait:
         return prewarmed.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        proc = prewarmed.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        proc = prewarmed.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TOY_RUN_S)
     except subprocess.TimeoutExpired as error:
         error.add_note(cell_logs(sweep_dir))
         raise
@@ -124,7 +124,7 @@ def test_a_cell_with_a_user_error_fails_alone_and_the_sweep_says_why(run_tool, t
     before its run opened a folder, the cell still leaves its line there: the sweep's table counts it as
     failed, saying why, not as never started. The sweep's last lines name every failed cell, Hydra's first last."""
     proc = sweep(tmp_path, "lr=-1,1e-3,-2", "epochs=1", wait=False, launcher=launcher)
-    output = proc.communicate(timeout=600)[0]
+    output = proc.communicate(timeout=TOY_RUN_S)[0]
     assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
     bad = f"{KWARGS},epochs=1,lr=-1"
     line = "invalid config: lr=-1: expected a number > 0 and <= 1e+06"
@@ -146,7 +146,7 @@ def test_a_cell_named_out_of_the_sweep_folder_is_refused_before_any_cell_runs(tm
     in one line before Hydra expands it, and nothing is made anywhere (Hydra makes a cell's folder itself)."""
     escape = "x/" + "../" * 3 + "elsewhere"
     proc = sweep(tmp_path / "sweeps" / "s", f"name={escape},y", "epochs=1", wait=False, launcher="basic")
-    output = proc.communicate(timeout=600)[0]
+    output = proc.communicate(timeout=TOY_RUN_S)[0]
     assert proc.returncode == 2 and "Traceback" not in output, output[-3000:]
     assert output.rstrip().splitlines()[-1] == (
         f"error: name={escape},y: the value {escape!r} names sweep cells, and its '..' or control characters would "
