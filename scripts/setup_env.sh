@@ -68,11 +68,11 @@ VPY=.venv/bin/python
 # bytecode (pip does by default, uv when told): without it every new interpreter compiles torch, timm and the rest
 # from source again wherever bytecode is not written back (PYTHONDONTWRITEBYTECODE=1, a read-only venv), about 5 s
 # a process here, and the test suite starts hundreds.
+SOURCES=()
+if [ -n "$UV" ]; then mapfile -t SOURCES < <(uv_sources); fi
 install() {
     if [ -n "$UV" ]; then
-        local sources
-        mapfile -t sources < <(uv_sources)
-        if "$UV" pip install -q --compile-bytecode --python "$VPY" "${sources[@]}" "$@"; then return 0; fi
+        if "$UV" pip install -q --compile-bytecode --python "$VPY" "${SOURCES[@]}" "$@"; then return 0; fi
         echo "setup_env.sh: uv could not install $*; installing with pip" >&2
         "$UV" pip install -q --python "$VPY" pip >/dev/null 2>&1 || true
     fi
@@ -120,7 +120,9 @@ fi
 install --no-deps --no-build-isolation -e .
 "$VPY" -m compileall -q -j 0 cat tools train_cls.py train_det.py train_seg.py >/dev/null
 
+# What was installed, from the packages' records (importing torch to ask would take seconds; the first run imports
+# it anyway).
 "$VPY" - <<'PY'
-import torch, timm, hydra
-print(f"cat env ready: torch {torch.__version__}, timm {timm.__version__}, hydra {hydra.__version__}")
+from importlib.metadata import version
+print(f"cat env ready: torch {version('torch')}, timm {version('timm')}, hydra {version('hydra-core')}")
 PY
