@@ -118,7 +118,8 @@ fi
 # The package itself, editable, so tools/ and the entry points import it from this checkout; its modules compiled
 # too (an edited one is recompiled as Python imports it: the bytecode records its source's time and size).
 install --no-deps --no-build-isolation -e .
-"$VPY" -m compileall -q -j 0 cat tools train_cls.py train_det.py train_seg.py >/dev/null
+"$VPY" -m compileall -q -j 0 cat tools train_cls.py train_det.py train_seg.py >/dev/null \
+    || echo "setup_env.sh: cat's modules could not all be compiled to bytecode here (Python compiles them as it imports them)" >&2
 
 # What was installed, from the packages' records (importing torch to ask would take seconds; the first run imports
 # it anyway).
