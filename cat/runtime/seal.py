@@ -101,20 +101,16 @@ def _key() -> bytes:
         return secrets.token_bytes(_KEY_BYTES)
 
 
-def _digest(content: Any) -> str:
-    payload = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    return hmac.new(_key(), payload, hashlib.sha256).hexdigest()
-
-
 def seal(content: Any) -> str:
     """The seal of ``content`` (anything JSON holds) under this user's key."""
-    return _digest(content)
+    payload = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return hmac.new(_key(), payload, hashlib.sha256).hexdigest()
 
 
 def seal_holds(content: Any, claimed: object) -> bool:
     """Whether ``claimed`` is this user's seal of ``content``."""
     try:
-        expected = _digest(content)
+        expected = seal(content)
     except (TypeError, ValueError, RecursionError):  # content no cat cache holds
         return False
     return isinstance(claimed, str) and hmac.compare_digest(expected, claimed)
