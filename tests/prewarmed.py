@@ -397,21 +397,12 @@ class ForkedProcess:
 
     def kill_tree(self) -> None:
         """Kill it and every process it started (a shim's end makes the server kill what the shim's command is)."""
+        from tests.conftest import descendant_pids  # the test process's (conftest imports this module)
+
         if self.returncode is None:
-            for pid in [*_descendants(self.pid), self.pid]:
+            for pid in [*descendant_pids(self.pid), self.pid]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes ``pid`` started and theirs, from /proc (none where it has ended)."""
-    found = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as children:
-                for child in map(int, children.read().split()):
-                    found += [child, *_descendants(child)]
-    return found
 
 
 # What the forked path takes of subprocess's arguments; a call with any other goes to subprocess.

@@ -212,7 +212,7 @@ def load_index(path: str, kind: str, key: Mapping[str, Any]) -> SampleIndex:
     if not seal_holds(header, claimed):
         raise _Invalid("its seal does not hold (written by another user or with another key, or altered since)")
     if header.get("key") != dict(key):
-        raise _Invalid("the dataset changed since it was built (sizes, modification times or listing)")
+        raise _Invalid("the dataset changed since it was built (sizes, times or listing)")
     declared = {**COMMON_ARRAYS, **KINDS[kind]}
     layout = header.get("arrays")
     if not isinstance(layout, dict) or set(layout) != set(declared):

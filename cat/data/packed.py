@@ -42,7 +42,15 @@ from cat.errors import DataError
 
 from .index import IndexSamples, SampleIndex, pack_names, return_freed_memory, shared_index
 from .manifest import check_against_manifest, read_manifest
-from .untrusted import check_image_size, check_label_array, decode_image, image_limit, open_regular, parse_label
+from .untrusted import (
+    check_image_size,
+    check_label_array,
+    decode_image,
+    file_stamp,
+    image_limit,
+    open_regular,
+    parse_label,
+)
 from .zip_directory import LOCAL_HEADER_BYTES, read_directory, read_member
 
 __all__ = ["CacheMode", "ZipImageDataset", "RankShardSampler", "zip_index"]
@@ -108,10 +116,9 @@ def _line_of(path: str, sample: int) -> str:
 
 
 def _stamp(path: str) -> list[Any]:
-    """The file's identity and times: its inode change time too, which a rewrite moves and no one can set back
-    (a rewrite with the same size and modification time kept the old index)."""
-    info = os.stat(path)
-    return [os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    """The file's place and :func:`~cat.data.untrusted.file_stamp` (a rewrite with the same size and modification
+    time kept the old index)."""
+    return [os.path.realpath(path), *file_stamp(os.stat(path))]
 
 
 def zip_index(zip_path: str, map_path: str, index_dir: str | None) -> SampleIndex:

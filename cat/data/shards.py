@@ -61,6 +61,7 @@ from .untrusted import (
     check_image_size,
     check_labels,
     decode_image,
+    file_stamp,
     image_limit,
     open_regular,
     parse_label,
@@ -164,8 +165,7 @@ _MAX_SHARD_IMAGES = 10**9
 
 def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[str, Any]]:
     """:func:`scan_shard` of each shard, cached in ``index_dir`` (the run's folder: the data's may be
-    read-only) under the shards' folder, keyed by each shard's size, modification and change times and
-    inode (a rewrite changes the change time, whatever the modification time is set back to), and sealed
+    read-only) under the shards' folder, keyed by each shard's :func:`~cat.data.untrusted.file_stamp`, and sealed
     by the user's key (:mod:`cat.runtime.seal`): a cache that someone else wrote or edited is rescanned."""
     cache_path = None
     cached: dict[str, Any] = {}
@@ -181,8 +181,7 @@ def _indexed(shards: list[str], limit: int, index_dir: str | None) -> list[dict[
             cached = {}
     found, changed = [], False
     for path in shards:
-        info = os.stat(path)
-        stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+        stamp = file_stamp(os.stat(path))
         entry = cached.get(os.path.basename(path))
         if not (isinstance(entry, dict) and entry.get("stamp") == stamp and _well_formed(entry)):
             entry = {"stamp": stamp, **scan_shard(path, limit)}

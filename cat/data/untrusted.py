@@ -33,6 +33,7 @@ __all__ = [
     "require_regular",
     "image_limit",
     "check_image_size",
+    "file_stamp",
     "decode_image",
     "as_rgb",
     "parse_label",
@@ -64,6 +65,12 @@ def require_regular(path: str) -> os.stat_result:
     if not stat.S_ISREG(info.st_mode):
         raise DataError(f"{path} is {_kind(info.st_mode)}, not a regular file: datasets are read from regular files")
     return info
+
+
+def file_stamp(info: os.stat_result) -> list[int]:
+    """What a cache of a file's contents is keyed by: its inode, size, and modification and change times (a rewrite
+    moves the change time, which no one can set back, whatever the modification time is set to)."""
+    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
 def open_regular(path: str, follow_links: bool = True) -> BinaryIO:
