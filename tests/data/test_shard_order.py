@@ -141,7 +141,7 @@ def test_shards_of_the_old_packer_are_warned_about_from_their_headers(digits, tm
     assert len(caplog.records) == 1 and "5 of 5 training shards are class-sorted" in caplog.records[0].getMessage()
 
 
-def _top1(root: Path, fmt: str, seed: int, epochs: int = 3) -> float:
+def _top1(root: Path, fmt: str, seed: int, epochs: int = 2) -> float:
     """A small CA-DeiT trained ``epochs`` on the split as the format delivers it, then evaluated."""
     seed_everything(seed)  # torch's, numpy's and Python's: timm's crops draw from the last
     data, aug = _config(root, fmt)
@@ -166,9 +166,10 @@ def _top1(root: Path, fmt: str, seed: int, epochs: int = 3) -> float:
 
 @pytest.mark.slow
 def test_packed_and_foreign_shards_train_as_well_as_the_folder(digits):
-    """Three seeds each, 3 epochs: top-1 ~35%, far from saturation. Packed and foreign shards stay within twice the
-    seeds' spread of the folder's mean; class-sorted shards (the control: the old packer's order) fall towards
-    chance, so the test sees an order that costs accuracy. Every RNG is seeded: the same numbers on every run."""
+    """Three seeds each, 2 epochs: top-1 ~27% (10% is chance), far from saturation. Packed and foreign shards stay
+    within twice the seeds' spread of the folder's mean; class-sorted shards (the control: the old packer's order)
+    fall towards chance, so the test sees an order that costs accuracy. Every RNG is seeded: the same numbers on
+    every run."""
     torch.set_num_threads(1)
     runs = {
         name: [_top1(digits[name], "folder" if name == "folder" else "tar", seed) for seed in seeds]

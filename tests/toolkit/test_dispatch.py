@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
-from cat.toolkit.dispatch import KernelCounter, count_kernels, peak_tensor_bytes
+from cat.toolkit.dispatch import KernelCounter, count_kernels, peak_tensor_bytes, sizes_only
+from cat.toolkit.variants import build_variant
 
 
 def test_kernels_are_counted_and_views_are_not():
@@ -46,3 +50,23 @@ def test_peak_tensor_memory_counts_what_lives_at_once_and_not_what_existed_befor
     assert peak_tensor_bytes(work) == 8000
     kept = []
     assert peak_tensor_bytes(lambda: kept.append(torch.ones(10) * 3)) == 80  # ones, then the product beside it
+
+
+@pytest.mark.parametrize("name", ["ca_deit_tiny", "ca_deit_tiny+lean", "deit_tiny_patch16_224"])
+def test_sizes_only_counts_what_the_real_step_dispatches_and_holds(name):
+    """A training step (forward, loss, backward) on tensors without data: the same operators, each as often, and the
+    same most tensor memory as the real step, here at 64^2 (circulant attention's lean and stored paths, timm's
+    SDPA attention)."""
+    model = build_variant(name, 64, "cpu", {"depth": 2})
+    x, target = torch.randn(2, 3, 64, 64), torch.tensor([3, 1])
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), target).backward()
+
+    step()  # lazily built constants made once, outside the counts
+    real = (count_kernels(step), peak_tensor_bytes(step))
+    with sizes_only():
+        x, target = torch.randn(2, 3, 64, 64), torch.tensor([3, 1])
+        assert isinstance(x, FakeTensor)
+        assert (count_kernels(step), peak_tensor_bytes(step)) == real
