@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, help="interleaved rounds per median (default: by device)")
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds of calls per timed block")
     parser.add_argument("--no-families", action="store_true", help="leave out (c, d)")
+    parser.add_argument(
+        "--families", nargs="+", choices=FAMILIES, default=list(FAMILIES), help="the models of (c, d) (default: all)"
+    )
     parser.add_argument("--families-res", type=positive_int, default=224, help="the resolution of (c, d)")
     parser.add_argument(
         "--compile-mode",
@@ -170,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         help="torch.compile every model in this mode (reduce-overhead: CUDA graphs); default: eager",
     )
     args = parser.parse_args(argv)
+    args.families = list(dict.fromkeys(args.families))  # each once, in the order given
     device = torch.device(args.device)
     resolutions = args.res or RESOLUTIONS.get(device.type, [224])
     dtypes = args.dtypes or DTYPES.get(device.type, ["fp32"])
@@ -213,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     result["families"] = []
     if not args.no_families:
         rows_by_label = {row["label"]: row for row in paper_table(2)["rows"] if row["label"] in FAMILIES}
-        specs = {label: rows_by_label[label]["model"] for label in FAMILIES}
+        specs = {label: rows_by_label[label]["model"] for label in args.families}
         result["families_dtype"] = dtypes[0]
         speed = measure(specs, args.families_res, device, dtypes[0], args, counted=False)  # (c, d) plot speed only
         result["families_res"] = args.families_res
-        for label in FAMILIES:
+        for label in args.families:
             row = {"label": label, "model": specs[label], "top1": rows_by_label[label]["paper"]["top1"]}
             result["families"].append(row | {k: speed[label][k] for k in ("batch", "infer_img_s", "train_img_s")})
             print(

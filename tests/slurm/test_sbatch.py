@@ -424,10 +424,26 @@ def node_processes(node: str) -> set[str]:
     return set(subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, timeout=30).stdout.split())
 
 
+def idle_cores(seconds: float = 1.0) -> float:
+    """How many cores' worth of time the machine left idle over the last ``seconds`` (``/proc/stat``)."""
+
+    def times() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+
+    total, idle = times()
+    time.sleep(seconds)
+    total_after, idle_after = times()
+    return (os.cpu_count() or 1) * (idle_after - idle) / max(1, total_after - total)
+
+
 def test_a_lost_node_comes_back_at_every_start_with_the_cores_busy(two_nodes):
     """`fail` then `start` ten times in a row while every core is busy (the suite's own load made `start` fail, or
-    return with the node still dead): each time the node runs a job step after, on a slurmd started anew."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    return with the node still dead): each time the node runs a job step after, on a slurmd started anew. Busy
+    loops take the cores the machine leaves idle: all of them when the test runs alone, none while the suite's
+    other workers already keep every core busy (they would only slow those down)."""
+    burners = round(idle_cores())
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
     try:
         for round_ in range(10):
             before = node_processes("cat-n2")

@@ -172,7 +172,8 @@ def test_a_missing_gpu_is_named():
 def test_benchmark_measures_fig4(run_tool, tmp_path):
     """tools/benchmark.py, the paper's Fig. 4: (a, b) CA-DeiT-T against DeiT-T with SDPA and with matmul softmax
     over resolutions, interleaved in one process, with each training step's kernels and tensor memory; (c, d) the
-    families' throughput against the paper's top-1."""
+    families' throughput against the paper's top-1 (here the tiny ones: the S and B rows are the same code, and
+    their 22M and 86M parameters were half the test's time)."""
     args = (
         "--out",
         str(tmp_path),
@@ -185,6 +186,9 @@ def test_benchmark_measures_fig4(run_tool, tmp_path):
         "0.001",
         "--families-res",
         "32",
+        "--families",
+        "CA-DeiT-T",
+        "DeiT-T",
     )
     text = run_tool("benchmark", *args)
     result = json.loads((tmp_path / "benchmark.json").read_text())
@@ -198,15 +202,8 @@ def test_benchmark_measures_fig4(run_tool, tmp_path):
         # The same softmax attention written two ways: more kernels for the matmul form, not fewer.
         assert rows["DeiT-T (matmul)"]["train_kernels"] > rows["DeiT-T (SDPA)"]["train_kernels"]
     assert result["gflops"]["DeiT-T (matmul)"] == result["gflops"]["DeiT-T (SDPA)"]
-    assert [r["label"] for r in result["families"]] == [
-        "DeiT-T",
-        "DeiT-S",
-        "DeiT-B",
-        "CA-DeiT-T",
-        "CA-DeiT-S",
-        "CA-DeiT-B",
-    ]
-    assert [r["top1"] for r in result["families"]] == [72.2, 79.8, 81.8, 75.0, 81.0, 82.3]  # the paper's Table 2
+    assert [r["label"] for r in result["families"]] == ["CA-DeiT-T", "DeiT-T"]
+    assert [r["top1"] for r in result["families"]] == [75.0, 72.2]  # the paper's Table 2
     assert (tmp_path / "fig4_efficiency.png").stat().st_size > 0
     assert "CA-DeiT-T against SDPA / matmul softmax" in text
 
