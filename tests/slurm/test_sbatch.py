@@ -425,7 +425,7 @@ def node_processes(node: str) -> set[str]:
 
 
 def idle_cores(seconds: float = 1.0) -> float:
-    """How many cores' worth of time the machine left idle over the last ``seconds`` (``/proc/stat``)."""
+    """How many cores' worth of time the machine leaves idle over the next ``seconds`` (``/proc/stat``)."""
 
     def times() -> tuple[int, int]:
         values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
