@@ -115,8 +115,8 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
         folder.write_config(cfg)
         # The Runner dumps its config into the run folder (rank 0) under the config's file name, which was the
         # packaged base's (an R50 detector's name beside a CA-PVT run): named for the run instead. Its text in the
-        # log and the checkpoints' meta is mmengine's own layout, not re-flowed by yapf (0.3-0.8 s a run): the
-        # dumped mm_config.py, the file users read and run, still is.
+        # log and the checkpoints' meta is mmengine's own layout, not re-flowed by yapf (0.3-0.8 s a run); the
+        # dumped mm_config.py is laid out by pprint (RunnerConfig.dump).
         mm = RunnerConfig(
             mm.to_dict(), cfg_text=mm.text, filename=folder.file("mm_config.py"), format_python_code=False
         )

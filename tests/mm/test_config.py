@@ -364,6 +364,32 @@ def test_the_runner_config_is_formatted_once_for_each_content(toy_coco, tmp_path
     assert "interval=7" not in mm.pretty_text  # the copy's change is the copy's
 
 
+def test_python_source_reads_back_as_the_config_it_was_made_from(toy_coco, tmp_path):
+    """The dumped config's text: every value as it was (non-identifier keys, tuples, nested lists, long strings,
+    None and booleans), laid out within the width where a value can break, its continuation lines under the
+    opening bracket, for a whole detector's config as for a made-up one."""
+    from mmengine.config import Config
+
+    from cat.mm.config import python_source
+
+    made_up = {
+        "crop_size": (512, 512),
+        "overrides": {"decode_head.channels": 64, "neck.in_channels": [64, 128, 320, 512]},
+        "note": "a long string " * 12,
+        "hooks": [{"type": "A", "interval": None, "by_epoch": False}, {"type": "B", "args": ((1, 2), [3.5, -1e-08])}],
+        "empty": {},
+    }
+    built = mm_builder("det")(compose_config("det", f"data.root={toy_coco}"), DistEnv(), str(tmp_path)).to_dict()
+    for config in (made_up, built):
+        text = python_source(config, width=100)
+        assert Config.fromstring(text, file_format=".py").to_dict() == config
+        lines = text.splitlines()
+        assert sum(len(line) > 100 for line in lines) <= sum("'/" in line for line in lines)  # only long paths
+    text = python_source(made_up, width=60)
+    start = text.index("hooks = [")
+    assert text[start:].splitlines()[1].startswith(" " * len("hooks = [") + "{")
+
+
 def test_amp_on_cpu_says_it_trains_in_float32(toy_coco, tmp_path, caplog, monkeypatch):
     """mmengine's AmpOptimWrapper is CUDA-only: asked for on CPU, the run says so instead of ignoring it."""
 

@@ -158,6 +158,8 @@ def test_the_saved_config_is_portable_and_written_atomically(toy_coco, tmp_path)
     dumped = Config.fromfile(str(saved))
     assert dumped.custom_imports == {"imports": ["cat.mm"], "allow_failed_imports": False}
     assert "work_dir" not in dumped and dumped.resume is False and dumped.model == built.model
+    expected = {key: value for key, value in built.to_dict().items() if key not in ("work_dir", "resume")}
+    assert {key: value for key, value in dumped.to_dict().items() if key != "resume"} == expected  # the rest as is
 
 
 @pytest.mark.parametrize("name", ["ca_pvt_tiny", "ca_swin_tiny", "pvt_tiny", "deit_tiny_patch16_224"])
