@@ -171,7 +171,7 @@ def test_bench_attention_compiles_every_model_it_trains(run_tool):
     from torch._dynamo.utils import counters
 
     counters.clear()
-    row = train_step_row(run_tool, ["ca_deit_tiny"], "--compile", "--model-arg", "depth=2")  # compile time: depth
+    row = train_step_row(run_tool, ["ca_deit_tiny"], "--compile", "--model-arg", "depth=1")  # compile time grows with depth
     assert counters["stats"]["unique_graphs"] >= 1 and row["ca_deit_tiny_ms"] > 0
 
 
