@@ -39,21 +39,31 @@ class MetricSinkBackend(BaseVisBackend):
     goes to them at its iteration. Images and configs are not metrics; cat records its configs itself.
 
     Built outside :func:`sinks_for_new_backends` (a stock ``tools/train.py`` or ``test.py`` running a saved
-    config), it logs to ``save_dir/metrics.jsonl``: mmengine's ``<work_dir>/<timestamp>/vis_data``."""
+    config), it logs to ``save_dir/metrics.jsonl``: mmengine's ``<work_dir>/<timestamp>/vis_data``. Like mmengine's
+    own backends it may be built without a ``save_dir`` (mmseg's ``browse_dataset.py`` builds the config's
+    visualizer only to draw images): a metric logged then is refused, naming what is missing."""
 
     def __init__(self, save_dir: str | None = None) -> None:
         super().__init__(save_dir)
         self.own_sinks = _current is None  # closed with the backend, not by a cat run
-        if _current is not None:
-            self.sinks = _current
-        elif save_dir is not None:
-            self.sinks = MetricSinks([JsonlSink(os.path.join(save_dir, METRICS_HISTORY))])
-        else:
-            raise ValueError("MetricSinkBackend needs a save_dir outside a cat run (mmengine's Visualizer gives one)")
+        self._sinks = _current
 
     @property
     def experiment(self) -> MetricSinks:
         return self.sinks
+
+    @property
+    def sinks(self) -> MetricSinks:
+        """The run's sinks; outside a run, ``save_dir/metrics.jsonl``, made at the first metric."""
+        if self._sinks is None:
+            if self._save_dir is None:
+                raise ValueError(
+                    "MetricSinkBackend has no save_dir to write metrics.jsonl into: outside a cat run, build it "
+                    "through mmengine's Visualizer with one (the Runner gives <work_dir>/<timestamp>/vis_data)"
+                )
+            os.makedirs(self._save_dir, exist_ok=True)
+            self._sinks = MetricSinks([JsonlSink(os.path.join(self._save_dir, METRICS_HISTORY))])
+        return self._sinks
 
     def _init_env(self) -> None:
         pass
@@ -63,11 +73,9 @@ class MetricSinkBackend(BaseVisBackend):
 
     def add_scalars(self, scalar_dict: dict, step: int = 0, file_path: str | None = None, **kwargs: Any) -> None:
         scalars = {k: float(v) for k, v in scalar_dict.items() if isinstance(v, numbers.Real)}
-        if scalars:
-            if self.own_sinks:  # mmengine calls this on the main process only
-                os.makedirs(self._save_dir, exist_ok=True)
+        if scalars:  # mmengine calls this on the main process only
             self.sinks.log(scalars, step)
 
     def close(self) -> None:
-        if self.own_sinks:
-            self.sinks.finish()
+        if self.own_sinks and self._sinks is not None:
+            self._sinks.finish()

@@ -166,8 +166,8 @@ def test_user_config_trains_and_tests_through_the_stock_tools(task, toy_coco, to
 @pytest.mark.parametrize("task", ["det", "seg"])
 def test_a_run_folders_saved_config_and_checkpoint_run_in_the_stock_tools(task, toy_coco, toy_ade, tmp_path):
     """train_det.py / train_seg.py's mm_config.py and checkpoint, unchanged: stock test.py reproduces the run's
-    metrics.json, stock train.py trains it (writing its metrics through cat's backend into its own work_dir) and
-    nothing of either lands in the run folder."""
+    metrics.json, stock train.py trains it (writing its metrics through cat's backend into its own work_dir),
+    stock browse_dataset.py draws its data, and nothing of any lands in the run folder."""
     out = tmp_path / "run"
     if task == "det":
         package, checkpoint = mmdet, "epoch_1.pth"
@@ -211,6 +211,22 @@ def test_a_run_folders_saved_config_and_checkpoint_run_in_the_stock_tools(task, 
     assert (tmp_path / "train" / checkpoint).is_file()
     (history,) = (tmp_path / "train").glob("*/vis_data/metrics.jsonl")
     assert any("loss" in json.loads(line) for line in history.read_text().splitlines())
+    # The stock browse_dataset.py builds the config's visualizer without a save_dir (cat's metric backend refused
+    # that) and draws each training image with its annotations. mmseg's then draws its labels into an array
+    # OpenCV >= 4.8 refuses (mmseg issue #3405, with or without cat; OpenCV < 4.8 does not import with numpy 2).
+    browse = [sys.executable, str(stock_tool(package, "analysis_tools/browse_dataset.py")), config, "--not-show"]
+    proc = prewarmed.run(
+        [*browse, "--output-dir", str(tmp_path / "browse")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TOY_RUN_S,
+    )
+    assert "MetricSinkBackend" not in proc.stderr, proc.stderr[-3000:]
+    if task == "det":
+        assert proc.returncode == 0 and len(list((tmp_path / "browse").glob("*.jpg"))) == 8, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == 0 or "in function 'rectangle'" in proc.stderr, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == before
 
 
