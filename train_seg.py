@@ -11,6 +11,12 @@ Configs live in configs/seg (Hydra); see README.md.
 
 from __future__ import annotations
 
+import gc
+
+# The collector stays off while torch, timm and the rest load (their long-lived objects would be walked over
+# and over); hydra_entry turns it back on with them set aside (cat/runtime/entry.py says why).
+gc.disable()
+
 from omegaconf import DictConfig
 
 from cat.mm import SEG, run_mm

@@ -9,6 +9,7 @@ tests. Run as ``python -m tests.entry_cases CASES.json RESULTS.json``.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -61,6 +62,8 @@ def _run_case(script: str, args: list[str]) -> dict[str, object]:
         except BaseException:  # what the interpreter prints for an uncaught exception
             traceback.print_exc()
             status = 1
+    # The next case's entry sets aside what is alive (gc.freeze): this case's leftovers are not, as in a new process.
+    gc.collect()
     return {"returncode": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
 
 

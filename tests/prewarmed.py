@@ -189,6 +189,7 @@ def serve(address: str) -> None:
     A request is one packet: the JSON ``{argv, cwd, env}`` with the child's stdin, stdout and stderr as file
     descriptors; the answers are ``{"pid": ...}`` and, once it ends, ``{"returncode": ...}``."""
     global _shim
+    gc.disable()  # while the stack loads (as the entry scripts do): the collector would walk its objects over and over
     for name in STACK:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -196,6 +197,7 @@ def serve(address: str) -> None:
     # only what the child made, not the million objects of the imports, whose pages then stay shared.
     gc.collect()
     gc.freeze()
+    gc.enable()
     _shim = _shim_of(address)
     with open(_shim, "w") as shim:
         shim.write(f'#!/bin/sh\nexec {shlex.join([sys.executable, "-S", __file__, "--client", address])} "$@"\n')
