@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
+from tests import prewarmed
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves them out
@@ -74,9 +75,11 @@ def test_script_sees_cat_models_only_through_the_launcher(digit_folder, tmp_path
 
 
 def test_launcher_errors():
-    missing = run("-m", "cat.timm", "no_such_script.py")
+    # What it refuses does not depend on what is registered: forked from the prewarmed interpreter.
+    launcher = [sys.executable, "-m", "cat.timm"]
+    missing = prewarmed.run([*launcher, "no_such_script.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "no script 'no_such_script.py'" in missing.stderr
-    assert run("-m", "cat.timm").returncode == 2
+    assert prewarmed.run(launcher, cwd=REPO, capture_output=True, text=True, timeout=300).returncode == 2
 
 
 @pytest.mark.skipif(not os.environ.get("TIMM_SCRIPTS"), reason="TIMM_SCRIPTS (a pytorch-image-models checkout) not set")
