@@ -78,7 +78,7 @@ def _collect_without_the_imports() -> None:
     scripts turn it off before their imports: torch, torchvision, timm and Hydra leave ~700k objects that live as
     long as the process, and the collector walked them several times while they loaded and again at each later
     full collection (mmengine's datasets ask for two). A training process starts with ~1.3 CPU-s less of it (a
-    toy Mask R-CNN run: ~1.9 s); the few cycles the imports left behind are never freed."""
+    toy Mask R-CNN run: ~1.8 s); the few cycles the imports left behind are never freed."""
     gc.freeze()
     gc.enable()
 

@@ -57,10 +57,11 @@ def digit_folder(tmp_path_factory) -> Path:
     return root
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    # A fresh interpreter, not tests.prewarmed: what a script sees registered is the point (the prewarmed one has
-    # imported cat, so timm knows its models).
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+def run(*args: str, fresh: bool = True) -> subprocess.CompletedProcess:
+    """``python ARGS``: in a fresh interpreter, where what a script sees registered is the point (the prewarmed one
+    has imported cat, so timm knows its models); ``fresh=False``: forked from the prewarmed interpreter."""
+    runner = subprocess.run if fresh else prewarmed.run
+    return runner([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_script_sees_cat_models_only_through_the_launcher(digit_folder, tmp_path):
@@ -76,10 +77,9 @@ def test_script_sees_cat_models_only_through_the_launcher(digit_folder, tmp_path
 
 def test_launcher_errors():
     # What it refuses does not depend on what is registered: forked from the prewarmed interpreter.
-    launcher = [sys.executable, "-m", "cat.timm"]
-    missing = prewarmed.run([*launcher, "no_such_script.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    missing = run("-m", "cat.timm", "no_such_script.py", fresh=False)
     assert missing.returncode != 0 and "no script 'no_such_script.py'" in missing.stderr
-    assert prewarmed.run(launcher, cwd=REPO, capture_output=True, text=True, timeout=300).returncode == 2
+    assert run("-m", "cat.timm", fresh=False).returncode == 2
 
 
 @pytest.mark.skipif(not os.environ.get("TIMM_SCRIPTS"), reason="TIMM_SCRIPTS (a pytorch-image-models checkout) not set")
