@@ -267,10 +267,35 @@ IgnoreSystemd=yes
 CONF
 }
 
+# The start time the controller holds for node NAME's slurmd ("None" before any registered; empty if it cannot say).
+registered_start() {
+    timeout 10 scontrol show node -o "$1" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2 || true
+}
+# Per node whose slurmd this `start` launched: what the controller held for it just before. The node has come back
+# once the controller holds another, set by the new slurmd's first registration. Neither clock is read: process start
+# times (ps's lstart) follow the wall clock, so a step of it (a fresh VM's clock being synced) made a slurmd running
+# since before the step look newer than its registration, and `start` waited for a node that was up.
+declare -A REGISTERED_BEFORE=()
+# Records what the controller holds for NAME, before a slurmd is launched for it; asks again while the controller
+# does not answer (busy, or just started), within the start's deadline.
+before_launch() {
+    local held deadline=$((SECONDS + START_S))
+    until held=$(registered_start "$1"); [ -n "$held" ]; do
+        [ "$SECONDS" -lt "$deadline" ] || die "slurmctld did not say in ${START_S} s what it holds for node $1 (scontrol \
+show node $1); the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+        sleep 1
+    done
+    REGISTERED_BEFORE[$1]=$held
+    # A registration is stamped with its second: one within the second of the held one could look like it.
+    held=$(date -d "$held" +%s 2>/dev/null || echo 0)
+    while [ "$(date +%s)" = "$held" ]; do sleep 0.1; done
+}
+
 # A node's slurmd, inside its namespace with its own hostname; started unless it runs.
 start_node() {
     local name=$1
     if our_pid slurmd-"$name" >/dev/null; then return; fi
+    before_launch "$name"
     mkdir -p "$STATE/spool/$name"
     rm -f "$STATE/slurmd-$name.pid"  # a lost slurmd's: its PID must not be taken for the new one's
     ip netns exec "$name" unshare --uts -- sh -c "hostname $name && exec slurmd" \
@@ -278,11 +303,12 @@ start_node() {
     wait_for_pid "$STATE/slurmd-$name.pid" slurmd "$STATE/slurmd-$name.log" "slurmd-$name"
 }
 
-# Within the start's deadline: each node (NAME:KEY, KEY its slurmd's record) answering and usable in Slurm, as
-# registered by the slurmd running now, not an earlier one the controller has not yet missed (a `start` just after
-# `fail` would otherwise see the lost node still "idle"); each daemon of ours alive throughout; else which, and why.
+# Within the start's deadline: each node (NAME:KEY, KEY its slurmd's record) answering and usable in Slurm, and one
+# whose slurmd this `start` launched registered by it, not by an earlier one the controller has not yet missed (a
+# `start` just after `fail` would otherwise see the lost node still "idle"); each daemon of ours alive throughout;
+# else which, and why.
 wait_for_nodes() {
-    local deadline=$((SECONDS + START_S)) node name key pid since registered states waiting
+    local deadline=$((SECONDS + START_S)) node name key states waiting
     while [ "$SECONDS" -lt "$deadline" ]; do
         our_pid slurmctld >/dev/null \
             || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
@@ -290,11 +316,9 @@ wait_for_nodes() {
         waiting=()
         for node in "$@"; do
             name=${node%%:*} key=${node#*:}
-            pid=$(our_pid "$key") || die "slurmd of $name died while the nodes came up; the end of $(node_log "$name"): \
+            our_pid "$key" >/dev/null || die "slurmd of $name died while the nodes came up; the end of $(node_log "$name"): \
 $(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
-            since=$(date -d "$(ps -o lstart= -p "$pid")" +%s)
-            registered=$(timeout 10 scontrol show node -o "$name" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
-            if ! grep -qE "^$name (idle|mix|alloc)\$" <<< "$states" || [ "$(date -d "$registered" +%s 2>/dev/null || echo 0)" -lt "$since" ]; then
+            if ! grep -qE "^$name (idle|mix|alloc)\$" <<< "$states" || ! registered_anew "$name"; then
                 waiting+=("$name")
                 timeout 10 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
             fi
@@ -302,8 +326,19 @@ $(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
         [ "${#waiting[@]}" -gt 0 ] || return 0
         sleep 1
     done
-    die "nodes ${waiting[*]} did not come up in ${START_S} s (${states//$'\n'/, }; sinfo: $(timeout 10 sinfo -h -R -o '%N: %E' 2>/dev/null | tr '\n' ' ')); the end of \
-$(node_log "${waiting[0]}"): $(tail -n 3 "$(node_log "${waiting[0]}")" 2>/dev/null | tr '\n' ' ')"
+    name=${waiting[0]}
+    die "nodes ${waiting[*]} did not come up in ${START_S} s (${states//$'\n'/, }; $name's slurmd start as registered: \
+$(registered_start "$name")${REGISTERED_BEFORE[$name]+, before this start: ${REGISTERED_BEFORE[$name]}}; sinfo: \
+$(timeout 10 sinfo -h -R -o '%N: %E' 2>/dev/null | tr '\n' ' ')); the end of $(node_log "$name"): \
+$(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
+}
+# Whether node NAME's registration is its slurmd's of now: any, for a slurmd running before this `start`; for one
+# launched by it, a start time the controller did not hold before.
+registered_anew() {
+    local now
+    [ -n "${REGISTERED_BEFORE[$1]+set}" ] || return 0
+    now=$(registered_start "$1")
+    [ -n "$now" ] && [ "$now" != None ] && [ "$now" != "${REGISTERED_BEFORE[$1]}" ]
 }
 # A node's slurmd log.
 node_log() { if [ "$1" = "$HOST" ]; then echo "$STATE/slurmd.log"; else echo "$STATE/slurmd-$1.log"; fi; }
@@ -378,6 +413,7 @@ start)
         write_config 1
         start_slurmctld
         if ! our_pid slurmd >/dev/null; then
+            before_launch "$HOST"
             rm -f "$STATE/slurmd.pid"
             slurmd || die "slurmd did not start: it exited with status $? (see $STATE/slurmd.log)"
             wait_for_pid "$STATE/slurmd.pid" slurmd "$STATE/slurmd.log"

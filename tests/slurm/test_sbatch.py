@@ -439,7 +439,8 @@ def idle_cores(seconds: float = 1.0) -> float:
 
 def test_a_lost_node_comes_back_at_every_start_with_the_cores_busy(two_nodes):
     """`fail` then `start` ten times in a row while every core is busy (the suite's own load made `start` fail, or
-    return with the node still dead): each time the node runs a job step after, on a slurmd started anew. Busy
+    return with the node still dead): each time `start` returns once the controller holds the new slurmd's
+    registration, and the node runs a job step after, on a slurmd started anew. Busy
     loops take the cores the machine leaves idle: all of them when the test runs alone, none while the suite's
     other workers already keep every core busy (they would only slow those down)."""
     burners = round(idle_cores())
@@ -447,8 +448,11 @@ def test_a_lost_node_comes_back_at_every_start_with_the_cores_busy(two_nodes):
     try:
         for round_ in range(10):
             before = node_processes("cat-n2")
+            registered = scontrol_field("node", "cat-n2", "SlurmdStartTime")
             cluster("fail", "cat-n2")
             cluster("start", "--nodes", "2")
+            # As `start` returns, the controller holds the new slurmd's registration, not the lost one's.
+            assert scontrol_field("node", "cat-n2", "SlurmdStartTime") != registered, f"round {round_}"
             step = subprocess.run(
                 ["srun", "-w", "cat-n2", "-N1", "-n1", "--gpus-per-node=0", "hostname"],
                 capture_output=True,
