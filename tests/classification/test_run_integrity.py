@@ -51,9 +51,9 @@ def test_sigterm_ends_a_run_with_nothing_to_save_at_once(tmp_path):
     )
     log = tmp_path / "throughput" / "log.txt"
     try:
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while "throughput mode on" not in (log.read_text() if log.exists() else ""):
-            assert run.poll() is None and time.time() < deadline
+            assert run.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=60) == 128 + signal.SIGTERM
@@ -77,9 +77,9 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.monotonic() + 120
         while not (tmp_path / "last.pth").exists():
-            assert first.poll() is None and time.time() < deadline
+            assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         second = train_proc(tmp_path, "epochs=100000", "batch_size=8", timeout=300)
         assert second.returncode == 2

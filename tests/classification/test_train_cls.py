@@ -188,10 +188,10 @@ def _start_and_signal(output_dir: Path, sig: int, *overrides: str, whole_step: b
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not (output_dir / "epoch_0001.pth").exists():
         assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline
+        assert time.monotonic() < deadline
         time.sleep(0.02)
     for pid in descendant_pids(proc.pid) if whole_step else ():
         os.kill(pid, sig)
@@ -256,9 +256,9 @@ def test_torchrun_restarting_a_killed_worker_goes_on_with_a_run_started_over(tmp
     proc = subprocess.Popen(
         command, cwd=REPO, env=env_single_thread(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not (out / "epoch_0001.pth").exists():
-        assert proc.poll() is None and time.time() < deadline
+        assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     (worker,) = [pid for pid in descendant_pids(proc.pid) if "train_cls.py" in Path(f"/proc/{pid}/cmdline").read_text()]
     os.kill(worker, signal.SIGKILL)
@@ -517,9 +517,9 @@ def test_a_stop_during_a_stuck_read_ends_the_run_and_saves_its_steps(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not (tmp_path / "stuck.waiting").exists():
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
         time.sleep(0.05)
     time.sleep(1)  # the main process is now waiting on its stuck batch
     proc.send_signal(signal.SIGTERM)

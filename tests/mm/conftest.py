@@ -33,9 +33,9 @@ def stop_like_slurm(script: str, overrides: list[str], log: Path, reached: str) 
         first = prewarmed.Popen(
             [sys.executable, str(REPO / script), *overrides], cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr
         )
-        deadline = time.time() + 600
+        deadline = time.monotonic() + 600
         while not re.search(reached, log.read_text() if log.exists() else ""):
-            assert first.poll() is None and time.time() < deadline
+            assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         workers = descendant_pids(first.pid)
         assert len(workers) == 2  # the train loader's

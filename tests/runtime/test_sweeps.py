@@ -92,9 +92,9 @@ def test_a_killed_cell_resumes_when_the_sweep_is_relaunched(run_tool, tmp_path):
     overrides = ("seed=0,1", "epochs=3", "batch_size=16")
     launcher = sweep(tmp_path, *overrides, wait=False)
     victim = tmp_path / f"{KWARGS},batch_size=16,epochs=3,seed=1"
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not (victim / "last.pth").is_file():  # killed after its first epoch, mid-way through the second
-        assert time.time() < deadline and launcher.poll() is None, launcher.stdout.read()[-3000:]
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.stdout.read()[-3000:]
         time.sleep(0.2)
     os.kill(json.loads((victim / ".lock").read_text())["pid"], signal.SIGTERM)
     assert launcher.wait(timeout=300) == 0, launcher.stdout.read()[-3000:]

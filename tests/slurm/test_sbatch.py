@@ -175,16 +175,16 @@ def wait_for(job: str, timeout: float) -> str:
     once it is pending on a node Slurm cannot use. A requeued job is made eligible soon after it is requeued (Slurm
     delays requeued jobs by minutes), but not at once: started while slurmd is still cleaning up the previous run,
     the batch job is killed ("job credential revoked") and the job ends FAILED."""
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     requeued_at = None
-    while time.time() < deadline:
+    while time.monotonic() < deadline:
         state = job_field(job, "JobState")
         if state in FINAL_STATES:
             return state
         fail_if_waiting_on_a_lost_node(job, state)
         if state == "PENDING" and int(job_field(job, "Restarts") or 0) > 0:
-            requeued_at = requeued_at or time.time()
-            if time.time() - requeued_at > 5:
+            requeued_at = requeued_at or time.monotonic()
+            if time.monotonic() - requeued_at > 5:
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
         time.sleep(1)
     subprocess.run(["scancel", job], capture_output=True)
@@ -218,12 +218,12 @@ def test_multi_node_template_on_one_node(slurm, tmp_path):
 def wait_for_line(path: Path, pattern: str, job: str, timeout: float = LONG_JOB_S) -> re.Match:
     """The first match of ``pattern`` in ``path`` once ``job`` writes it (the file may not exist yet); fails at once
     where the job ended without it or waits on a lost node."""
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     while not (match := re.search(pattern, path.read_text() if path.exists() else "")):
         state = job_field(job, "JobState")
         assert state not in FINAL_STATES, f"job {job} ended {state} before {pattern!r} was in {path}"
         fail_if_waiting_on_a_lost_node(job, state)
-        assert time.time() < deadline, f"no {pattern!r} in {path} after {timeout} s (job {job}: {state})"
+        assert time.monotonic() < deadline, f"no {pattern!r} in {path} after {timeout} s (job {job}: {state})"
         time.sleep(0.2)
     return match
 
@@ -286,10 +286,10 @@ signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
 open(sys.argv[1] + ".started", "w").close()
 while not stop:
     time.sleep(0.1)
-started = time.time()
+started = time.monotonic()
 time.sleep(40)
 with open(sys.argv[1] + ".saved", "w") as saved:
-    saved.write(f"{time.time() - started:.0f} s after the stop")
+    saved.write(f"{time.monotonic() - started:.0f} s after the stop")
 """
 
 
@@ -297,9 +297,9 @@ def test_preempted_trainer_may_take_longer_than_torchruns_default_to_save(slurm,
     script, marker = tmp_path / "slow_to_stop.py", tmp_path / "trainer"
     script.write_text(SLOW_TO_STOP)
     job = sbatch("single_node.sbatch", tmp_path / "job.out", str(script), str(marker))
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not marker.with_suffix(".started").exists():
-        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING")
+        assert time.monotonic() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING")
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
     assert wait_for(job, REQUEUED_JOB_S) == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
@@ -395,12 +395,12 @@ def test_lost_node_ends_the_job_in_bounded_time_and_the_requeued_job_resumes(two
         options=TWO_NODES,
     )
     wait_for_line(out / "log.txt", r"epoch 2/2 step (2\d|[3-8]\d)/89", job)
-    lost = time.time()
+    lost = time.monotonic()
     try:
         cluster("fail", "cat-n2")
-        while job_field(job, "JobState") in ("RUNNING", "COMPLETING") and time.time() - lost < 300:
+        while job_field(job, "JobState") in ("RUNNING", "COMPLETING") and time.monotonic() - lost < 300:
             time.sleep(0.5)
-        ended = time.time() - lost
+        ended = time.monotonic() - lost
         # The bound: the collective's timeout or Slurm's SlurmdTimeout (20 s here), whichever comes first,
         # then up to KillWait (20 s here) while srun waits for the lost node's step, and a margin.
         assert ended < timeout_s + 20 + 30, f"the job still ran {ended:.0f} s after its node was lost"
