@@ -70,6 +70,9 @@ CAT_SLURM_DIR a new folder"
     fi
 }
 
+# Whole seconds since boot (/proc/uptime): the start's deadlines are kept on it, not on bash's SECONDS, which follows
+# the wall clock (a step of it, as a fresh VM's clock is synced, would cut a wait short or stretch it).
+uptime_s() { local up _; read -r up _ < /proc/uptime; echo "${up%.*}"; }
 # The kernel's start time of PID (field 22 of /proc/PID/stat, after the command's parentheses), empty once it has
 # exited: a killed daemon stays in the process table as a zombie (state Z, or X) until it is reaped, which on a loaded
 # machine can take a while, and must not count as running.
@@ -105,8 +108,8 @@ with_descendants() {
 # under KEY (default NAME), with the kernel's start time of its PID; or fail with its log's end. Bounded by the
 # start's deadline, not a count of tries: on a loaded machine a daemon can take seconds to write its PID file.
 wait_for_pid() {
-    local file=$1 name=$2 log=$3 key=${4:-$2} pid started deadline=$((SECONDS + START_S))
-    while [ "$SECONDS" -lt "$deadline" ]; do
+    local file=$1 name=$2 log=$3 key=${4:-$2} pid started deadline=$(($(uptime_s) + START_S))
+    while [ "$(uptime_s)" -lt "$deadline" ]; do
         pid=$(cat "$file" 2>/dev/null || true)
         if [[ "$pid" =~ ^[0-9]+$ ]] && [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "$name" ]; then
             started=$(start_time "$pid")
@@ -279,9 +282,9 @@ declare -A REGISTERED_BEFORE=()
 # Records what the controller holds for NAME, before a slurmd is launched for it; asks again while the controller
 # does not answer (busy, or just started), within the start's deadline.
 before_launch() {
-    local held deadline=$((SECONDS + START_S))
+    local held deadline=$(($(uptime_s) + START_S))
     until held=$(registered_start "$1"); [ -n "$held" ]; do
-        [ "$SECONDS" -lt "$deadline" ] || die "slurmctld did not say in ${START_S} s what it holds for node $1 (scontrol \
+        [ "$(uptime_s)" -lt "$deadline" ] || die "slurmctld did not say in ${START_S} s what it holds for node $1 (scontrol \
 show node $1); the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
         sleep 1
     done
@@ -308,8 +311,8 @@ start_node() {
 # `start` just after `fail` would otherwise see the lost node still "idle"); each daemon of ours alive throughout;
 # else which, and why.
 wait_for_nodes() {
-    local deadline=$((SECONDS + START_S)) node name key states waiting
-    while [ "$SECONDS" -lt "$deadline" ]; do
+    local deadline=$(($(uptime_s) + START_S)) node name key states waiting
+    while [ "$(uptime_s)" -lt "$deadline" ]; do
         our_pid slurmctld >/dev/null \
             || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
         states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)
