@@ -586,6 +586,7 @@ def test_a_start_whose_node_never_comes_up_ends_in_bounded_time_naming_it(slurm,
     (fake / "slurmd").write_text("#!/bin/sh\necho 'fatal: this slurmd never starts' >&2\nexit 1\n")
     (fake / "slurmd").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    cluster("stop")  # the fixture's two-node cluster, when this test runs without the one before it
     started = time.monotonic()
     proc = subprocess.run([*CLUSTER, "start"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 1 and time.monotonic() - started < 60, proc.stderr
