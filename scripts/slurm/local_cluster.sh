@@ -29,6 +29,8 @@
 set -euo pipefail
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
+# "the end of FILE: " and its last three lines on one line, for a message saying why a daemon did not come up.
+log_end() { echo "the end of $1: $(tail -n 3 "$1" 2>/dev/null | tr '\n' ' ')"; }
 
 STATE=${CAT_SLURM_DIR:-/tmp/cat-slurm}
 NET=${CAT_SLURM_NET:-10.231.0}  # the bridge's /24; refused if this machine already routes it elsewhere
@@ -117,7 +119,7 @@ wait_for_pid() {
         fi
         sleep 0.2
     done
-    die "$name did not start in ${START_S} s (no live process in $file); the end of $log: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+    die "$name did not start in ${START_S} s (no live process in $file); $(log_end "$log")"
 }
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs as root)"
 
@@ -275,8 +277,8 @@ registered_start() {
     timeout 10 scontrol show node -o "$1" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2 || true
 }
 # Per node whose slurmd this `start` launched: what the controller held for it just before. The node has come back
-# once the controller holds another, set by the new slurmd's first registration. Neither clock is read: process start
-# times (ps's lstart) follow the wall clock, so a step of it (a fresh VM's clock being synced) made a slurmd running
+# once the controller holds another, set by the new slurmd's first registration. No process start time is compared with
+# it: ps's (lstart) follows the wall clock, so a step of it (a fresh VM's clock being synced) made a slurmd running
 # since before the step look newer than its registration, and `start` waited for a node that was up.
 declare -A REGISTERED_BEFORE=()
 # Records what the controller holds for NAME, before a slurmd is launched for it; asks again while the controller
@@ -285,7 +287,7 @@ before_launch() {
     local held deadline=$(($(uptime_s) + START_S))
     until held=$(registered_start "$1"); [ -n "$held" ]; do
         [ "$(uptime_s)" -lt "$deadline" ] || die "slurmctld did not say in ${START_S} s what it holds for node $1 (scontrol \
-show node $1); the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+show node $1); $(log_end "$STATE/slurmctld.log")"
         sleep 1
     done
     REGISTERED_BEFORE[$1]=$held
@@ -314,13 +316,12 @@ wait_for_nodes() {
     local deadline=$(($(uptime_s) + START_S)) node name key states waiting
     while [ "$(uptime_s)" -lt "$deadline" ]; do
         our_pid slurmctld >/dev/null \
-            || die "slurmctld died while the nodes came up; the end of $STATE/slurmctld.log: $(tail -n 3 "$STATE/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+            || die "slurmctld died while the nodes came up; $(log_end "$STATE/slurmctld.log")"
         states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)
         waiting=()
         for node in "$@"; do
             name=${node%%:*} key=${node#*:}
-            our_pid "$key" >/dev/null || die "slurmd of $name died while the nodes came up; the end of $(node_log "$name"): \
-$(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
+            our_pid "$key" >/dev/null || die "slurmd of $name died while the nodes came up; $(log_end "$(node_log "$name")")"
             if ! grep -qE "^$name (idle|mix|alloc)\$" <<< "$states" || ! registered_anew "$name"; then
                 waiting+=("$name")
                 timeout 10 scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
@@ -332,8 +333,7 @@ $(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
     name=${waiting[0]}
     die "nodes ${waiting[*]} did not come up in ${START_S} s (${states//$'\n'/, }; $name's slurmd start as registered: \
 $(registered_start "$name")${REGISTERED_BEFORE[$name]+, before this start: ${REGISTERED_BEFORE[$name]}}; sinfo: \
-$(timeout 10 sinfo -h -R -o '%N: %E' 2>/dev/null | tr '\n' ' ')); the end of $(node_log "$name"): \
-$(tail -n 3 "$(node_log "$name")" 2>/dev/null | tr '\n' ' ')"
+$(timeout 10 sinfo -h -R -o '%N: %E' 2>/dev/null | tr '\n' ' ')); $(log_end "$(node_log "$name")")"
 }
 # Whether node NAME's registration is its slurmd's of now: any, for a slurmd running before this `start`; for one
 # launched by it, a start time the controller did not hold before.
