@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, register_notrace_module, trunc_normal_
 from torch import Tensor, nn
 
@@ -52,6 +53,12 @@ class CirculantBlock(nn.Module):
         # Channels-last like the token view it convolves, so its weight's gradient has the weight's strides:
         # DDP compares them in full and otherwise warns "Grad strides do not match bucket view strides".
         self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim).to(memory_format=torch.channels_last)
+        # x + cpe(x) is one convolution whose kernel has 1 added at its centre: the block adds a 3x3 kernel instead of
+        # a (B, N, C) map, and the backward gives x one gradient instead of two that autograd then adds.
+        identity = torch.zeros_like(self.cpe.weight)
+        identity[:, :, 1, 1] = 1.0
+        self.cpe_identity: Tensor
+        self.register_buffer("cpe_identity", identity, persistent=False)
         self.norm1 = norm_layer(dim)
         self.attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, proj_drop=proj_drop)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -70,8 +77,9 @@ class CirculantBlock(nn.Module):
     def forward_tokens(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
         # A channels-last view in and out: the depthwise conv then needs no layout copies (2x here).
-        pe = self.cpe(x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2))
-        x = x + pe.permute(0, 2, 3, 1).reshape(B, N, C)
+        maps = x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
+        kernel = self.cpe.weight + self.cpe_identity
+        x = F.conv2d(maps, kernel, self.cpe.bias, padding=1, groups=C).permute(0, 2, 3, 1).reshape(B, N, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 

@@ -103,7 +103,7 @@ def circulant_attention(
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
     backend = backend_for(check_backend(fft_backend), q.device, compute_dtype(q))
-    q_f, k_f, v_f = (rfft2(t.to(work).permute(3, 0, 1, 2), backend, logits=t is not v) for t in (q, k, v))
+    q_f, k_f, v_f = (rfft2(t.to(work).permute(3, 0, 1, 2), backend, t is not v, norm="ortho") for t in (q, k, v))
     out = attend_spectra(q_f, k_f, v_f, (H, W), head_dim, scale, backend)[0]
     return out.permute(1, 2, 3, 0).to(out_dtype)
 
@@ -263,13 +263,13 @@ def circulant_attention_layer(
             x, hw, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, head_dim, scale, reweight, backend,
             keep_weights, qkv_bias, prefix,
         )  # fmt: skip
-    gate_pre = F.linear(x, gate_weight, gate_bias) if gate_weight is not None else None
     budget = budget_bytes(memory_mb, x.device)
     stored = stored_floats(B * N, C, C // head_dim, hw) * fft_itemsize(x.dtype)
     return circulant_attention_function(
         x,
         qkv_weight,
-        gate_pre,
+        gate_weight,
+        gate_bias,
         proj_weight,
         proj_bias,
         hw,
@@ -310,7 +310,7 @@ def _autograd_layer(
         assert gate is not None  # pre-reweighting has a gate (checked by the layer)
         q_f, k_f = projected_spectra(rows, qkv_weight[: 2 * C], B, hw, packed=False).chunk(2)
         v = F.linear(x, qkv_weight[2 * C :], value_bias(qkv_bias, 0, C) if qkv_bias is not None else None) * gate
-        v_f = rfft2(token_maps(v, hw), backend)
+        v_f = rfft2(token_maps(v, hw), backend, norm="ortho")
     else:
         q_f, k_f, v_f = projected_spectra(rows, qkv_weight, B, hw, packed=False).chunk(3)
     y, omega, _ = attend_spectra(q_f, k_f, v_f, hw, head_dim, scale, backend)

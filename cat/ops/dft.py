@@ -15,6 +15,10 @@ Backends:
 
 The matrix backends return their spectra in float32 (float64 for float64 maps) whatever the GEMM ran in: the
 softmax logits need the range.
+
+``norm`` scales a transform as ``torch.fft``'s does: ``"backward"`` (the forward unscaled, the inverse by 1/N),
+``"ortho"`` (both by 1/sqrt(N)) or ``"forward"`` (the forward by 1/N, the inverse unscaled). The matrix backends fold
+the factor into a cached matrix, so a scaled transform costs no operator more than an unscaled one.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from torch import Tensor
 
 from .precision import autocast_state, fft_dtype, no_autocast
 
-__all__ = ["DFTBackend", "DFT_BACKENDS", "check_dft_backend", "rfft2", "irfft2"]
+__all__ = ["DFTBackend", "DFT_BACKENDS", "Norm", "check_dft_backend", "is_unit", "rfft2", "irfft2"]
 
 DFTBackend = Literal["fft", "separable", "matmul"]
+Norm = Literal["backward", "ortho", "forward"]
 DFT_BACKENDS: tuple[DFTBackend, ...] = ("fft", "separable", "matmul")
 
 
@@ -64,10 +69,11 @@ def _interleave(re: Tensor, im: Tensor, dim: int) -> Tensor:
     return torch.stack((re, im), dim=dim + 1).flatten(dim, dim + 1)
 
 
-def _build(kind: str, hw: tuple[int, int], orthonormal: bool) -> Tensor:
-    """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use);
-    ``orthonormal``: scaled by 1/sqrt(n) for a forward transform along an axis of n, sqrt(n) for an inverse one."""
-    matrix = _unscaled(kind, hw)
+def _build(kind: str, hw: tuple[int, int], orthonormal: bool, factor: float) -> Tensor:
+    """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use),
+    times ``factor``; ``orthonormal``: scaled by 1/sqrt(n) for a forward transform along an axis of n, sqrt(n) for an
+    inverse one."""
+    matrix = _unscaled(kind, hw) * factor
     if orthonormal:
         n = {"rows": hw[0], "inverse_rows": hw[0], "columns": hw[1], "inverse_columns": hw[1]}.get(kind, hw[0] * hw[1])
         matrix = matrix * (n**0.5 if kind.startswith("inverse") else n**-0.5)
@@ -119,8 +125,25 @@ def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, devic
     return _cached(build, key, dtype, device)
 
 
-def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
-    return constant(_build, (kind, hw, _orthonormal(dtype)), dtype, device)
+def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device, factor: float = 1.0) -> Tensor:
+    return constant(_build, (kind, hw, _orthonormal(dtype), factor), dtype, device)
+
+
+def is_unit(factor: float) -> bool:
+    """Whether a factor is 1 but for rounding (sqrt(n) / sqrt(n) need not be exactly 1.0): no product is needed."""
+    return math.isclose(factor, 1.0, rel_tol=1e-12)
+
+
+def _norm_factor(norm: Norm, n: int, inverse: bool) -> float:
+    """What ``norm`` multiplies a transform of ``n`` points by, beside the unnormalised forward and the 1/n inverse
+    (the matrices' own scales)."""
+    if norm == "backward":
+        return 1.0
+    if norm == "ortho":
+        return n**0.5 if inverse else n**-0.5
+    if norm == "forward":
+        return float(n) if inverse else 1.0 / n
+    raise ValueError(f"norm must be 'backward', 'ortho' or 'forward'; got {norm!r}")
 
 
 def _orthonormal(dtype: torch.dtype) -> bool:
@@ -137,42 +160,52 @@ def _gemm_dtype(x: Tensor, logits: bool) -> torch.dtype:
     return dtype if work == torch.float32 and enabled and dtype is not None and not logits else work
 
 
-def rfft2(x: Tensor, backend: DFTBackend = "fft", logits: bool = False) -> Tensor:
-    """The unnormalised half spectrum of real maps x (..., H, W) as real pairs (..., H, W//2+1, 2), in float32
-    (float64 for float64 maps). ``logits``: the spectrum goes into softmax logits, which half precision would
+def rfft2(x: Tensor, backend: DFTBackend = "fft", logits: bool = False, norm: Norm = "backward") -> Tensor:
+    """The half spectrum of real maps x (..., H, W) as real pairs (..., H, W//2+1, 2), scaled as ``norm`` says, in
+    float32 (float64 for float64 maps). ``logits``: the spectrum goes into softmax logits, which half precision would
     blur (bf16 keeps 8 bits): its GEMMs, if any, run in float32 under autocast too."""
     H, W = x.shape[-2:]
     work = fft_dtype(x.dtype)
+    if backend == "fft":  # autocast leaves torch.fft's operators alone (CUDA's runs them in float32)
+        return torch.view_as_real(torch.fft.rfft2(x.to(work), norm=norm))
     dtype = _gemm_dtype(x, logits)
+    factor = _norm_factor(norm, H * W, inverse=False)
     with no_autocast(x.device):  # the dtypes are set here
-        if backend == "fft":
-            return torch.view_as_real(torch.fft.rfft2(x.to(work)))
+        # float16's orthonormal matrices leave the rest of the factor to a float32 product; others carry all of it.
+        orthonormal = _orthonormal(dtype)
+        rest, carried = (factor * (H * W) ** 0.5, 1.0) if orthonormal else (1.0, factor)
         xs = x.to(dtype)
         if backend == "matmul":
-            pairs = xs.flatten(-2) @ _matrix("dense", (H, W), dtype, x.device)
+            pairs = xs.flatten(-2) @ _matrix("dense", (H, W), dtype, x.device, carried)
         else:  # along H (full: the map is real), then along W (half), each a GEMM over the other's output as it lies
             full = torch.matmul(_matrix("rows", (H, W), dtype, x.device), xs)  # (..., 2H, W): rows (k, re | im)
-            pairs = full.reshape(*x.shape[:-2], H, 2 * W) @ _matrix("columns", (H, W), dtype, x.device)
-        pairs = pairs.to(work) * (H * W) ** 0.5 if _orthonormal(dtype) else pairs.to(work)
+            pairs = full.reshape(*x.shape[:-2], H, 2 * W) @ _matrix("columns", (H, W), dtype, x.device, carried)
+        pairs = pairs.to(work) if is_unit(rest) else pairs.to(work) * rest
         return pairs.unflatten(-1, (-1, 2)).reshape(*x.shape[:-2], H, W // 2 + 1, 2)
 
 
-def irfft2(spectrum: Tensor, hw: tuple[int, int], backend: DFTBackend = "fft", logits: bool = False) -> Tensor:
-    """The real maps (..., H, W) whose half spectrum is the Hermitian ``spectrum`` (..., H, W//2+1, 2) of pairs
-    (``logits``: as :func:`rfft2`'s)."""
+def irfft2(
+    spectrum: Tensor, hw: tuple[int, int], backend: DFTBackend = "fft", logits: bool = False, norm: Norm = "backward"
+) -> Tensor:
+    """The real maps (..., H, W) whose half spectrum is the Hermitian ``spectrum`` (..., H, W//2+1, 2) of pairs,
+    scaled as ``norm`` says (``logits``: as :func:`rfft2`'s)."""
     H, W = hw
     device = spectrum.device
     work = fft_dtype(spectrum.dtype)
+    if backend == "fft":  # autocast leaves torch.fft's operators alone (CUDA's runs them in float32)
+        return torch.fft.irfft2(torch.view_as_complex(spectrum.to(work).contiguous()), s=hw, norm=norm)
     dtype = _gemm_dtype(spectrum, logits)
+    factor = _norm_factor(norm, H * W, inverse=True)
     with no_autocast(device):  # the dtypes are set here
-        if backend == "fft":
-            return torch.fft.irfft2(torch.view_as_complex(spectrum.to(work).contiguous()), s=hw)
-        if _orthonormal(dtype):
-            spectrum = spectrum * (H * W) ** -0.5
+        # float16's orthonormal matrices take a spectrum scaled down first (in float32); others carry the factor.
+        orthonormal = _orthonormal(dtype)
+        rest, carried = (factor * (H * W) ** -0.5, 1.0) if orthonormal else (1.0, factor)
+        if not is_unit(rest):
+            spectrum = spectrum * rest
         pairs = spectrum.to(dtype).flatten(-3)  # (..., 2 H Wf)
         if backend == "matmul":
-            return (pairs @ _matrix("inverse_dense", hw, dtype, device)).to(work).unflatten(-1, (H, W))
+            return (pairs @ _matrix("inverse_dense", hw, dtype, device, carried)).to(work).unflatten(-1, (H, W))
         # Along W first, into the two real maps T1, T2 per frequency row, then along H: cos T1 - sin T2.
         halves = pairs.unflatten(-1, (H, -1)) @ _matrix("inverse_columns", hw, dtype, device)  # (..., H, 2W)
-        out = torch.matmul(_matrix("inverse_rows", hw, dtype, device), halves.reshape(*halves.shape[:-2], 2 * H, W))
-        return out.to(work)
+        rows = _matrix("inverse_rows", hw, dtype, device, carried)
+        return torch.matmul(rows, halves.reshape(*halves.shape[:-2], 2 * H, W)).to(work)

@@ -1,21 +1,29 @@
 """Circulant attention with its token gate and output projection as one autograd function whose backward is
-written in the frequency domain: a fixed number of kernels per block, however large the batch.
+written in the frequency domain: a fixed number of operators per block, however large the batch.
 
 What the backward starts from (``lean``):
-  stored  the forward keeps the spectra of x and of q, k, v, the weights and the output (:func:`stored_floats`);
-          the backward recomputes nothing. The faster of the two; ``auto`` takes it where the memory allows.
+  stored  the forward keeps the input's maps, the spectra of q, k, v, the weights, their spectrum and the output
+          (:func:`stored_floats`); the backward recomputes only the gate. The faster of the two; ``auto`` takes it
+          where the memory allows.
   lean    the forward keeps only x and the gate's pre-activation; the backward recomputes the rest, so training
           holds less than softmax attention would. It works through the channels in groups sized by a memory budget
-          in bytes (:func:`channel_groups`): one group, and so a fixed kernel count, unless the budget is smaller
+          in bytes (:func:`channel_groups`): one group, and so a fixed operator count, unless the budget is smaller
           than the block's working set.
 Each group's stages run over all its channels at once (batched transforms and GEMMs).
 
-The gradients are again correlations and convolutions. With the weights omega by backward offset
-(:func:`cat.ops.spectral.circulant_weights`), Y = F(omega) V per channel, so with G = F(g_y) and Lambda = F(g_lambda):
-    F(g_v) = conj(F omega) G,      F(g_omega) = conj(V) G,      g_lambda = scale * softmax'(g_omega),
+Spectra are orthonormal (``norm="ortho"``), as the released model computes them: the released scale 1/sqrt(N) then
+costs no product, forward or backward (:func:`cat.ops.spectral.logit_factor`). With the weights omega by backward
+offset (:func:`cat.ops.spectral.circulant_weights`), y = irfft(F(omega) V) per channel, so with G = F(g_y) and
+Lambda = F(g_lambda) (orthonormal):
+    F(g_v) = conj(F omega) G,      g_omega = N irfft(conj(V) G),      g_lambda = scale * softmax'(g_omega),
     F(g_q) = Lambda K,             F(g_k) = conj(Lambda) Q,
-and the gradients of the qkv weight and of x come from these spectra directly (Parseval), with one inverse
-transform for all of x's.
+and one inverse transform of the three gradient spectra gives the gradients of q, k and v as maps, from which two
+GEMMs give the qkv weight's gradient and x's, with the maps of x the forward made.
+
+Dtypes: the transforms, the products between them and the qkv projection run in float32 (float64 for float64 inputs):
+the softmax logits need the range, and a float32 GEMM takes no cast. Under autocast the gate and the projection run
+in autocast's dtype, with the projection's weights cast once per step, and the input is cast with the copy into maps
+that the transform takes anyway.
 """
 
 from __future__ import annotations
@@ -27,14 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dft import DFTBackend, irfft2, rfft2
-from .precision import autocast_state, fft_itemsize
+from .dft import DFTBackend, irfft2, is_unit, rfft2
+from .precision import autocast_state, fft_dtype, fft_itemsize, no_autocast
 from .spectral import (
     attend_spectra,
     conj_mul,
     head_sum,
+    logit_factor,
     pack_spectrum,
-    parseval_weights,
     per_head,
     unpack_spectrum,
     weights_by_offset,
@@ -49,11 +57,12 @@ LEAN_WORKING_FLOATS = 16
 
 
 def stored_floats(tokens: int, channels: int, heads: int, hw: tuple[int, int]) -> int:
-    """Floats the stored path keeps for the backward of a block of ``tokens`` (B*N) tokens: the spectra of x and of
-    q, k, v (2*H*(W//2+1) reals per map of N), the weights and their spectrum, and the output."""
+    """Floats the stored path keeps for the backward of a block of ``tokens`` (B*N) tokens: the maps of x, the spectra
+    of q, k, v (2*H*(W//2+1) reals per map of N), the weights and their spectrum, the attention output and the
+    projection's input."""
     H, W = hw
     spectrum = tokens * 2 * (W // 2 + 1) * H // (H * W)  # reals per map's spectrum, over the batch
-    return (4 * channels + heads) * spectrum + heads * tokens + channels * tokens
+    return (3 * channels + heads) * spectrum + heads * tokens + 3 * channels * tokens
 
 
 def channel_groups(
@@ -98,13 +107,25 @@ def map_tokens(maps: Tensor) -> Tensor:
     return maps.flatten(-2).permute(1, 2, 0)
 
 
+def grid_maps(x: Tensor, prefix_tokens: int, hw: tuple[int, int]) -> Tensor:
+    """The grid tokens of x (B, P + N, C) as contiguous maps (C, B, H, W) in the transforms' dtype: one copy, which
+    casts too (a half-precision x under autocast). A transform of the strided view wrote its spectrum in x's layout,
+    which the rows then copied, a larger copy (2*H*(W//2+1) reals per map against N). Made unconditionally (not
+    ``.contiguous()``, whose check torch.export turns into guards on the batch size)."""
+    maps = token_maps(x[:, prefix_tokens:], hw)
+    return maps.to(fft_dtype(x.dtype), memory_format=torch.contiguous_format, copy=True)
+
+
+def map_rows(maps: Tensor, hw: tuple[int, int], backend: DFTBackend, packed: bool) -> Tensor:
+    """The orthonormal spectra of ``maps`` (C, B, H, W) as real rows (C, B*R) (:func:`to_rows`): q's and k's spectra
+    come from them, so their GEMMs, if any, run in float32."""
+    return to_rows(rfft2(maps, backend, logits=True, norm="ortho"), maps.shape[1], hw, packed)
+
+
 def grid_rows(x: Tensor, prefix_tokens: int, hw: tuple[int, int], backend: DFTBackend, packed: bool) -> Tensor:
-    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (C, B*R) (:func:`to_rows`). The maps are
-    made contiguous first: a transform of the strided view wrote its spectrum in x's layout, which the rows then
-    copied, a larger copy (2*H*(W//2+1) reals per map against N)."""
-    # A copy made unconditionally (not .contiguous(), whose check torch.export turns into guards on the batch size).
-    maps = token_maps(x[:, prefix_tokens:], hw).clone(memory_format=torch.contiguous_format)
-    return to_rows(rfft2(maps, backend, logits=True), x.shape[0], hw, packed)  # q's and k's spectra come from it
+    """The spectrum of the grid tokens of x (B, P + N, C) as real rows (C, B*R) (:func:`grid_maps`,
+    :func:`map_rows`)."""
+    return map_rows(grid_maps(x, prefix_tokens, hw), hw, backend, packed)
 
 
 def group_rows(qkv: Tensor, lo: int, hi: int) -> Tensor:
@@ -132,9 +153,10 @@ def value_bias(qkv_bias: Tensor, lo: int, hi: int) -> Tensor:
 def projected_spectra(rows: Tensor, weight: Tensor, batch: int, hw: tuple[int, int], packed: bool) -> Tensor:
     """The spectra (O, B, H, W//2+1, 2) of the maps that a (O, C) ``weight`` projects from the maps whose spectra's
     rows are ``rows`` (C, B*R), B = ``batch``. The transform is linear, so projecting the spectrum equals
-    transforming the projection: one transform of x gives q, k and v, with one GEMM for the whole batch (autocast
-    may run it in bf16)."""
-    return to_pairs((weight @ rows).to(rows.dtype), batch, hw, packed)
+    transforming the projection: one transform of x gives q, k and v, with one GEMM for the whole batch, in the rows'
+    dtype whatever autocast says (the logits need float32; the weight is float32 already: no cast)."""
+    with no_autocast(rows.device):
+        return to_pairs(weight.to(rows.dtype) @ rows, batch, hw, packed)
 
 
 def _join(parts: list[Tensor]) -> Tensor:
@@ -154,13 +176,29 @@ class _Settings:
     lean: bool
 
 
-def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, s: _Settings, keep_spectra: bool):
-    """Output (B, T, C), the attention output y (C, B, H, W) with v's bias, the weights omega (heads, B, H, W) by
-    backward offset, and with ``keep_spectra`` what the backward needs besides (one group): the input spectrum's rows,
-    q, k, v's spectra and the weights'."""
+def _gated_tokens(y: Tensor, gate_pre: Tensor | None, prefix: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The projection's input u = y * SiLU(gate_pre) (B, T, C) in ``dtype`` for the attention output y (C, B, H, W),
+    and the P prefix tokens' outputs before it: the gate multiplied into its own fresh buffer, one token-major
+    transient."""
+    tokens = map_tokens(y)
+    P = 0 if prefix is None else prefix.shape[1]
+    if gate_pre is None:
+        return torch.cat([prefix, tokens], dim=1).to(dtype) if prefix is not None and P else tokens.to(dtype)
+    u = F.silu(gate_pre)
+    u[:, P:].mul_(tokens)
+    if prefix is not None and P:
+        u[:, :P].mul_(prefix)
+    return u
+
+
+def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, s: _Settings):
+    """Output (B, T, C), the weights omega (heads, B, H, W) by backward offset, and what the stored backward starts
+    from (one group): the maps of x, q, k, v's spectra, the weights' spectrum, the attention output y (C, B, H, W)
+    with v's bias and the projection's input. The gate's pre-activation, ``proj_weight`` and ``proj_bias`` are in
+    the compute dtype."""
     B, T, C = x.shape
-    P = T - s.hw[0] * s.hw[1]
-    rows = grid_rows(x, P, s.hw, s.backend, s.packed)
+    maps = grid_maps(x, T - s.hw[0] * s.hw[1], s.hw)
+    rows = map_rows(maps, s.hw, s.backend, s.packed)
     ys, omegas = [], []
     qkv = omega_f = None
     for lo, hi in s.groups:
@@ -172,17 +210,10 @@ def _forward(x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, 
     y = _join(ys)
     if qkv_bias is not None:  # only v's part acts (circulant_attention_layer): a constant through the weights
         y = y + value_bias(qkv_bias, 0, C).view(C, 1, 1, 1).to(y.dtype)
-    tokens = map_tokens(y)
-    if gate_pre is None:
-        u = torch.cat([prefix.to(tokens.dtype), tokens], dim=1) if P else tokens
-    else:  # the gate multiplied into its own fresh buffer: one token-major transient, not two
-        u = F.silu(gate_pre)
-        u[:, P:].mul_(tokens)
-        if P:
-            u[:, :P].mul_(prefix)
-    out = F.linear(u, proj_weight, proj_bias)
-    kept = (rows, qkv, omega_f) if keep_spectra else ()
-    return out, y, _join(omegas), kept
+    u = _gated_tokens(y, gate_pre, prefix, proj_weight.dtype)
+    with no_autocast(x.device):  # the weights are in the compute dtype already
+        out = F.linear(u, proj_weight, proj_bias)
+    return out, _join(omegas), (maps, qkv, omega_f, y, u)
 
 
 def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -> contextlib.AbstractContextManager:
@@ -192,16 +223,42 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """Autocast's dtype where it is on, else x's."""
+    enabled, dtype = autocast_state(x.device)
+    return dtype if enabled and dtype is not None else x.dtype
+
+
+def _in_dtype(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def _gate_and_forward(x, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, qkv_bias, prefix, settings):
+    """:func:`_forward` from the parameters: the gate's and the projection's weights cast once to the compute dtype
+    (autocast's, else x's), and the gate's pre-activation (B, T, C) in it. Returns the output, the weights, the
+    gate's pre-activation, the cast projection weight and :func:`_forward`'s kept tensors."""
+    compute = _compute_dtype(x)
+    proj_w = proj_weight.to(compute)
+    gate_pre = None
+    with no_autocast(x.device):  # the dtypes are set here
+        if gate_weight is not None:
+            gate_pre = F.linear(x.to(compute), gate_weight.to(compute), _in_dtype(gate_bias, compute))
+    out, omega, kept = _forward(
+        x, qkv_weight, gate_pre, proj_w, _in_dtype(proj_bias, compute), qkv_bias, _in_dtype(prefix, compute), settings
+    )
+    return out, omega, gate_pre, proj_w, kept
+
+
 class _CirculantAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, settings: _Settings):
-        out, y, omega, kept = _forward(
-            x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix, settings, not settings.lean
+    def forward(ctx, x, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, qkv_bias, prefix, settings):
+        out, omega, gate_pre, proj_w, kept = _gate_and_forward(
+            x, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, qkv_bias, prefix, settings
         )
-        stored = () if settings.lean else (*kept, y, omega)
-        ctx.save_for_backward(x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix, *stored)
+        stored = () if settings.lean else (*kept, omega)
+        ctx.save_for_backward(x, qkv_weight, gate_weight, gate_pre, proj_w, qkv_bias, prefix, *stored)
         ctx.settings = settings
-        ctx.has_bias = proj_bias is not None
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (gate_bias, proj_weight, proj_bias))
         ctx.autocast = autocast_state(x.device)
         ctx.mark_non_differentiable(omega)
         ctx.set_materialize_grads(False)  # the weights get no gradient: no zeros made for it
@@ -209,9 +266,9 @@ class _CirculantAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_out: Tensor, _g_omega: Tensor | None):
-        x, qkv_weight, gate_pre, proj_weight, qkv_bias, prefix, *stored = ctx.saved_tensors
+        x, qkv_weight, gate_weight, gate_pre, proj_w, qkv_bias, prefix, *stored = ctx.saved_tensors
         if g_out is None:  # grads are not materialised: none reached the output
-            return (None,) * 8
+            return (None,) * 9
         s: _Settings = ctx.settings
         hw, head_dim, backend = s.hw, s.head_dim, s.backend
         B, T, C = x.shape
@@ -219,99 +276,136 @@ class _CirculantAttentionFunction(torch.autograd.Function):
         P = T - N
         device = x.device
         one_group = len(s.groups) == 1
-        with _autocast_as(device, ctx.autocast):
-            rows = grid_rows(x, P, hw, backend, s.packed) if s.lean else stored[0]
-            work = rows.dtype
-            g_u = torch.matmul(g_out, proj_weight)  # the gradient of the projection's input
-            g_out_tokens = g_out[:, P:].reshape(B * N, -1)
-            # The qkv weight's gradient from the gradient spectra and x's (Parseval): no inverse transform per group.
-            weighted = (rows.view(C, B, -1) * parseval_weights(hw, s.packed, work, device)).view(C, -1)
-            g_rows = None
-            g_qkv_weight = qkv_weight.new_empty(qkv_weight.shape, dtype=work) if not one_group else None
-            g_proj_weight = proj_weight.new_empty(proj_weight.shape, dtype=work) if not one_group else None
-            g_gate_pre = None
+        factor = logit_factor(hw, head_dim, s.scale)
+        g_out = g_out.to(proj_w.dtype)
+        u = None
+        with _autocast_as(device, ctx.autocast):  # for the GEMM DFTs, which run in autocast's dtype
+            if s.lean:
+                maps = grid_maps(x, P, hw)
+                rows = map_rows(maps, hw, backend, s.packed)
+            else:
+                maps, qkv, omega_f, y, u, omega = stored
+            work = maps.dtype
+            with no_autocast(device):
+                g_u = torch.matmul(g_out, proj_w)  # the gradient of the projection's input
+                # The projection's weight: at once from its kept input, else per group and for the prefix rows.
+                g_proj_weight = g_out.reshape(B * T, C).t() @ u.reshape(B * T, C) if u is not None else None
+            if g_proj_weight is None and not one_group:
+                g_proj_weight = proj_w.new_empty(proj_w.shape)
+            g_out_tokens = g_out[:, P:].reshape(B * N, C)
+            g_grid = g_qkv_weight = g_gate_pre = None
+            if not one_group:
+                g_qkv_weight = qkv_weight.new_empty(qkv_weight.shape, dtype=work)
             if gate_pre is not None and (P or not one_group):
-                g_gate_pre = torch.empty_like(gate_pre)
+                g_gate_pre = gate_pre.new_empty(gate_pre.shape, dtype=work)
             g_qkv_bias = torch.zeros_like(qkv_bias, dtype=work) if qkv_bias is not None else None  # q's, k's: 0
             for lo, hi in s.groups:
                 c = hi - lo
                 if s.lean:  # recompute what the forward did not keep
                     qkv = projected_spectra(rows, group_rows(qkv_weight, lo, hi), B, hw, s.packed)
+                    if one_group:
+                        del rows
                     q_f, k_f, v_f = qkv.chunk(3)
                     y, omega, omega_f = attend_spectra(q_f, k_f, v_f, hw, head_dim, s.scale, backend)
                     if qkv_bias is not None:
                         y = y + value_bias(qkv_bias, lo, hi).view(c, 1, 1, 1).to(work)
-                else:
-                    qkv, omega_f, y, omega = stored[1:]
-                    q_f, k_f, v_f = qkv.chunk(3)
                 # Through the projection and the gate, token-major (B, N, c), as the gate's pre-activation lies.
+                # Each intermediate is dropped once used, from here on: the lean function's peak is in this loop.
                 y_t = map_tokens(y)
+                del y
                 g_u_g = g_u[:, P:, lo:hi]
+                gate = None
                 if gate_pre is not None:
                     z = gate_pre[:, P:, lo:hi]
                     gate = F.silu(z)
                     g_z = torch.ops.aten.silu_backward(g_u_g * y_t, z)
                     if g_gate_pre is None:  # one group and no prefix tokens: the whole gradient
-                        g_gate_pre = g_z.to(gate_pre.dtype)
+                        g_gate_pre = g_z
                     else:
                         g_gate_pre[:, P:, lo:hi] = g_z
-                    g_y, u = g_u_g * gate, gate * y_t
-                else:
-                    g_y, u = g_u_g, y_t
-                g_p = g_out_tokens.t() @ u.reshape(B * N, c)
-                if g_proj_weight is None:
-                    g_proj_weight = g_p
-                else:
-                    g_proj_weight[:, lo:hi] = g_p
-                # Through the circulant attention, in the frequency domain.
-                g_f = rfft2(token_maps(g_y, hw), backend)
-                if g_qkv_bias is not None:  # v's bias: g_y summed over the tokens, its spectrum at frequency 0
-                    value_bias(g_qkv_bias, lo, hi).copy_(g_f[:, :, 0, 0, 0].sum(1))
+                    del g_z
+                if u is None:
+                    u_g = y_t if gate is None else gate * y_t
+                    with no_autocast(device):
+                        g_p = g_out_tokens.t() @ u_g.reshape(B * N, c).to(g_out.dtype)
+                    del u_g
+                    if g_proj_weight is None:
+                        g_proj_weight = g_p
+                    else:
+                        g_proj_weight[:, lo:hi] = g_p
+                del y_t
+                # Through the circulant attention, in the frequency domain (the module docstring has the formulas).
+                g_f = rfft2(token_maps(g_u_g if gate is None else g_u_g * gate, hw).to(work), backend, norm="ortho")
+                del gate
+                q_f, k_f, v_f = qkv.chunk(3)
                 g_v = per_head(omega_f, g_f, head_dim, conj=True)
-                g_omega = irfft2(head_sum(conj_mul(v_f, g_f), head_dim), hw, backend)
-                g_lambda = torch._softmax_backward_data(g_omega.flatten(-2), omega.flatten(-2), -1, omega.dtype).view(
-                    omega.shape
-                )
-                lam = rfft2(g_lambda * s.scale, backend)
-                g_qkv = to_rows(
-                    torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v]),
-                    B,
-                    hw,
-                    s.packed,
-                )
-                # Through the qkv projection, on the spectrum's rows: one GEMM each for the whole batch.
-                g_w = g_qkv @ weighted.t()
+                g_omega = irfft2(head_sum(conj_mul(v_f, g_f), head_dim), hw, backend, norm="forward")
+                del g_f, omega_f, v_f
+                g_lambda = torch._softmax_backward_data(g_omega.flatten(-2), omega.flatten(-2), -1, omega.dtype)
+                del g_omega, omega
+                lam = rfft2(g_lambda.unflatten(-1, hw), backend, norm="ortho")
+                del g_lambda
+                if not is_unit(factor):
+                    lam = lam * factor
+                g_spectra = torch.cat([per_head(lam, k_f, head_dim), per_head(lam, q_f, head_dim, conj=True), g_v])
+                del lam, g_v, q_f, k_f, qkv
+                # The gradients of q, k and v as maps (3c, B*N): through the qkv projection with one GEMM each for the
+                # weight (against the maps of x) and for x.
+                g_qkv = irfft2(g_spectra, hw, backend, norm="ortho").reshape(3 * c, B * N)
+                del g_spectra
+                if g_qkv_bias is not None:  # v's bias: g_v summed over the tokens
+                    value_bias(g_qkv_bias, lo, hi).copy_(g_qkv[2 * c :].sum(1))
+                with no_autocast(device):
+                    g_w = g_qkv @ maps.view(C, B * N).t()
+                    contribution = g_qkv.t() @ group_rows(qkv_weight, lo, hi).to(work)
                 if g_qkv_weight is None:
                     g_qkv_weight = g_w
                 else:
                     set_group_rows(g_qkv_weight, lo, hi, g_w)
-                contribution = group_rows(qkv_weight, lo, hi).t() @ g_qkv
-                g_rows = contribution if g_rows is None else g_rows + contribution
+                g_grid = contribution if g_grid is None else g_grid + contribution
             # There is at least one group.
-            assert g_rows is not None and g_qkv_weight is not None and g_proj_weight is not None
+            assert g_grid is not None and g_qkv_weight is not None and g_proj_weight is not None
             g_prefix = None
             if P:  # the prefix rows: through the projection and the gate only
-                u = prefix.to(work)
+                v_p = prefix.to(work)
                 g_prefix = g_u[:, :P].to(work)
                 if gate_pre is not None and g_gate_pre is not None:
                     z = gate_pre[:, :P]
-                    g_gate_pre[:, :P] = torch.ops.aten.silu_backward(g_prefix * u, z)
+                    g_gate_pre[:, :P] = torch.ops.aten.silu_backward(g_prefix * v_p, z)
                     gate = F.silu(z)
-                    g_prefix, u = g_prefix * gate, u * gate
-                g_proj_weight += torch.matmul(g_out[:, :P].transpose(1, 2).to(work), u).sum(0)
+                    g_prefix, v_p = g_prefix * gate, v_p * gate
+                if u is None:
+                    g_p = torch.matmul(g_out[:, :P].transpose(1, 2).to(work), v_p).sum(0)
+                    g_proj_weight += g_p.to(g_proj_weight.dtype)
                 g_prefix = g_prefix.to(prefix.dtype)
-            g_grid = map_tokens(irfft2(to_pairs(g_rows, B, hw, s.packed), hw, backend))  # a view: autograd adds it so
-            if P:  # x's prefix rows reach the output only through the caller's own ops: zeros beside the grid's
-                g_x = torch.cat([g_grid.new_zeros(B, P, C), g_grid], dim=1)
+            g_gate_weight = g_gate_bias = None
+            with no_autocast(device):
+                if g_gate_pre is not None:  # the gate's linear: its weight's gradient against the maps of x, and x's
+                    g_z = g_gate_pre.reshape(B, T, C)
+                    g_z_grid = g_z[:, P:].reshape(B * N, C)
+                    g_gate_weight = g_z_grid.t() @ maps.view(C, B * N).t()
+                    if P:
+                        g_gate_weight += (g_z[:, :P].transpose(1, 2) @ x[:, :P].to(work)).sum(0)
+                    g_gate_bias = g_z.sum((0, 1)) if ctx.dtypes[0] is not None else None
+                    g_grid = torch.addmm(g_grid, g_z_grid, gate_weight.to(work))
+            g_grid = g_grid.view(B, N, C)
+            if P:  # x's prefix rows: through the gate's linear alone (the prefix outputs are the caller's)
+                if g_gate_pre is not None:
+                    g_head = g_gate_pre[:, :P] @ gate_weight.to(work)
+                else:
+                    g_head = g_grid.new_zeros(B, P, C)
+                g_x = torch.cat([g_head, g_grid], dim=1)
             else:
                 g_x = g_grid
-            g_proj_bias = g_out.sum((0, 1)) if ctx.has_bias else None
+            gate_bias_dtype, weight_dtype, bias_dtype = ctx.dtypes
+            g_proj_bias = g_out.sum((0, 1), dtype=bias_dtype) if bias_dtype is not None else None
         return (
             g_x.to(x.dtype),
             g_qkv_weight.to(qkv_weight.dtype),
-            g_gate_pre,
-            g_proj_weight.to(proj_weight.dtype),
-            g_proj_bias.to(proj_weight.dtype) if g_proj_bias is not None else None,
+            _in_dtype(g_gate_weight, gate_weight.dtype) if gate_weight is not None else None,
+            _in_dtype(g_gate_bias, gate_bias_dtype) if gate_bias_dtype is not None else None,
+            g_proj_weight.to(weight_dtype),
+            g_proj_bias,
             g_qkv_bias.to(qkv_bias.dtype) if g_qkv_bias is not None else None,
             g_prefix,
             None,
@@ -321,7 +415,8 @@ class _CirculantAttentionFunction(torch.autograd.Function):
 def circulant_attention_function(
     x: Tensor,
     qkv_weight: Tensor,
-    gate_pre: Tensor | None,
+    gate_weight: Tensor | None,
+    gate_bias: Tensor | None,
     proj_weight: Tensor,
     proj_bias: Tensor | None,
     hw: tuple[int, int],
@@ -335,15 +430,14 @@ def circulant_attention_function(
     qkv_bias: Tensor | None = None,
     prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(gate_pre)) for tokens x (B, N, C) on an ``hw`` grid, and with
+    """proj(CirAttn(x W_q, x W_k, x W_v) * SiLU(x W_g^T + b_g)) for tokens x (B, N, C) on an ``hw`` grid, and with
     ``keep_weights`` the attention weights (B, heads, H, W) by offset, not differentiable (else an empty tensor).
-    ``gate_pre`` None: no gate. ``lean``: keep only x and ``gate_pre`` for the backward, recomputing the rest in
-    channel groups of at most ``budget_bytes`` working set (else keep the spectra, one group). ``qkv_bias`` (3C,):
-    q, k, v with a bias (timm's ``qkv_bias=True`` models, converted by :func:`cat.convert`), of which only v's part
-    acts
-    (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero gradient. ``prefix``
-    (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class and register tokens,
-    whose softmax attention the caller computes); x and ``gate_pre`` then hold those tokens first, (B, P + N, C),
+    ``gate_weight`` None: no gate. ``lean``: keep only x and the gate's pre-activation for the backward, recomputing
+    the rest in channel groups of at most ``budget_bytes`` working set (else keep the spectra, one group).
+    ``qkv_bias`` (3C,): q, k, v with a bias (timm's ``qkv_bias=True`` models, converted by :func:`cat.convert`), of
+    which only v's part acts (:func:`cat.ops.circulant.circulant_attention_layer` says why); q's and k's get zero
+    gradient. ``prefix`` (B, P, C): the attention outputs of P tokens that precede the grid (a converted ViT's class
+    and register tokens, whose softmax attention the caller computes); x then holds those tokens first, (B, P + N, C),
     and the output covers all of them, gated and projected alike. ``packed``: the qkv GEMM runs on each spectrum's N
     independent reals instead of its 2*H*(W//2+1) (docs/perf.md compares the two). Checks of shapes and arguments
     are the caller's (:class:`cat.ops.CirculantAttention`)."""
@@ -351,13 +445,13 @@ def circulant_attention_function(
     tokens = B * (T - (0 if prefix is None else prefix.shape[1]))
     groups = channel_groups(C, head_dim, tokens, fft_itemsize(x.dtype), budget_bytes) if lean else [(0, C)]
     settings = _Settings(hw, head_dim, scale, backend, packed, groups, lean)
-    tensors = (x, qkv_weight, gate_pre, proj_weight, proj_bias, qkv_bias, prefix)
+    tensors = (x, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, qkv_bias, prefix)
     needs_grad = any(t is not None and t.requires_grad for t in tensors)
     # A trace (torch.jit.trace) cannot record the autograd.Function: it records the forward's plain operators.
     if torch.is_grad_enabled() and needs_grad and not torch.jit.is_tracing():
         out, omega = _training(*tensors, settings)
     else:  # inference: no autograd.Function, nothing kept
-        out, _, omega, _ = _forward(*tensors, settings, keep_spectra=False)
+        out, omega, *_ = _gate_and_forward(*tensors, settings)
     if not keep_weights:
         return out, omega.narrow(0, 0, 0)  # empty: a view, no kernel
     return out, weights_by_offset(omega).transpose(0, 1)

@@ -20,11 +20,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dft import DFTBackend, constant, half_spectrum_weights, irfft2, rfft2
+from .dft import DFTBackend, constant, half_spectrum_weights, irfft2, is_unit, rfft2
 
 __all__ = [
     "attend_spectra",
     "circulant_weights",
+    "logit_factor",
     "weights_by_offset",
     "cmul",
     "conj_mul",
@@ -84,17 +85,28 @@ def per_head(heads: Tensor, channels: Tensor, head_dim: int, conj: bool = False)
     return product(heads.unsqueeze(1), grouped).reshape(channels.shape)
 
 
+def logit_factor(hw: tuple[int, int], head_dim: int, scale: float) -> float:
+    """What the logits are multiplied by beyond the orthonormal transforms: ``scale`` * sqrt(N). 1 for the released
+    scale 1/sqrt(N) at head_dim 1, which the transforms then apply at no cost."""
+    return scale * (hw[0] * hw[1]) ** 0.5
+
+
 def circulant_weights(
     q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: DFTBackend = "fft"
 ) -> Tensor:
-    """Softmax weights (heads, B, H, W) of circulant attention from the spectra (C, B, H, W//2+1, 2) of q and k, by
-    the offset taken backwards: omega[e] is the weight of the key at offset -e from each query (e on the torus).
+    """Softmax weights (heads, B, H, W) of circulant attention from the orthonormal spectra (C, B, H, W//2+1, 2) of q
+    and k (``rfft2(..., norm="ortho")``), by the offset taken backwards: omega[e] is the weight of the key at offset -e
+    from each query (e on the torus).
 
     Backwards because then no conjugate is needed after the softmax: with l[e] = sum_i <q_i, k_{i-e}> (a correlation
     of k with q, spectrum conj(F k) F q), out_i = sum_e omega[e] v_{i-e} is a convolution, spectrum F(omega) F(v).
-    :func:`weights_by_offset` turns them round."""
-    logits = irfft2(head_sum(conj_mul(k_f, q_f), head_dim), hw, backend, logits=True)
-    return (logits.flatten(-2) * scale).softmax(dim=-1).view(logits.shape)
+    :func:`weights_by_offset` turns them round. The orthonormal inverse makes the logits scale * l for the released
+    scale 1/sqrt(N) (:func:`logit_factor`)."""
+    logits = irfft2(head_sum(conj_mul(k_f, q_f), head_dim), hw, backend, logits=True, norm="ortho").flatten(-2)
+    factor = logit_factor(hw, head_dim, scale)
+    if not is_unit(factor):
+        logits = logits * factor
+    return logits.softmax(dim=-1).unflatten(-1, hw)
 
 
 def weights_by_offset(omega: Tensor) -> Tensor:
@@ -111,13 +123,14 @@ def attend_spectra(
     scale: float,
     backend: DFTBackend = "fft",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Circulant attention given the unnormalised rfft2 spectra of q, k and v as real pairs, channels outermost,
-    (C, B, H, W//2+1, 2): the real output (C, B, H, W), the weights omega (heads, B, H, W) by backward offset
-    (:func:`circulant_weights`; :func:`weights_by_offset` gives them by offset) and their spectrum. Channels form heads
-    of ``head_dim`` channels; the transforms are ``backend``'s (:mod:`cat.ops.dft`), which also sets their dtypes."""
+    """Circulant attention given the orthonormal rfft2 spectra (``norm="ortho"``) of q, k and v as real pairs, channels
+    outermost, (C, B, H, W//2+1, 2): the real output (C, B, H, W), the weights omega (heads, B, H, W) by backward
+    offset (:func:`circulant_weights`; :func:`weights_by_offset` gives them by offset) and their unnormalised spectrum.
+    Channels form heads of ``head_dim`` channels; the transforms are ``backend``'s (:mod:`cat.ops.dft`), which also
+    sets their dtypes."""
     omega = circulant_weights(q_f, k_f, hw, head_dim, scale, backend)
     omega_f = rfft2(omega, backend)
-    return irfft2(per_head(omega_f, v_f, head_dim), hw, backend), omega, omega_f
+    return irfft2(per_head(omega_f, v_f, head_dim), hw, backend, norm="ortho"), omega, omega_f
 
 
 def _hermitian_columns(width: int) -> list[int]:
