@@ -1,28 +1,34 @@
 #!/usr/bin/env python
-"""The prepared CUDA check: mixed-precision correctness of circulant attention, then GPU speed.
+"""The prepared CUDA check: mixed-precision correctness of circulant attention, the DFT each half precision takes on
+this card, then CA-DeiT-T's speed against DeiT-T's, eager, compiled and compiled with CUDA graphs.
 
-Meant for a short session on a lent GPU: it needs nothing but this checkout's environment and
-finishes in a few minutes. It writes ``gpu_check.json`` into --out and exits non-zero if any
-autocast result is off (relative error against float32 >= 1e-2 for outputs, >= 5e-2 for the
-gradients of the lean backward).
+Meant for a short session on a lent GPU: one command, within --budget-s (8 minutes by default; what does not fit is
+listed as skipped, the most telling cases measured first). Writes ``gpu_check.json`` and Fig. 4's
+``fig4_efficiency.png`` into --out and exits non-zero if any autocast result is off (relative error against float32
+>= 1e-2 for outputs, >= 5e-2 for the gradients).
 
     python tools/gpu_check.py --out results/        # on a CUDA machine
 
-Checks: ``circulant_attention`` and ``CirculantAttention`` under ``torch.autocast`` with fp16 and
-bf16 on square, non-square and non-power-of-two grids, the module's input gradient too, and a whole
-CA-DeiT-T, with the DFTs ``auto`` takes on CUDA (the separable GEMMs in half precision); then the
-paper's Fig. 4 on the card (``tools/benchmark.py``: CA-DeiT-T against DeiT-T with SDPA and with
-matmul softmax, 224^2 to 1536^2, fp32 and bf16, kernels per step, the families' trade-off), and
-``tools/bench_attention.py``'s whole training steps (auto, lean, stored) at 224^2 and 1024^2 with the
-training memory at 1024^2, in fp32 and bf16.
+1. Correctness: ``circulant_attention`` and ``CirculantAttention`` under ``torch.autocast`` with fp16 and bf16 on
+   square, non-square and non-power-of-two grids, the module's input gradient too, and a whole CA-DeiT-T, with each
+   DFT (``fft``: cuFFT in float32; ``separable``: GEMMs in the autocast dtype).
+2. The DFT under half precision: a CA-DeiT-T training step at 224^2 B=64 and 1024^2 B=2 with each DFT, interleaved;
+   the faster (geometric mean over both) is recorded for this card (:func:`cat.ops.policy.record_measured_backend`),
+   and ``fft_backend=auto`` takes it from then on.
+3. Speed: CA-DeiT-T against DeiT-T with SDPA and with its softmax as matrix products, training (forward,
+   cross-entropy, backward, fused AdamW) at 224^2 B=64 and 1024^2 B=2, inference at 224^2 B=8 and 1536^2 B=1,
+   fp32 and bf16; eager everywhere, then compiled (``reduce-overhead``: CUDA graphs, and ``default``) for the cases
+   the targets of docs/perf.md name first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import math
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import timm
@@ -30,7 +36,13 @@ import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, circulant_attention, set_fft_backend
-from cat.runtime import AMP_DTYPES, report_user_errors
+from cat.ops.policy import record_measured_backend
+from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
+from cat.toolkit import interleaved_medians, positive_int
+from cat.toolkit.variants import build_variant, train_step_fns
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchmark import gflops, plot  # noqa: E402  (tools/benchmark.py: Fig. 4's FLOPs and its figure)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -44,7 +56,7 @@ OUTPUT_TOLERANCE, GRADIENT_TOLERANCE = 1e-2, 5e-2
 
 def correctness(device: str, fft_backend: str = "auto") -> list[dict[str, object]]:
     """Relative errors of fp16/bf16 autocast against float32 with the DFT backend ``fft_backend`` ('auto': what a
-    model takes on ``device``, the separable GEMMs on CUDA; ``device`` may be 'cpu')."""
+    model takes on ``device``; ``device`` may be 'cpu')."""
     kind = torch.device(device).type
     rows = []
     torch.manual_seed(0)
@@ -113,55 +125,161 @@ def correctness(device: str, fft_backend: str = "auto") -> list[dict[str, object
     return rows
 
 
+MODELS = {
+    "CA-DeiT-T": "ca_deit_tiny",
+    "DeiT-T (SDPA)": "deit_tiny_patch16_224",
+    "DeiT-T (matmul)": "deit_tiny_patch16_224+matmul",
+}
+# (what, resolution, batch), in the order of their priority within a compile mode.
+CASES = (("train", 224, 64), ("infer", 1536, 1), ("train", 1024, 2), ("infer", 224, 8))
+COMPILED_CASES = (("train", 224, 64), ("infer", 1536, 1))  # the targets' cases: compiled where the budget allows
+DFT_CASES = ((224, 64), (1024, 2))
+
+
+def step_fns(
+    specs: dict[str, str], what: str, res: int, batch: int, device: str, dtype: str, mode: str | None
+) -> dict[str, Callable[[], None]]:
+    """One training step or one inference call of each model (``mode`` None: eager, else torch.compile's mode)."""
+    autocast = lambda: autocast_for(device, dtype != "fp32", None if dtype == "fp32" else dtype)
+    if what == "train":
+        steps = train_step_fns(
+            list(specs.values()), res, batch, device, mode is not None, {}, autocast, mode or "default"
+        )
+        return {label: steps[spec] for label, spec in specs.items()}
+    x = torch.randn(batch, 3, res, res, device=device)
+    fns = {}
+    for label, spec in specs.items():
+        model = build_variant(spec, res, device, {}).eval()
+        forward = torch.compile(model, mode=mode) if mode is not None else model
+
+        def infer(forward=forward) -> None:
+            with torch.inference_mode(), autocast():
+                forward(x)
+
+        fns[label] = infer
+    return fns
+
+
+def timed(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Median seconds per call, interleaved, after three calls each (compilation, CUDA graphs' recording)."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    return interleaved_medians(fns, rounds, 0.1)
+
+
+def dft_choice(device: str, card: str, rounds: int) -> dict[str, dict[str, object]]:
+    """For bf16 and fp16: CA-DeiT-T's training step with cuFFT in float32 and with the separable GEMM DFT, and the
+    faster of the two (geometric mean of the ratios over :data:`DFT_CASES`), recorded for ``card``."""
+    result = {}
+    for dtype in ("bf16", "fp16"):
+        ratios, rows = [], {}
+        for res, batch in DFT_CASES:
+            specs = {name: f"ca_deit_tiny+{name}" for name in ("fft", "separable")}
+            seconds = timed(step_fns(specs, "train", res, batch, device, dtype, None), rounds)
+            rows[f"{res}x{batch}"] = {name: s * 1e3 for name, s in seconds.items()}
+            ratios.append(seconds["separable"] / seconds["fft"])
+        ratio = math.prod(ratios) ** (1 / len(ratios))
+        choice = "separable" if ratio < 1 else "fft"
+        path = record_measured_backend(card, str(AMP_DTYPES[dtype]).removeprefix("torch."), choice)
+        result[dtype] = {"step_ms": rows, "separable_over_fft": ratio, "choice": choice, "recorded": str(path)}
+        print(
+            f"DFT under {dtype}: separable / fft step time {ratio:.2f} (geometric mean) -> {choice}, recorded in {path}"
+        )
+    return result
+
+
+def speed(device: str, rounds: int, deadline: float) -> tuple[list[dict[str, object]], list[str]]:
+    """The speed matrix, eager first, then compiled cases, each row CA-DeiT-T's against the baselines; what the
+    ``deadline`` (time.monotonic) leaves out is named in the second list."""
+    plan = [(None, case, dtype) for dtype in ("fp32", "bf16") for case in CASES]
+    plan += [
+        (mode, case, dtype)
+        for mode in ("reduce-overhead", "default")
+        for case in COMPILED_CASES
+        for dtype in ("bf16", "fp32")
+    ]
+    rows, skipped = [], []
+    for mode, (what, res, batch), dtype in plan:
+        name = f"{what} {res}^2 B={batch} {dtype} {mode or 'eager'}"
+        if time.monotonic() > deadline:
+            skipped.append(name)
+            continue
+        seconds = timed(step_fns(MODELS, what, res, batch, device, dtype, mode), rounds)
+        torch._dynamo.reset()
+        base = seconds["CA-DeiT-T"]
+        row = {"what": what, "res": res, "batch": batch, "dtype": dtype, "mode": mode or "eager"}
+        row |= {f"{label} ms": s * 1e3 for label, s in seconds.items()}
+        row |= {f"speed vs {label}": s / base for label, s in seconds.items() if label != "CA-DeiT-T"}
+        rows.append(row)
+        print(
+            f"{name:>40}: CA-DeiT-T {base * 1e3:8.2f} ms; speed against SDPA {row['speed vs DeiT-T (SDPA)']:.2f}x, "
+            f"against matmul softmax {row['speed vs DeiT-T (matmul)']:.2f}x",
+            flush=True,
+        )
+    return rows, skipped
+
+
+def figure(rows: list[dict[str, object]], out: Path, card: str) -> None:
+    """Fig. 4 (a, b) from the eager inference rows: FLOPs and images/s over resolution."""
+    infer = [r for r in rows if r["what"] == "infer" and r["mode"] == "eager"]
+    resolutions = sorted({int(r["res"]) for r in infer})
+    result: dict[str, object] = {
+        "device": card,
+        "resolutions": resolutions,
+        "gflops": {label: {str(res): gflops(spec, res) for res in resolutions} for label, spec in MODELS.items()},
+        "speed": {
+            dtype: {
+                str(r["res"]): {label: {"infer_img_s": r["batch"] / (r[f"{label} ms"] / 1e3)} for label in MODELS}
+                for r in infer
+                if r["dtype"] == dtype
+            }
+            for dtype in ("fp32", "bf16")
+        },
+        "families": [],
+    }
+    if resolutions:
+        plot(result, out)
+
+
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--skip-bench", action="store_true", help="correctness only")
+    parser.add_argument("--budget-s", type=positive_int, default=480, help="seconds for the whole check (default 480)")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds per median")
     args = parser.parse_args(argv)
+    started = time.monotonic()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible; run this on a GPU machine", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    card = torch.cuda.get_device_name()
     result: dict[str, object] = {
-        "device": torch.cuda.get_device_name(),
+        "device": card,
         "torch": torch.__version__,
-        "correctness": correctness("cuda"),
+        "cuda": torch.version.cuda,
+        "correctness": [row | {"dft": dft} for dft in ("fft", "separable") for row in correctness("cuda", dft)],
     }
     for row in result["correctness"]:
         print(
-            f"{row['what']:>22} {str(row['hw']):>10} {row['dtype']}: rel err {row['rel_err']:.2e} ({row['out_dtype']})"
+            f"{row['what']:>22} {str(row['hw']):>10} {row['dtype']} {row['dft']:>9}: rel err {row['rel_err']:.2e} "
+            f"({row['out_dtype']})"
         )
     if not args.skip_bench:
-        tools = Path(__file__).parent
-        # The paper's Fig. 4 on this card: FLOPs, inference and training speed of CA-DeiT-T against DeiT-T with SDPA
-        # and with matmul softmax, 224^2 to 1536^2, fp32 and bf16, the families' trade-off (tools/benchmark.py).
-        subprocess.run(
-            [sys.executable, str(tools / "benchmark.py"), "--device", "cuda", "--out", str(out / "fig4")], check=True
-        )
-        result["fig4"] = json.loads((out / "fig4" / "benchmark.json").read_text())
-        # Training steps under each policy, and training memory against the softmax baselines.
-        common = ["--device", "cuda", "--grids", "--train-res", "224", "1024", "--train-batches", "64", "2"]
-        common += ["--train-models", "deit_tiny_patch16_224", "ca_deit_tiny", "ca_deit_tiny+lean"]
-        common += ["ca_deit_tiny+stored", "deit_tiny_patch16_224+matmul", "--memory-res", "1024", "--rounds", "7"]
-        for amp in (None, "bf16"):
-            bench_json = out / f"bench_{amp or 'fp32'}.json"
-            subprocess.run(
-                [
-                    sys.executable,
-                    str(tools / "bench_attention.py"),
-                    *common,
-                    *(["--amp", amp] if amp else []),
-                    "--json-out",
-                    str(bench_json),
-                ],
-                check=True,
-            )
-            result[f"bench_{amp or 'fp32'}"] = json.loads(bench_json.read_text())
+        torch.backends.cuda.matmul.allow_tf32 = True  # as a run's default amp.tf32=true
+        torch.backends.cudnn.allow_tf32 = True
+        result["dft_choice"] = dft_choice("cuda", card, args.rounds)
+        result["speed"], result["skipped"] = speed("cuda", args.rounds, started + args.budget_s)
+        figure(result["speed"], out, card)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     bad = [r for r in result["correctness"] if r["rel_err"] >= r["tolerance"]]
-    print(f"wrote {out / 'gpu_check.json'}; {len(bad)} autocast results beyond their tolerance")
+    elapsed = time.monotonic() - started
+    print(f"wrote {out / 'gpu_check.json'} in {elapsed:.0f} s; {len(bad)} autocast results beyond their tolerance")
+    if result.get("skipped"):
+        print(f"skipped for the budget: {', '.join(result['skipped'])}")
     return 1 if bad else 0
 
 

@@ -13,14 +13,14 @@ from omegaconf import DictConfig
 from cat.data import SplitDataset, build_dataset
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
-from cat.runtime import DistEnv, Precision, RunFolder, run_job, typed_job_config
+from cat.runtime import DistEnv, Precision, RunFolder, describe_precision, run_job, typed_job_config
 
 from .checkpoints import recorded_config
 from .checks import check_config
 from .data_loading import num_classes_of, val_loader
 from .loops import measure_throughput
 from .metrics import EVAL_METRICS, console_text, evaluate, split_names
-from .model_building import build_model, compiled
+from .model_building import build_model, compile_plan, compiled
 from .schema import ClsConfig
 from .trainer import fit
 
@@ -72,10 +72,12 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         for prefix, state_dict in weights.items()
     }
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
+    folder.log.info("%s", describe_precision(cfg.amp, env.device))
+    folder.log.info("%s", compile_plan(cfg, env.device).line())
     loader = val_loader(cfg, _val_set(cfg, env) if dataset is None else dataset, env)
     metrics: dict[str, Any] = {}
     for prefix, model in models.items():
-        result = evaluate(model, loader, env, precision)
+        result = evaluate(compiled(cfg, model, env.device), loader, env, precision)
         folder.log.info(
             "eval %s%s: %s on %d images",
             checkpoint,
@@ -109,7 +111,9 @@ def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, An
         )
     )
     folder.write_config(cfg)
-    model = compiled(cfg, model)
+    folder.log.info("%s", describe_precision(cfg.amp, env.device))
+    folder.log.info("%s", compile_plan(cfg, env.device).line())
+    model = compiled(cfg, model, env.device)
     metrics = measure_throughput(
         model, cfg.throughput.batch_size, hw, precision, cfg.throughput.warmup, cfg.throughput.iters
     )

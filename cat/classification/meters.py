@@ -10,7 +10,7 @@ from torch import nn
 
 from cat.data import FORMATS, file_format
 from cat.flops import count_macs
-from cat.runtime import DistEnv
+from cat.runtime import DistEnv, resolve_amp
 from cat.runtime.hardware import compute_dtype, peak_tflops
 from cat.runtime.logger import RUN_LOGGER
 from cat.runtime.meter import StepMeter
@@ -30,7 +30,8 @@ def build_step_meter(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> StepMete
     except Exception as error:  # a model the counter cannot follow: no FLOP rate rather than a wrong one
         log.info("no FLOP rate in the log: counting %s's FLOPs failed (%s)", cfg.model.name, error)
         flops = None
-    dtype = compute_dtype(env.device, cfg.amp.dtype if cfg.amp.enabled else None)
+    enabled, amp_name, _ = resolve_amp(cfg.amp, env.device)
+    dtype = compute_dtype(env.device, amp_name if enabled else None)
     peak = peak_tflops(env.device, dtype)
     if peak is None and env.is_main:
         where = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "a CPU"

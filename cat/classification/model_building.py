@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -19,13 +20,13 @@ from cat.models import (
     model_kwargs,
 )
 from cat.ops import CirculantAttention, configure_attention, describe
-from cat.runtime import DistEnv, Precision, amp_dtype
+from cat.runtime import DistEnv, Precision, amp_dtype, resolve_amp
 from cat.runtime.resume import resumes
 
 from .checkpoints import LAST, recorded_config, recorded_model_keys
 from .schema import ClsConfig, ClsModelConfig
 
-__all__ = ["build_model", "model_differences", "build_train_model"]
+__all__ = ["build_model", "model_differences", "build_train_model", "CompilePlan", "compile_plan", "compiled"]
 
 
 def build_model(
@@ -132,12 +133,52 @@ def build_train_model(cfg: ClsConfig, env: DistEnv, num_classes: int) -> nn.Modu
     return Precision.from_config(cfg.amp, env.device, cfg.channels_last).model(model)
 
 
-def compiled(cfg: ClsConfig, model: nn.Module) -> nn.Module:
-    """``model`` under torch.compile when ``compile=true`` (with ``compile_mode`` and ``compile_fullgraph``), else
-    ``model`` itself."""
-    if not cfg.compile:
+@dataclass(frozen=True)
+class CompilePlan:
+    """How a run compiles its model (:func:`compile_plan`): ``mode`` None is eager."""
+
+    mode: str | None
+    fullgraph: bool
+    why: str
+
+    def line(self) -> str:
+        """The log line that says it."""
+        if self.mode is None:
+            return f"eager: {self.why}"
+        graph = "one graph" if self.fullgraph else "graph breaks allowed"
+        return f"compiled (torch.compile, mode {self.mode}, {graph}): {self.why}"
+
+
+def compile_plan(cfg: ClsConfig, device: torch.device) -> CompilePlan:
+    """Whether and how a run on ``device`` compiles its model: ``compile=auto`` compiles on CUDA, where an eager
+    step of a small model costs what its operators cost the host to issue, and stays eager on a CPU, where
+    compiling costs more than it saves; ``compile_mode=auto`` replays the step as CUDA graphs on CUDA. Lean
+    circulant attention (``model.lean_attention=true``) runs outside the graph, so fullgraph is relaxed for it."""
+    if cfg.compile == "auto":
+        if device.type != "cuda":
+            return CompilePlan(None, False, f"compile=auto on {device.type} (compiles on CUDA only)")
+        why = "compile=auto on cuda"
+    elif not cfg.compile:
+        return CompilePlan(None, False, "compile=false")
+    else:
+        why = "compile=true"
+    mode = cfg.compile_mode
+    if mode == "auto":
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+        why += f", compile_mode=auto: {'CUDA graphs' if mode == 'reduce-overhead' else 'no CUDA graphs off CUDA'}"
+    fullgraph = cfg.compile_fullgraph
+    if fullgraph and cfg.model.lean_attention is True:
+        fullgraph = False
+        why += "; fullgraph relaxed: lean_attention=true runs the lean function outside the graph"
+    return CompilePlan(mode, fullgraph, why)
+
+
+def compiled(cfg: ClsConfig, model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` under torch.compile as :func:`compile_plan` says, else ``model`` itself."""
+    plan = compile_plan(cfg, device)
+    if plan.mode is None:
         return model
-    return cast(nn.Module, torch.compile(model, mode=cfg.compile_mode, fullgraph=cfg.compile_fullgraph))
+    return cast(nn.Module, torch.compile(model, mode=plan.mode, fullgraph=plan.fullgraph))
 
 
 def attention_plan(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> str | None:
@@ -145,6 +186,7 @@ def attention_plan(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> str | None
     why (:func:`cat.ops.describe`); None for a model without it."""
     if not any(isinstance(m, CirculantAttention) or hasattr(m, "fft_backend") for m in model.modules()):
         return None
-    dtype = amp_dtype(cfg.amp.dtype) if cfg.amp.enabled else next(model.parameters()).dtype
+    enabled, amp_name, _ = resolve_amp(cfg.amp, env.device)
+    dtype = amp_dtype(amp_name) if enabled else next(model.parameters()).dtype
     plan = describe(env.device, dtype, cfg.model.lean_attention, cfg.model.fft_backend, cfg.model.attention_memory_mb)
-    return plan + (f"; compiled ({cfg.compile_mode})" if cfg.compile else "")
+    return plan + ("; compiled" if compile_plan(cfg, env.device).mode is not None else "")

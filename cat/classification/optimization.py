@@ -4,7 +4,9 @@ options (loss, steps, logging)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -24,7 +26,19 @@ from .model_building import build_train_model
 from .schema import ClsConfig
 from .state import TrainState
 
-__all__ = ["build_train_state", "build_mixup", "build_train_options"]
+__all__ = ["build_train_state", "build_mixup", "build_train_options", "FUSED_OPTIMIZERS", "step_kwargs"]
+
+# timm's names for torch's optimizers with a fused CUDA step (one kernel per step for all parameters).
+FUSED_OPTIMIZERS = ("adamw", "adam")
+
+
+def step_kwargs(opt: str, device: torch.device, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the optimizer is told about its step beyond ``optim.kwargs``: ``fused=True`` for torch's Adam and AdamW
+    on CUDA (all parameters' updates in one kernel instead of several per parameter); else nothing, which leaves
+    torch's own choice (its foreach step on CUDA). An ``optim.kwargs`` that names ``fused`` or ``foreach`` wins."""
+    if device.type != "cuda" or "fused" in kwargs or "foreach" in kwargs:
+        return {}
+    return {"fused": True} if opt.lower() in FUSED_OPTIMIZERS else {}
 
 
 def build_train_state(cfg: ClsConfig, env: DistEnv, data: TrainData, model: nn.Module | None = None) -> TrainState:
@@ -42,6 +56,7 @@ def build_train_state(cfg: ClsConfig, env: DistEnv, data: TrainData, model: nn.M
         weight_decay=cfg.optim.weight_decay,
         momentum=cfg.optim.momentum,
         **cfg.optim.kwargs,
+        **step_kwargs(cfg.optim.opt, env.device, cfg.optim.kwargs),
     )
     # The schedule is a pure function of the step, built from the current config (never restored).
     scheduler, _ = create_scheduler_v2(

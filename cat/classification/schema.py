@@ -114,14 +114,19 @@ class ClsConfig(JobConfig):
         exclusive_min=True,
         resume=RECIPE,
     )
-    compile: bool = key("torch.compile the model")
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = key(
+    compile: Literal["auto", True, False] = key(
+        "torch.compile the model's forward and backward; auto: on CUDA (a small model's eager step costs what its "
+        "operators cost the host to issue), eager on a CPU; the log's first lines say which and why",
+        absent_means=False,
+    )
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = key(
         "torch.compile's mode: reduce-overhead (and max-autotune) replay the step as CUDA graphs on a GPU, for "
-        "steps of one shape (the recipes' fixed batch and size)",
+        "steps of one shape (training drops the last partial batch); auto: reduce-overhead on CUDA, else default",
         in_run_name=False,
     )
     compile_fullgraph: bool = key(
-        "compile=true makes one graph of the model: a graph break is an error that names it (false: allowed)",
+        "compiling makes one graph of the model: a graph break is an error that names it (false: allowed); with "
+        "model.lean_attention=true relaxed, and the log says so (the lean function runs outside the graph)",
         in_run_name=False,
     )
     channels_last: bool = key("channels-last memory format")

@@ -17,7 +17,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cat.data import ZipImageDataset, file_format
 from cat.errors import CheckpointError
-from cat.runtime import DistEnv, RunFolder, all_reduce_sum, capture_rng_state, restore_rng_state, seed_everything
+from cat.runtime import (
+    DistEnv,
+    RunFolder,
+    all_reduce_sum,
+    capture_rng_state,
+    describe_precision,
+    restore_rng_state,
+    seed_everything,
+)
 from cat.runtime.io import open_append
 from cat.runtime.preemption import stop_requested
 from cat.runtime.resume import Progress, check_resume, describe_changes
@@ -28,7 +36,7 @@ from .data_loading import build_train_data
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, train_one_epoch
 from .meters import build_profile_window, build_step_meter
 from .metrics import BEST, EMA, console_text, evaluate, split_names
-from .model_building import attention_plan, build_train_model, compiled
+from .model_building import attention_plan, build_train_model, compile_plan, compiled
 from .optimization import build_train_options, build_train_state
 from .schema import ClsConfig
 from .state import TrainState
@@ -164,7 +172,7 @@ def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float 
 
 
 def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
-    train_model = compiled(cfg, model)
+    train_model = compiled(cfg, model, env.device)
     if env.distributed:
         train_model = DistributedDataParallel(
             train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
@@ -221,6 +229,8 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         cfg, state, data, checkpoints, log = self.cfg, self.state, self.data, self.checkpoints, self.folder.log
+        log.info("%s", describe_precision(cfg.amp, self.env.device))
+        log.info("%s", compile_plan(cfg, self.env.device).line())
         point = self._resume()
         state.train_model = _wrap_for_training(cfg, self.env, state.model)
         log.info(

@@ -17,7 +17,7 @@ from mmengine.config import Config, ConfigDict
 
 from cat.errors import DataError
 from cat.models import model_kwargs
-from cat.runtime.amp import amp_dtype
+from cat.runtime.amp import amp_dtype, resolve_amp, set_tf32
 from cat.runtime.dist import DistEnv
 from cat.runtime.io import atomic_write_text
 from cat.runtime.logger import RUN_LOGGER
@@ -278,8 +278,10 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
     if resuming:
         mm.model.backbone.pretrained = None
     opt = cfg.schedule.optim
-    amp = cfg.amp.enabled and env.device.type == "cuda"
-    if cfg.amp.enabled and not amp:
+    wanted, amp_name, _ = resolve_amp(cfg.amp, env.device)
+    set_tf32(cfg.amp, env.device)
+    amp = wanted and env.device.type == "cuda"
+    if wanted and not amp:
         logging.getLogger(RUN_LOGGER).warning(
             "amp.enabled=true: mmengine's mixed precision (AmpOptimWrapper) runs on CUDA only; this %s run trains "
             "in float32",
@@ -294,7 +296,7 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         "accumulative_counts": cfg.accum_steps,
     }
     if amp:
-        mm.optim_wrapper["dtype"] = str(amp_dtype(cfg.amp.dtype)).removeprefix("torch.")
+        mm.optim_wrapper["dtype"] = str(amp_dtype(amp_name)).removeprefix("torch.")
     by_epoch = mm.train_cfg.get("type") == "EpochBasedTrainLoop"
     atomic = {"backend": ATOMIC_BACKEND}
     mm.default_hooks.checkpoint = {

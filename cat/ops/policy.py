@@ -5,16 +5,20 @@ Two choices per block, both from what was measured (docs/perf.md, "Kernels per s
                          function's launches cost 4-6x), unless a model of :data:`AUTO_DEPTH` such blocks would keep
                          more than the memory budget, then the lean function (least memory). Under torch.compile,
                          stored: the graph keeps what it keeps, and ``lean=True`` is the way to trade time for memory.
-  the DFT backend        ``fft`` (cuFFT, pocketfft/MKL in float32) except on CUDA under half-precision autocast, where
-                         the separable GEMM DFT runs on the tensor cores in the autocast dtype (the fp32 transforms
-                         made bf16 steps no faster on the H200). On a CPU the GEMM DFTs were measured slower.
+  the DFT backend        ``fft`` (cuFFT, pocketfft/MKL in float32): the fewest operators and bytes per step (no casts
+                         around the transforms, no GEMM pairs). Under half-precision autocast on a GPU, what that card
+                         measured instead, where ``tools/gpu_check.py`` has timed a training step with cuFFT in
+                         float32 against the separable GEMM DFT in the autocast dtype and recorded the faster
+                         (:func:`measured_choices_path`). On a CPU the GEMM DFTs were measured slower.
 The memory budget (``model.attention_memory_mb``; :func:`set_attention_memory`) is by default a quarter of the
 device's free memory when it is first asked for: CUDA's free memory, or the CPU's MemAvailable.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -34,6 +38,9 @@ __all__ = [
     "lean_for",
     "compute_dtype",
     "backend_for",
+    "measured_choices_path",
+    "measured_backend",
+    "record_measured_backend",
     "describe",
 ]
 
@@ -113,11 +120,70 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return dtype if enabled and dtype is not None else x.dtype
 
 
+def measured_choices_path() -> Path:
+    """Where ``tools/gpu_check.py`` records the DFT each card measured faster under half-precision autocast:
+    ``$XDG_CACHE_HOME/cat/dft_choices.json`` (``~/.cache`` without it), {card name: {dtype: backend}}."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "cat" / "dft_choices.json"
+
+
+def _read_choices(path: Path) -> dict[str, dict[str, str]]:
+    """The recorded choices, or none: a record that is missing, unreadable, not a regular file or not of the
+    expected shape (card -> dtype -> one of cat's DFT backends) counts as no measurement."""
+    try:
+        if not path.is_file() or path.stat().st_size > 2**20:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        card: {dtype: name for dtype, name in choices.items() if name in ("fft", "separable")}
+        for card, choices in data.items()
+        if isinstance(card, str) and isinstance(choices, dict)
+    }
+
+
+_measured: dict[str, str | None] = {}
+
+
+# Read once per card and dtype, and as a constant by torch.compile (a file read cannot be traced).
+@torch.compiler.assume_constant_result
+def measured_backend(device: str, dtype: str) -> str | None:
+    """The DFT ``tools/gpu_check.py`` measured faster on the CUDA ``device`` computing in ``dtype`` ('bfloat16',
+    'float16'), or None where that card has not been measured."""
+    key = f"{device}/{dtype}"
+    if key not in _measured:
+        card = torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else device
+        _measured[key] = _read_choices(measured_choices_path()).get(card, {}).get(dtype)
+    return _measured[key]
+
+
+def record_measured_backend(card: str, dtype: str, backend: DFTBackend) -> Path:
+    """Record that ``card`` measured ``backend`` faster in ``dtype`` (what :func:`measured_backend` reads), beside
+    the other cards' choices; the file is replaced whole (a temporary file renamed over it)."""
+    path = measured_choices_path()
+    choices = _read_choices(path)
+    choices.setdefault(card, {})[dtype] = check_dft_backend(backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    _measured.clear()
+    return path
+
+
 def backend_for(backend: BackendPolicy, device: torch.device, dtype: torch.dtype) -> DFTBackend:
-    """The DFT backend a block runs on ``device`` computing in ``dtype`` (:func:`compute_dtype`)."""
+    """The DFT backend a block runs on ``device`` computing in ``dtype`` (:func:`compute_dtype`): ``fft``, unless
+    the card measured the separable GEMM DFT faster in that half precision (:func:`measured_backend`)."""
     if backend != "auto":
         return backend
-    return "separable" if device.type == "cuda" and dtype in _HALF else "fft"
+    if device.type == "cuda" and dtype in _HALF:
+        measured = measured_backend(str(device), str(dtype).removeprefix("torch."))
+        if measured is not None:
+            return check_dft_backend(measured)
+    return "fft"
 
 
 def describe(
@@ -136,8 +202,13 @@ def describe(
     chosen = backend_for(backend, device, dtype)
     if backend != "auto":
         why = f"fft_backend={backend}"
-    elif chosen == "separable":
-        why = "GEMMs on the tensor cores in half precision"
+    elif device.type == "cuda" and dtype in _HALF:
+        measured = measured_backend(str(device), str(dtype).removeprefix("torch."))
+        if measured is None:
+            why = "torch.fft in float32, the fewest operators and bytes: this GPU has not measured the separable GEMMs"
+            why += " (tools/gpu_check.py)"
+        else:
+            why = f"measured faster on this GPU by tools/gpu_check.py ({measured_choices_path()})"
     else:
         why = "torch.fft in float32" + ("; GEMM DFTs were measured slower on CPUs" if device.type == "cpu" else "")
     dft = f"{chosen} DFTs ({why})"

@@ -3,7 +3,7 @@ atomic I/O, config checks, seeding and RNG state, mixed precision, console progr
 errors end a run. Imports ``cat.models`` and below only."""
 
 from . import config_help  # noqa: F401  (registers the resolvers Hydra asks while composing)
-from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for
+from .amp import AMP_DTYPES, Precision, amp_dtype, autocast_for, describe_precision, resolve_amp
 from .cells import typed_job_config
 from .dist import DistEnv, all_reduce_sum, barrier, broadcast_object, init_distributed
 from .entry import hydra_entry, report_user_errors
@@ -19,6 +19,8 @@ __all__ = [
     "AMP_DTYPES",
     "amp_dtype",
     "autocast_for",
+    "describe_precision",
+    "resolve_amp",
     "Precision",
     "DistEnv",
     "all_reduce_sum",

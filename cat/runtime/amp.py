@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .job_config import AmpConfig
 
-__all__ = ["AMP_DTYPES", "amp_dtype", "autocast_for", "Precision"]
+__all__ = ["AMP_DTYPES", "amp_dtype", "autocast_for", "resolve_amp", "set_tf32", "describe_precision", "Precision"]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,6 +30,50 @@ def autocast_for(device: torch.device | str, enabled: bool, dtype: str | None) -
     return torch.autocast(device_type, dtype=amp_dtype(dtype))
 
 
+def _bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return True  # CPU autocast takes bfloat16 on every CPU torch runs on (emulated where the ISA lacks it)
+
+
+def resolve_amp(amp: AmpConfig, device: torch.device) -> tuple[bool, str, str]:
+    """Whether a run on ``device`` computes under autocast, in which dtype (``"bf16"``/``"fp16"``), and why, from
+    ``amp.enabled`` and ``amp.dtype`` (either may be ``"auto"``): auto is autocast on CUDA, as the released recipes
+    train (``--amp``), and float32 on a CPU, whose autocast is slower than its float32 for these models; the dtype
+    auto is bf16 where the device supports it, else fp16."""
+    if amp.enabled == "auto":
+        enabled = device.type == "cuda"
+        why = f"amp.enabled=auto on {device.type}"
+    else:
+        enabled, why = bool(amp.enabled), f"amp.enabled={str(amp.enabled).lower()}"
+    dtype = amp.dtype
+    if dtype == "auto":
+        dtype = "bf16" if _bf16_supported(device) else "fp16"
+        if enabled:
+            why += f", amp.dtype=auto: {'bf16 supported' if dtype == 'bf16' else 'no bf16 on this GPU'}"
+    return enabled, dtype, why
+
+
+def set_tf32(amp: AmpConfig, device: torch.device) -> None:
+    """``amp.tf32`` for this process's float32 matmuls and convolutions, on CUDA (nothing elsewhere)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = amp.tf32
+        torch.backends.cudnn.allow_tf32 = amp.tf32
+
+
+def describe_precision(amp: AmpConfig, device: torch.device) -> str:
+    """The log line that says how a run on ``device`` computes, and why (:func:`resolve_amp`)."""
+    enabled, dtype, why = resolve_amp(amp, device)
+    if enabled:
+        scaler = ", with a gradient scaler" if dtype == "fp16" and device.type == "cuda" else ""
+        text = f"precision: {dtype} autocast{scaler} ({why})"
+    else:
+        text = f"precision: float32 ({why})"
+    if device.type == "cuda":
+        text += f"; float32 matmuls {'in TF32' if amp.tf32 else 'in full float32'} (amp.tf32={str(amp.tf32).lower()})"
+    return text
+
+
 @dataclass(frozen=True)
 class Precision:
     """How a run computes on ``device``: autocast in ``dtype`` when ``amp`` is on, channels-last
@@ -42,8 +86,16 @@ class Precision:
 
     @classmethod
     def from_config(cls, amp: AmpConfig, device: torch.device, channels_last: bool = False) -> Precision:
-        """From a config's ``amp`` section (:class:`~cat.runtime.schema.AmpConfig`) and its ``channels_last``."""
-        return cls(device, amp.enabled, amp.dtype, channels_last)
+        """From a config's ``amp`` section (:class:`~cat.runtime.schema.AmpConfig`, its ``auto`` values resolved
+        by :func:`resolve_amp`) and its ``channels_last``; ``amp.tf32`` is set for the process on CUDA."""
+        enabled, dtype, _ = resolve_amp(amp, device)
+        set_tf32(amp, device)
+        return cls(device, enabled, dtype, channels_last)
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """Autocast's dtype, or None where the run computes in its parameters' dtype."""
+        return amp_dtype(self.dtype) if self.amp else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast_for(self.device, self.amp, self.dtype)

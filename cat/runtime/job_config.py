@@ -23,8 +23,20 @@ __all__ = [
 
 @dataclass
 class AmpConfig:
-    enabled: bool = key("mixed precision (autocast) for training and evaluation")
-    dtype: Literal["bf16", "fp16"] = key("the autocast dtype (fp16 adds a gradient scaler on CUDA)")
+    enabled: Literal["auto", True, False] = key(
+        "mixed precision (autocast) for training and evaluation; auto: on CUDA (as the authors train), not on a CPU",
+        absent_means=False,
+    )
+    dtype: Literal["auto", "bf16", "fp16"] = key(
+        "the autocast dtype; auto: bf16 where the device supports it, else fp16 (fp16 adds a gradient scaler on CUDA)",
+        absent_means="bf16",
+    )
+    tf32: bool = key(
+        "TF32 tensor cores for float32 matmuls and convolutions on CUDA (what autocast leaves in float32: circulant "
+        "attention's spectral projection among them); no effect on a CPU",
+        resume=FREE,  # the same math, rounded another way
+        absent_means=False,
+    )
 
 
 @dataclass

@@ -4,7 +4,8 @@ Variants: ``+lean`` and ``+stored`` (circulant attention's backward from its inp
 :func:`cat.ops.set_lean_attention`), ``+released`` (the released CA-DeiT pipeline written literally),
 ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model),
 ``+matmul`` (a softmax model's attention written as matrix products and a softmax, as timm computes it with
-``TIMM_FUSED_ATTN=0``: the paper's baseline), ``+separable`` (circulant attention's DFTs as GEMMs).
+``TIMM_FUSED_ATTN=0``: the paper's baseline), ``+separable`` and ``+fft`` (circulant attention's DFTs as GEMMs, or
+as torch.fft in float32, whatever ``auto`` would take).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import torch
 import torch.nn.functional as F
 
 import cat
+from cat.classification.optimization import step_kwargs
 from cat.errors import ConfigError
 from cat.ops import CirculantAttention, set_fft_backend, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 
 __all__ = ["VARIANTS", "split_variant", "build_variant", "train_step_fns"]
 
-VARIANTS = ("", "lean", "stored", "released", "checkpointed", "converted", "matmul", "separable")
+VARIANTS = ("", "lean", "stored", "released", "checkpointed", "converted", "matmul", "separable", "fft")
 
 
 def split_variant(spec: str) -> tuple[str, str]:
@@ -45,8 +47,8 @@ def build_variant(spec: str, res: int, device: str | torch.device, model_args: d
         cat.convert(model)
     if variant in ("lean", "stored"):
         set_lean_attention(model, variant == "lean")
-    if variant == "separable":
-        set_fft_backend(model, "separable")
+    if variant in ("separable", "fft"):
+        set_fft_backend(model, variant)
     model.set_grad_checkpointing(variant == "checkpointed")
     if variant == "released":
         for module in model.modules():
@@ -69,16 +71,18 @@ def train_step_fns(
     compiled: bool,
     model_args: dict[str, Any],
     autocast: Callable[[], Any] | None = None,
+    compile_mode: str = "default",
 ) -> dict[str, Callable[..., None]]:
     """A whole training step (forward, cross-entropy, backward, AdamW) of each model on one random batch, under
-    ``autocast()`` if given; with ``compiled`` through ``torch.compile(model)`` (as ``compile=true`` trains),
-    compiled here in two steps. A step called with ``optimize=False`` leaves out the optimizer's."""
+    ``autocast()`` if given; with ``compiled`` through ``torch.compile(model, mode=compile_mode)`` (as ``compile=true``
+    trains), compiled here in three steps (CUDA graphs record on the third). A step called with ``optimize=False``
+    leaves out the optimizer's."""
     x = torch.randn(batch, 3, res, res, device=device)
     fns = {}
     for spec in models:
         model: Any = build_variant(spec, res, device, model_args)  # timm's: num_classes
-        forward = torch.compile(model) if compiled else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        forward = torch.compile(model, mode=compile_mode) if compiled else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **step_kwargs("adamw", torch.device(device), {}))
         target = torch.randint(0, model.num_classes, (batch,), device=device)
 
         def step(optimize: bool = True, forward=forward, optimizer=optimizer, target=target) -> None:
@@ -92,7 +96,7 @@ def train_step_fns(
             if optimize:
                 optimizer.step()
 
-        for _ in range(2 if compiled else 0):  # not in the timings: the forward's and the backward's compilation
+        for _ in range(3 if compiled else 0):  # not in the timings: the forward's and the backward's compilation
             step()
         fns[spec] = step
     return fns

@@ -608,12 +608,17 @@ def test_wandb_offline_files_and_outputs(tmp_path):
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     log = (tmp_path / "log.txt").read_text()
     assert (tmp_path / "config.yaml").is_file() and log.count("epoch 1/1  train loss") == 1
+    # The start says how the run computes, and why: the defaults (auto) on a CPU are float32 and eager.
+    assert "precision: float32 (amp.enabled=auto on cpu)\n" in log
+    assert "eager: compile=auto on cpu (compiles on CUDA only)\n" in log
+    assert log.index("precision: ") < log.index("epoch 1/1  train loss")
     assert f"ema top1 {metrics['val/ema_top1']:.2f}" in log
     # An evaluation reports both results of the run: the model's and its weight EMA's.
     run_train(tmp_path, "mode=eval")  # the checkpoint holds a weight EMA: no key asks for it
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())  # the evaluation's own record
     assert (evaluated["eval/top1"], evaluated["eval/ema_top1"]) == (metrics["val/top1"], metrics["val/ema_top1"])
-    assert "its weight EMA: top1" in (tmp_path / "eval" / "log.txt").read_text()
+    eval_log = (tmp_path / "eval" / "log.txt").read_text()
+    assert "its weight EMA: top1" in eval_log and "precision: float32 (amp.enabled=auto on cpu)\n" in eval_log
     # A fine-tune from the weight EMA (checkpoint_ema=true) says what it starts from; a profiler window past its
     # end says at the start that it will record nothing.
     fine_tune = ["epochs=1", f"checkpoint={tmp_path / 'best.pth'}", "checkpoint_ema=true", "profile.steps=[1000,2000]"]

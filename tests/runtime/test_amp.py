@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from cat.runtime import Precision
+from cat.runtime import Precision, describe_precision, resolve_amp
 from cat.runtime.job_config import AmpConfig
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 def test_from_config_and_cpu_behaviour():
-    precision = Precision.from_config(AmpConfig(enabled=True, dtype="bf16"), torch.device("cpu"), channels_last=True)
+    precision = Precision.from_config(AmpConfig(enabled=True, dtype="bf16", tf32=True), CPU, channels_last=True)
     assert precision == Precision(torch.device("cpu"), True, "bf16", True)
     images = precision.inputs(torch.randn(2, 3, 8, 8))
     assert images.is_contiguous(memory_format=torch.channels_last)
@@ -26,3 +29,34 @@ def test_fp16_scaling_only_where_it_is_needed():
     assert not Precision(torch.device("cpu")).grad_scaler().is_enabled()
     with Precision(torch.device("cpu")).autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "enabled, dtype, device, expected",
+    [
+        ("auto", "auto", CUDA, True),  # as the authors train: --amp on GPUs
+        ("auto", "auto", CPU, False),  # a CPU trains these models faster in float32
+        (True, "fp16", CPU, True),
+        (False, "bf16", CUDA, False),
+    ],
+)
+def test_amp_auto_is_autocast_on_cuda_and_float32_on_a_cpu(enabled, dtype, device, expected, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    on, name, why = resolve_amp(AmpConfig(enabled=enabled, dtype=dtype, tf32=True), device)
+    assert on is expected and name == ("bf16" if dtype == "auto" else dtype)
+    assert why.startswith(f"amp.enabled={str(enabled).lower()}" + (f" on {device.type}" if enabled == "auto" else ""))
+
+
+def test_amp_dtype_auto_takes_fp16_with_a_scaler_where_a_gpu_has_no_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    amp = AmpConfig(enabled="auto", dtype="auto", tf32=False)
+    assert resolve_amp(amp, CUDA)[:2] == (True, "fp16")
+    line = describe_precision(amp, CUDA)
+    assert line == (
+        "precision: fp16 autocast, with a gradient scaler (amp.enabled=auto on cuda, amp.dtype=auto: no bf16 on this "
+        "GPU); float32 matmuls in full float32 (amp.tf32=false)"
+    )
+    assert describe_precision(amp, CPU) == "precision: float32 (amp.enabled=auto on cpu)"
+    assert describe_precision(AmpConfig(enabled=True, dtype="auto", tf32=True), CPU) == (
+        "precision: bf16 autocast (amp.enabled=true, amp.dtype=auto: bf16 supported)"
+    )

@@ -87,7 +87,12 @@ def _with_length_and_amp(cfg, key: str, length: int, flip_amp: bool):
         cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, **{name: length}))
     else:
         cfg = dataclasses.replace(cfg, **{name: length})
-    return dataclasses.replace(cfg, amp=dataclasses.replace(cfg.amp, enabled=not cfg.amp.enabled)) if flip_amp else cfg
+    # A definite change whatever the saved value ("auto" included): to true unless it was true.
+    return (
+        dataclasses.replace(cfg, amp=dataclasses.replace(cfg.amp, enabled=cfg.amp.enabled is not True))
+        if flip_amp
+        else cfg
+    )
 
 
 def _resume_classification(tmp_path, saved_cfg, cfg, done: int, begun: bool) -> None:
@@ -151,7 +156,7 @@ def test_run_length_and_recipe_one_rule_in_both_trainers(task, done, begun, leng
     unit = "epochs" if key.endswith("epochs") else "iterations"
     checkpoint = next(str(p) for p in tmp_path.iterdir() if p.suffix == ".pth")
     expected = refusal.format(
-        key=key, ckpt=checkpoint, unit=unit, one=unit[:-1], was=saved_cfg.amp.enabled, now=cfg.amp.enabled
+        key=key, ckpt=checkpoint, unit=unit, one=unit[:-1], was=repr(saved_cfg.amp.enabled), now=repr(cfg.amp.enabled)
     )
     assert [problem for problem in refused.value.problems if problem.startswith(expected)], refused.value.problems
 

@@ -3,6 +3,8 @@ benchmark script."""
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
 
@@ -187,11 +189,8 @@ def test_bench_attention_compiles_training_steps_only(run_tool):
     assert "--compile applies to training steps: give --train-res" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("fft_backend", ["auto", "separable", "matmul"])
-def test_gpu_check_correctness_dry_run_on_cpu(fft_backend):
-    """The prepared GPU script's correctness part, run on the CPU (autocast there too), with each DFT backend: the
-    separable GEMMs that auto takes on CUDA under half precision (bf16 keeps 8 bits) stay within gpu_check's
-    tolerances against float32 FFTs, for the function, the module, its input gradient and a whole CA-DeiT-T."""
+def load_gpu_check():
+    """tools/gpu_check.py as a module (it is a script, not a package's)."""
     import importlib.util
 
     from tests.conftest import REPO
@@ -199,13 +198,58 @@ def test_gpu_check_correctness_dry_run_on_cpu(fft_backend):
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    rows = gpu_check.correctness("cpu", fft_backend)
+    return gpu_check
+
+
+@pytest.mark.parametrize("fft_backend", ["auto", "separable", "matmul"])
+def test_gpu_check_correctness_dry_run_on_cpu(fft_backend):
+    """The prepared GPU script's correctness part, run on the CPU (autocast there too), with each DFT backend: the
+    separable GEMMs in half precision (bf16 keeps 8 bits) stay within gpu_check's tolerances against float32 FFTs,
+    for the function, the module, its input gradient and a whole CA-DeiT-T."""
+    rows = load_gpu_check().correctness("cpu", fft_backend)
     assert {r["dtype"] for r in rows} == {"fp16", "bf16"} and len(rows) == 32
     assert sum(r["what"] == "CirculantAttention grad" for r in rows) == 10
     for r in rows:
         assert r["rel_err"] < r["tolerance"], r
     # Not vacuous: half precision moved every result off float32's.
     assert all(r["rel_err"] > 1e-5 for r in rows if r["what"] != "circulant_attention" or fft_backend != "auto")
+
+
+def test_gpu_check_times_both_dfts_records_the_faster_and_keeps_its_budget_on_cpu(tmp_path, monkeypatch):
+    """The speed part of the GPU script in small on the CPU: both DFTs timed under bf16 and fp16 and the faster
+    recorded for the card, where fft_backend=auto then reads it; the speed rows against both baselines; a budget
+    that has run out measures nothing more and names what it left out; Fig. 4's PNG from the rows."""
+    import time
+
+    from cat.ops import policy
+
+    gpu_check = load_gpu_check()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(policy, "_measured", {})
+    monkeypatch.setattr(gpu_check, "DFT_CASES", ((32, 2),))
+    monkeypatch.setattr(gpu_check, "CASES", (("train", 32, 2), ("infer", 64, 1)))
+    monkeypatch.setattr(gpu_check, "COMPILED_CASES", ())
+    choice = gpu_check.dft_choice("cpu", "cpu", 1)
+    recorded = json.loads(policy.measured_choices_path().read_text())
+    assert recorded == {"cpu": {"bfloat16": choice["bf16"]["choice"], "float16": choice["fp16"]["choice"]}}
+    for dtype, row in choice.items():
+        fft, separable = row["step_ms"]["32x2"]["fft"], row["step_ms"]["32x2"]["separable"]
+        assert row["separable_over_fft"] == pytest.approx(separable / fft)
+        assert row["choice"] == ("separable" if separable < fft else "fft")
+        assert policy.measured_backend("cpu", str(gpu_check.AMP_DTYPES[dtype]).removeprefix("torch.")) == row["choice"]
+    rows, skipped = gpu_check.speed("cpu", 1, time.monotonic() + 600)
+    assert not skipped and [(r["what"], r["dtype"], r["mode"]) for r in rows] == [
+        ("train", "fp32", "eager"),
+        ("infer", "fp32", "eager"),
+        ("train", "bf16", "eager"),
+        ("infer", "bf16", "eager"),
+    ]
+    for r in rows:
+        assert r["speed vs DeiT-T (SDPA)"] == pytest.approx(r["DeiT-T (SDPA) ms"] / r["CA-DeiT-T ms"])
+    left_out = [f"{what} {res}^2 B={b} {dtype} eager" for dtype in ("fp32", "bf16") for what, res, b in gpu_check.CASES]
+    assert gpu_check.speed("cpu", 1, time.monotonic() - 1) == ([], left_out)
+    gpu_check.figure(rows, tmp_path, "cpu")
+    assert (tmp_path / "fig4_efficiency.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
