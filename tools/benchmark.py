@@ -11,6 +11,10 @@ throughput-accuracy trade-off of both families at 224^2.
         backward (the optimizer's are the same for every model of a size).
 (c, d)  inference and training throughput at 224^2 of DeiT-T/S/B and CA-DeiT-T/S/B against the paper's ImageNet
         top-1 (cat/paper_tables.yaml, Table 2), in the first of --dtypes.
+host    the host's cost of a training step: the CPU time of CA-DeiT-T's forward, cross-entropy and backward at 32^2,
+        batch 1, on one thread, against DeiT-T's (SDPA), in float32 and under bf16 autocast, interleaved. Arithmetic
+        is negligible there, so the time is what issuing the step's operators costs the host (Python, autograd, the
+        dispatcher): on a GPU, what bounds a small model's eager step (docs/perf.md).
 Writes ``benchmark.json`` and ``fig4_efficiency.png``/``.pdf`` into --out.
 
     python tools/benchmark.py --out runs/fig4                  # CPU: 224^2 and 512^2 in fp32, a few minutes
@@ -23,7 +27,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,7 @@ from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import device_name, interleaved_medians, positive_int, save_figure
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
+from cat.toolkit.timing import rotated
 from cat.toolkit.variants import build_variant, split_variant, train_step_fns
 
 MODELS = {
@@ -108,6 +115,40 @@ def measure(
     return rows
 
 
+HOST_RES, HOST_BATCH = 32, 1
+
+
+def host_cost(rounds: int, min_block_s: float) -> dict[str, dict[str, float]]:
+    """CPU seconds (process time) of one training step of each of CA-DeiT-T and DeiT-T (SDPA) at 32^2, batch 1, on
+    one thread, in fp32 and bf16 autocast: medians of ``rounds`` interleaved blocks of about ``min_block_s``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = {}
+        for dtype in ("fp32", "bf16"):
+            specs = [MODELS["CA-DeiT-T"], MODELS["DeiT-T (SDPA)"]]
+            cast = autocast(torch.device("cpu"), dtype)
+            steps = train_step_fns(specs, HOST_RES, HOST_BATCH, "cpu", False, {"num_classes": 10}, cast)
+            fns = {spec: functools.partial(steps[spec], optimize=False) for spec in specs}
+            samples: dict[str, list[float]] = {spec: [] for spec in specs}
+            calls = {}
+            for spec, fn in fns.items():  # warm, and size each block
+                started = time.process_time()
+                fn()
+                calls[spec] = max(1, int(min_block_s / max(time.process_time() - started, 1e-4)))
+            for r in range(rounds):
+                for spec in rotated(specs, r):
+                    started = time.process_time()
+                    for _ in range(calls[spec]):
+                        fns[spec]()
+                    samples[spec].append((time.process_time() - started) / calls[spec])
+            ca, deit = (statistics.median(samples[spec]) for spec in specs)
+            result[dtype] = {"CA-DeiT-T ms": ca * 1e3, "DeiT-T (SDPA) ms": deit * 1e3, "ratio": ca / deit}
+        return result
+    finally:
+        torch.set_num_threads(threads)
+
+
 def gflops(spec: str, res: int) -> float:
     return model_cost(split_variant(spec)[0], (res, res))[1] / 1e9
 
@@ -163,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, help="interleaved rounds per median (default: by device)")
     parser.add_argument("--min-block", type=float, default=0.2, help="seconds of calls per timed block")
     parser.add_argument("--no-families", action="store_true", help="leave out (c, d)")
+    parser.add_argument("--no-host-cost", action="store_true", help="leave out the host's cost of a step")
     parser.add_argument(
         "--families", nargs="+", choices=FAMILIES, default=list(FAMILIES), help="the models of (c, d) (default: all)"
     )
@@ -228,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label:>10} top-1 {row['top1']:.1f}  inference {speed[label]['infer_img_s']:>8.1f} img/s  "
                 f"training {speed[label]['train_img_s']:>8.1f} img/s ({dtypes[0]}, {args.families_res}², batch "
                 f"{speed[label]['batch']})"
+            )
+    if not args.no_host_cost:
+        result["host_cost"] = host_cost(max(args.rounds, 5), max(args.min_block, 0.2))
+        for dtype, row in result["host_cost"].items():
+            print(
+                f"host cost of a training step at {HOST_RES}², batch {HOST_BATCH}, one thread, {dtype}: CA-DeiT-T "
+                f"{row['CA-DeiT-T ms']:.1f} ms, DeiT-T {row['DeiT-T (SDPA) ms']:.1f} ms of CPU: {row['ratio']:.2f}x"
             )
     (out / "benchmark.json").write_text(json.dumps(result, indent=2))
     plot(result, out)

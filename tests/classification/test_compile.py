@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import cat
 from cat.classification.model_building import compile_plan
 from cat.classification.optimization import step_kwargs
+from cat.ops import set_lean_attention
 from tests.conftest import typed_cls
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -60,22 +61,30 @@ def build(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if name == "converted":
         return cat.convert(timm.create_model("deit_tiny_patch16_224", img_size=32, depth=2, num_classes=5))
-    return timm.create_model("ca_deit_tiny", img_size=32, depth=2, num_classes=5)
+    model = timm.create_model("ca_deit_tiny", img_size=32, depth=2, num_classes=5)
+    return set_lean_attention(model, True) if name == "lean" else model
 
 
 @pytest.mark.slow  # Inductor compiles a forward and a backward: ~30 s each
-@pytest.mark.parametrize("name", ["ca_deit_tiny", "converted"])
+@pytest.mark.parametrize("name", ["ca_deit_tiny", "converted", "lean"])
 def test_a_compiled_training_step_is_one_graph_and_trains_as_eager(name):
     """CA-DeiT-T and a cat.convert-ed DeiT-T: torch.compile (Inductor) with fullgraph=True makes the forward and its
     backward one graph each (no break: fullgraph would raise, and dynamo's explanation counts none), and three full
-    steps (forward, cross-entropy, backward, AdamW) give the eager losses."""
+    steps (forward, cross-entropy, backward, AdamW) give the eager losses. With lean_attention=true, compiled as a run
+    compiles it (fullgraph relaxed, :func:`compile_plan`): the lean function runs between graphs, and trains alike."""
     model = build(name)
     x, target = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     explanation = torch._dynamo.explain(model)(x)
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    if name == "lean":  # breaks around the lean function, which runs uncompiled
+        reasons = " ".join(str(reason) for reason in explanation.break_reasons)
+        assert explanation.graph_break_count > 0 and "torch.compiler.disable" in reasons
+    else:
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
     torch._dynamo.reset()
     eager = copy.deepcopy(model)
-    compiled = torch.compile(model, fullgraph=True)
+    fullgraph = compile_plan(typed_cls("compile=true", f"model.lean_attention={name == 'lean'}"), CPU).fullgraph
+    assert fullgraph is (name != "lean")
+    compiled = torch.compile(model, fullgraph=fullgraph)
     losses: dict[str, list[float]] = {"compiled": [], "eager": []}
     for label, forward, module in (("compiled", compiled, model), ("eager", eager, eager)):
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)

@@ -5,6 +5,8 @@ targets of docs/perf.md, "Kernels per step and the auto policy". Large steps are
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import timm
 import torch
@@ -15,42 +17,72 @@ from cat.ops import set_attention_memory, set_lean_attention
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes, sizes_only
 
 
-def training_step(model: torch.nn.Module, batch: int, res: int):
-    """Forward, cross-entropy and backward of ``model`` on one random batch (no optimizer: the model's own work)."""
+def training_step(model: torch.nn.Module, batch: int, res: int, amp: bool = False):
+    """Forward, cross-entropy and backward of ``model`` on one random batch (no optimizer: the model's own work); with
+    ``amp`` the forward and the loss under bf16 autocast, the backward outside it, as the trainer runs them."""
     x = torch.randn(batch, 3, res, res)
-    target = torch.randint(0, 1000, (batch,))
+    target = torch.randint(0, model.num_classes, (batch,))
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), target).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(model(x), target)
+        loss.backward()
 
-    step()  # warm: lazily built constants (DFT matrices, Parseval weights) are made once, outside the count
+    step()  # warm: lazily built constants (DFT matrices) are made once, outside the count
     return step
 
 
-def step_kernels(model: torch.nn.Module, batch: int, res: int = 224) -> int:
-    return sum(count_kernels(training_step(model, batch, res)).values())
+def step_kernels(model: torch.nn.Module, batch: int, res: int = 224, amp: bool = False) -> int:
+    return sum(count_kernels(training_step(model, batch, res, amp)).values())
 
 
-def sized_step_kernels(model: torch.nn.Module, batch: int, res: int = 224) -> int:
+def sized_step_kernels(model: torch.nn.Module, batch: int, res: int = 224, amp: bool = False) -> int:
     """:func:`step_kernels` on tensors without data."""
     with sizes_only():
-        return step_kernels(model, batch, res)
+        return step_kernels(model, batch, res, amp)
 
 
 @pytest.fixture(scope="module")
-def deit_kernels() -> int:
-    return step_kernels(timm.create_model("deit_tiny_patch16_224"), 8)
+def deit_kernels() -> dict[bool, int]:
+    """DeiT-T's (SDPA) training step at 224^2, batch 64, in float32 and under bf16 autocast."""
+    model = timm.create_model("deit_tiny_patch16_224")
+    return {amp: sized_step_kernels(model, 64, amp=amp) for amp in (False, True)}
 
 
-def test_a_training_step_issues_as_many_kernels_at_any_batch_and_at_most_2_5x_deits(deit_kernels):
+def test_a_training_step_issues_as_many_kernels_at_any_batch_and_fewer_than_before(deit_kernels):
     """The default CA-DeiT-T at 224^2: the same kernels at batch 8 and 64 (the lean function's channel loop issued
-    3.8x as many at 64, 7,924), and at most 2.5x DeiT-T's (it was 21x)."""
+    3.8x as many at 64), in float32 at most 1.95x DeiT-T's (736 against 378; it was 808, 2.14x; the 1.5x of
+    docs/perf.md's target is not reached: the operators that remain are listed there) and under bf16 autocast at
+    most 1.5x (975 against 657; it was 1,239)."""
     model = timm.create_model("ca_deit_tiny")
     small = step_kernels(model, 8)
     assert sized_step_kernels(model, 8) == small  # the count without data is the real one (and so at batch 64)
     assert sized_step_kernels(model, 64) == small
-    assert small <= 2.5 * deit_kernels, (small, deit_kernels)
+    assert small <= 1.95 * deit_kernels[False], (small, deit_kernels)
+    half = sized_step_kernels(model, 64, amp=True)
+    assert sized_step_kernels(model, 8, amp=True) == half
+    assert half <= 1.5 * deit_kernels[True], (half, deit_kernels)
+
+
+def block_kernels(name: str, amp: bool) -> Counter[str]:
+    """The operators one more block adds to a training step (a 2-block model's less a 1-block one's), by name."""
+    counts = []
+    for depth in (1, 2):
+        model = timm.create_model(name, img_size=64, depth=depth, num_classes=10)
+        counts.append(count_kernels(training_step(model, 2, 64, amp)))
+    return counts[1] - counts[0]
+
+
+def test_a_block_casts_under_autocast_no_more_than_deits_plus_two():
+    """Half precision without a cast per operator: a CA-DeiT-T block under bf16 autocast casts (aten._to_copy) no
+    more than a DeiT-T block plus two (20 against 22: the spectral path stays in float32, the input is cast with the
+    copy the transform needs, the gate's and projection's weights once per step; it cast 35 times)."""
+    ca, deit = block_kernels("ca_deit_tiny", True), block_kernels("deit_tiny_patch16_224", True)
+    assert ca["aten._to_copy"] <= deit["aten._to_copy"] + 2, (ca, deit)
+    fp32 = block_kernels("ca_deit_tiny", False)
+    assert fp32["aten._to_copy"] <= 1  # the copy into maps; no cast in float32
+    assert sum(ca.values()) - ca["aten._to_copy"] == sum(fp32.values()) - fp32["aten._to_copy"]  # casts only
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "stored"])
@@ -66,14 +98,18 @@ def test_the_fused_function_issues_a_fixed_number_of_kernels_until_the_budget_sp
     assert split > counts[1] if lean else split == counts[1]
 
 
-def test_inference_at_1536_takes_at_most_320_kernels():
-    """CA-DeiT-T at 1536^2 (9,216 tokens), batch 1: the channel groups of the old lean path took 1,181."""
-    model = timm.create_model("ca_deit_tiny", img_size=1536).eval()
+def inference_kernels(name: str, res: int) -> int:
+    model = timm.create_model(name, img_size=res).eval()
     with torch.no_grad(), sizes_only():
-        x = torch.randn(1, 3, 1536, 1536)
+        x = torch.randn(1, 3, res, res)
         model(x)
-        kernels = sum(count_kernels(lambda: model(x)).values())
-    assert kernels <= 320, kernels
+        return sum(count_kernels(lambda: model(x)).values())
+
+
+def test_inference_at_1536_takes_at_most_2_25x_deits_kernels():
+    """CA-DeiT-T at 1536^2 (9,216 tokens), batch 1: 281 operators against DeiT-T's 125 (the channel groups of the
+    old lean path took 1,181, then 293); the 1.6x target is not reached (docs/perf.md)."""
+    assert inference_kernels("ca_deit_tiny", 1536) <= 2.25 * inference_kernels("deit_tiny_patch16_224", 1536)
 
 
 def test_a_training_step_compiles_into_one_graph():
@@ -95,12 +131,15 @@ def test_a_training_step_compiles_into_one_graph():
     torch._dynamo.reset()
 
 
-def test_lean_training_holds_no_more_tensor_memory_than_deit_at_1024():
-    """The lean function's point: a CA-DeiT-T training step at 1024^2 holds at most DeiT-T's tensor memory (0.93x
-    measured; stored spectra: 1.32x)."""
-    lean_model = set_lean_attention(timm.create_model("ca_deit_tiny", img_size=1024), True)
+def test_lean_training_is_the_memory_mode_and_auto_stays_within_1_5x_deit_at_1024():
+    """The lean function's point: a CA-DeiT-T training step at 1024^2, batch 1, with the default budget holds at most
+    0.9x DeiT-T's tensor memory (0.88x measured: its backward drops each intermediate once used); auto, which keeps
+    the spectra there, at most 1.5x (1.37x)."""
     deit_model = timm.create_model("deit_tiny_patch16_224", img_size=1024)
+    models = {
+        lean: set_lean_attention(timm.create_model("ca_deit_tiny", img_size=1024), lean) for lean in (True, "auto")
+    }
     with sizes_only():
-        lean = peak_tensor_bytes(training_step(lean_model, 1, 1024))
         deit = peak_tensor_bytes(training_step(deit_model, 1, 1024))
-    assert lean <= deit, (lean / 2**20, deit / 2**20)
+        peaks = {lean: peak_tensor_bytes(training_step(model, 1, 1024)) for lean, model in models.items()}
+    assert peaks[True] <= 0.9 * deit and peaks["auto"] <= 1.5 * deit, ({k: v / deit for k, v in peaks.items()}, deit)

@@ -269,8 +269,12 @@ CASES = {
     ),
     "compile_mode_fast": (
         _overrides("compile_mode=fast"),
-        "compile_mode='fast': expected one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
+        "compile_mode='fast': expected one of auto, default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
     ),
+    "compile_sometimes": (_overrides("compile=sometimes"), "compile='sometimes': expected one of auto, True, False"),
+    "amp_enabled_maybe": (_overrides("amp.enabled=maybe"), "amp.enabled='maybe': expected one of auto, True, False"),
+    "amp_dtype_fp8": (_overrides("amp.dtype=fp8"), "amp.dtype='fp8': expected one of auto, bf16, fp16"),
+    "amp_tf32_maybe": (_overrides("amp.tf32=maybe"), "amp.tf32='maybe': expected"),
     "compile_fullgraph_maybe": (_overrides("compile_fullgraph=maybe"), "compile_fullgraph='maybe': expected"),
     "convert_unknown_key": (
         _overrides("model.convert={stage:[0]}"),
