@@ -7,17 +7,35 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, Mlp, register_notrace_function, register_notrace_module, trunc_normal_
 from torch import Tensor, nn
 
 from cat.ops import CirculantAttention
 from cat.ops.circulant import Reweight
+from cat.ops.dft import constant
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)
 
 # The FFT attention checks shapes and picks its path from them: FX (torchvision's and timm's feature
 # extraction) keeps it as one leaf call, differentiable like any module.
 register_notrace_module(CirculantAttention)
+
+
+def centre_tap(shape: tuple[int, ...]) -> Tensor:
+    """A float64 depthwise kernel (C, 1, 3, 3) that passes its input through: 1 at the centre, 0 elsewhere."""
+    kernel = torch.zeros(shape, dtype=torch.float64)
+    kernel[..., 1, 1] = 1.0
+    return kernel
+
+
+# TorchScript (timm's scripting of a model) calls this as Python: the cached constant is not scriptable. It reads an
+# ignored function's arguments and result as tensors when they carry no annotation. FX keeps it one leaf call (FX
+# wraps only public names).
+@register_notrace_function
+@torch.jit.ignore
+def with_centre_tap(weight):
+    """A depthwise kernel ``weight`` (C, 1, 3, 3) with 1 added at its centre (:func:`centre_tap`)."""
+    return weight + constant(centre_tap, (tuple(weight.shape),), weight.dtype, weight.device)
 
 
 def init_vit_weights(m: nn.Module) -> None:
@@ -53,12 +71,6 @@ class CirculantBlock(nn.Module):
         # Channels-last like the token view it convolves, so its weight's gradient has the weight's strides:
         # DDP compares them in full and otherwise warns "Grad strides do not match bucket view strides".
         self.cpe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim).to(memory_format=torch.channels_last)
-        # x + cpe(x) is one convolution whose kernel has 1 added at its centre: the block adds a 3x3 kernel instead of
-        # a (B, N, C) map, and the backward gives x one gradient instead of two that autograd then adds.
-        identity = torch.zeros_like(self.cpe.weight)
-        identity[:, :, 1, 1] = 1.0
-        self.cpe_identity: Tensor
-        self.register_buffer("cpe_identity", identity, persistent=False)
         self.norm1 = norm_layer(dim)
         self.attn = CirculantAttention(dim, head_dim=head_dim, reweight=reweight, proj_drop=proj_drop)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -78,7 +90,10 @@ class CirculantBlock(nn.Module):
         B, N, C = x.shape
         # A channels-last view in and out: the depthwise conv then needs no layout copies (2x here).
         maps = x.reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
-        kernel = self.cpe.weight + self.cpe_identity
+        # x + cpe(x) is one convolution whose kernel has 1 added at its centre: the block adds a 3x3 kernel instead of
+        # a (B, N, C) map, and the backward gives x one gradient instead of two that autograd then adds. (A cached
+        # constant, not a buffer: DDP would broadcast a buffer at every step.)
+        kernel = with_centre_tap(self.cpe.weight)
         x = F.conv2d(maps, kernel, self.cpe.bias, padding=1, groups=C).permute(0, 2, 3, 1).reshape(B, N, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))

@@ -98,8 +98,6 @@ def circulant_attention(
         raise ValueError(f"q, k, v must have the same shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, H, W, C = q.shape
     _check_head_dim(C, head_dim)
-    if scale is None:
-        scale = 1.0 / math.sqrt(H * W * head_dim)
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     work = fft_dtype(out_dtype)
     backend = backend_for(check_backend(fft_backend), q.device, compute_dtype(q))
@@ -254,8 +252,8 @@ def circulant_attention_layer(
             x, hw, qkv_weight, gate, proj_weight, proj_bias, qkv_bias, head_dim, traced_scale, reweight, prefix
         )
         return traced, x.new_empty(0)
-    # A power, not math.sqrt: under torch.export N is symbolic and must stay so (any resolution).
-    scale = (N * head_dim) ** -0.5 if scale is None else scale
+    # None (the released scale) stays None: the orthonormal transforms apply it, with no arithmetic on N, which is
+    # symbolic under torch.export (any resolution).
     backend = backend_for(policy, x.device, compute_dtype(x))
     if reweight == "pre" or torch.compiler.is_exporting():
         # Through autograd: v is gated before the attention, or an exported program, which takes plain operators.
@@ -294,7 +292,7 @@ def _autograd_layer(
     proj_weight: Tensor,
     proj_bias: Tensor,
     head_dim: int,
-    scale: float,
+    scale: float | None,
     reweight: str,
     backend: DFTBackend,
     keep_weights: bool,

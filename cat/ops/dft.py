@@ -130,8 +130,9 @@ def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.de
 
 
 def is_unit(factor: float) -> bool:
-    """Whether a factor is 1 but for rounding (sqrt(n) / sqrt(n) need not be exactly 1.0): no product is needed."""
-    return math.isclose(factor, 1.0, rel_tol=1e-12)
+    """Whether a factor is 1 but for rounding (sqrt(n) / sqrt(n) need not be exactly 1.0): no product is needed. A
+    symbolic factor (torch.export's sizes) is taken as not 1: comparing it would guard the program on the size."""
+    return isinstance(factor, (int, float)) and math.isclose(factor, 1.0, rel_tol=1e-12)
 
 
 def _norm_factor(norm: Norm, n: int, inverse: bool) -> float:

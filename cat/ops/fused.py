@@ -169,7 +169,7 @@ class _Settings:
 
     hw: tuple[int, int]
     head_dim: int
-    scale: float
+    scale: float | None  # None: the released 1 / sqrt(N * head_dim)
     backend: DFTBackend
     packed: bool
     groups: list[tuple[int, int]]
@@ -421,7 +421,7 @@ def circulant_attention_function(
     proj_bias: Tensor | None,
     hw: tuple[int, int],
     head_dim: int,
-    scale: float,
+    scale: float | None,
     backend: DFTBackend = "fft",
     lean: bool = False,
     budget_bytes: int = 2**62,

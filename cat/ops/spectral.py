@@ -85,14 +85,17 @@ def per_head(heads: Tensor, channels: Tensor, head_dim: int, conj: bool = False)
     return product(heads.unsqueeze(1), grouped).reshape(channels.shape)
 
 
-def logit_factor(hw: tuple[int, int], head_dim: int, scale: float) -> float:
-    """What the logits are multiplied by beyond the orthonormal transforms: ``scale`` * sqrt(N). 1 for the released
-    scale 1/sqrt(N) at head_dim 1, which the transforms then apply at no cost."""
+def logit_factor(hw: tuple[int, int], head_dim: int, scale: float | None) -> float:
+    """What the logits are multiplied by beyond the orthonormal transforms: ``scale`` * sqrt(N); for ``scale`` None,
+    the released 1 / sqrt(N * head_dim), 1 / sqrt(head_dim) (1 at head_dim 1, which the transforms then apply at no
+    cost, with no arithmetic on N, which torch.export keeps symbolic)."""
+    if scale is None:
+        return head_dim**-0.5
     return scale * (hw[0] * hw[1]) ** 0.5
 
 
 def circulant_weights(
-    q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float, backend: DFTBackend = "fft"
+    q_f: Tensor, k_f: Tensor, hw: tuple[int, int], head_dim: int, scale: float | None, backend: DFTBackend = "fft"
 ) -> Tensor:
     """Softmax weights (heads, B, H, W) of circulant attention from the orthonormal spectra (C, B, H, W//2+1, 2) of q
     and k (``rfft2(..., norm="ortho")``), by the offset taken backwards: omega[e] is the weight of the key at offset -e
@@ -120,14 +123,14 @@ def attend_spectra(
     v_f: Tensor,
     hw: tuple[int, int],
     head_dim: int,
-    scale: float,
+    scale: float | None,
     backend: DFTBackend = "fft",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Circulant attention given the orthonormal rfft2 spectra (``norm="ortho"``) of q, k and v as real pairs, channels
     outermost, (C, B, H, W//2+1, 2): the real output (C, B, H, W), the weights omega (heads, B, H, W) by backward
     offset (:func:`circulant_weights`; :func:`weights_by_offset` gives them by offset) and their unnormalised spectrum.
     Channels form heads of ``head_dim`` channels; the transforms are ``backend``'s (:mod:`cat.ops.dft`), which also
-    sets their dtypes."""
+    sets their dtypes. ``scale`` None is the released 1 / sqrt(N * head_dim)."""
     omega = circulant_weights(q_f, k_f, hw, head_dim, scale, backend)
     omega_f = rfft2(omega, backend)
     return irfft2(per_head(omega_f, v_f, head_dim), hw, backend, norm="ortho"), omega, omega_f

@@ -48,7 +48,7 @@ def build_variant(spec: str, res: int, device: str | torch.device, model_args: d
     if variant in ("lean", "stored"):
         set_lean_attention(model, variant == "lean")
     if variant in ("separable", "fft"):
-        set_fft_backend(model, variant)
+        set_fft_backend(model, "separable" if variant == "separable" else "fft")
     model.set_grad_checkpointing(variant == "checkpointed")
     if variant == "released":
         for module in model.modules():

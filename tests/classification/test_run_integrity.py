@@ -174,7 +174,7 @@ def test_nan_run_keeps_the_previous_good_checkpoint(tmp_path):
 
 
 BAD_VALUES = [
-    ("amp.dtype=fp32", "amp.dtype='fp32': expected one of bf16, fp16"),
+    ("amp.dtype=fp32", "amp.dtype='fp32': expected one of auto, bf16, fp16"),
     ("logger.wandb.mode=bogus", "logger.wandb.mode='bogus': expected one of"),
     ("data.img_size=30", "does not run at 30x30"),
     ("epochs=0", "epochs=0: expected an integer >= 1"),
