@@ -42,7 +42,7 @@ from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import device_name, interleaved_medians, positive_int, save_figure
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
-from cat.toolkit.timing import rotated
+from cat.toolkit.timing import median_quartiles
 from cat.toolkit.variants import build_variant, split_variant, train_step_fns
 
 MODELS = {
@@ -118,9 +118,11 @@ def measure(
 HOST_RES, HOST_BATCH = 32, 1
 
 
-def host_cost(rounds: int, min_block_s: float) -> dict[str, dict[str, float]]:
-    """CPU seconds (process time) of one training step of each of CA-DeiT-T and DeiT-T (SDPA) at 32^2, batch 1, on
-    one thread, in fp32 and bf16 autocast: medians of ``rounds`` interleaved blocks of about ``min_block_s``."""
+def host_cost(pairs: int, min_block_s: float) -> dict[str, dict[str, float]]:
+    """The CPU time (process time) of one training step of CA-DeiT-T against DeiT-T (SDPA) at 32^2, batch 1, on one
+    thread, in fp32 and under bf16 autocast: ``pairs`` blocks of each (about ``min_block_s`` of calls), one after the
+    other in alternating order, so that the machine's drifts cancel within each pair's ratio; the median ratio and
+    its quartiles, and the median milliseconds of each."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -130,20 +132,34 @@ def host_cost(rounds: int, min_block_s: float) -> dict[str, dict[str, float]]:
             cast = autocast(torch.device("cpu"), dtype)
             steps = train_step_fns(specs, HOST_RES, HOST_BATCH, "cpu", False, {"num_classes": 10}, cast)
             fns = {spec: functools.partial(steps[spec], optimize=False) for spec in specs}
-            samples: dict[str, list[float]] = {spec: [] for spec in specs}
             calls = {}
             for spec, fn in fns.items():  # warm, and size each block
+                fn()
                 started = time.process_time()
                 fn()
                 calls[spec] = max(1, int(min_block_s / max(time.process_time() - started, 1e-4)))
-            for r in range(rounds):
-                for spec in rotated(specs, r):
-                    started = time.process_time()
-                    for _ in range(calls[spec]):
-                        fns[spec]()
-                    samples[spec].append((time.process_time() - started) / calls[spec])
-            ca, deit = (statistics.median(samples[spec]) for spec in specs)
-            result[dtype] = {"CA-DeiT-T ms": ca * 1e3, "DeiT-T (SDPA) ms": deit * 1e3, "ratio": ca / deit}
+
+            def block(spec: str, fns=fns, calls=calls) -> float:
+                started = time.process_time()
+                for _ in range(calls[spec]):
+                    fns[spec]()
+                return (time.process_time() - started) / calls[spec]
+
+            samples: dict[str, list[float]] = {spec: [] for spec in specs}
+            ratios = []
+            for i in range(pairs):
+                seconds = {spec: block(spec) for spec in (specs if i % 2 == 0 else specs[::-1])}
+                for spec, value in seconds.items():
+                    samples[spec].append(value)
+                ratios.append(seconds[specs[0]] / seconds[specs[1]])
+            ratio, q1, q3 = median_quartiles(ratios)
+            result[dtype] = {
+                "CA-DeiT-T ms": statistics.median(samples[specs[0]]) * 1e3,
+                "DeiT-T (SDPA) ms": statistics.median(samples[specs[1]]) * 1e3,
+                "ratio": ratio,
+                "ratio_q1": q1,
+                "ratio_q3": q3,
+            }
         return result
     finally:
         torch.set_num_threads(threads)
@@ -272,11 +288,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{speed[label]['batch']})"
             )
     if not args.no_host_cost:
-        result["host_cost"] = host_cost(max(args.rounds, 5), max(args.min_block, 0.2))
+        result["host_cost"] = host_cost(max(args.rounds, 11), min(max(args.min_block, 0.1), 1.0))
         for dtype, row in result["host_cost"].items():
             print(
                 f"host cost of a training step at {HOST_RES}², batch {HOST_BATCH}, one thread, {dtype}: CA-DeiT-T "
-                f"{row['CA-DeiT-T ms']:.1f} ms, DeiT-T {row['DeiT-T (SDPA) ms']:.1f} ms of CPU: {row['ratio']:.2f}x"
+                f"{row['CA-DeiT-T ms']:.1f} ms, DeiT-T {row['DeiT-T (SDPA) ms']:.1f} ms of CPU: {row['ratio']:.2f}x "
+                f"(paired; quartiles {row['ratio_q1']:.2f}-{row['ratio_q3']:.2f})"
             )
     (out / "benchmark.json").write_text(json.dumps(result, indent=2))
     plot(result, out)

@@ -206,10 +206,12 @@ def test_benchmark_measures_fig4(run_tool, tmp_path):
     assert [r["top1"] for r in result["families"]] == [75.0, 72.2]  # the paper's Table 2
     assert (tmp_path / "fig4_efficiency.png").stat().st_size > 0
     assert "CA-DeiT-T against SDPA / matmul softmax" in text
-    # The host's cost of a step: CPU time at 32^2, batch 1, one thread, both models, fp32 and bf16.
+    # The host's cost of a step: CPU time at 32^2, batch 1, one thread, both models, fp32 and bf16, the ratio the
+    # median of paired blocks' (so near, not equal to, the ratio of the medians).
     for dtype in ("fp32", "bf16"):
         row = result["host_cost"][dtype]
-        assert row["ratio"] == pytest.approx(row["CA-DeiT-T ms"] / row["DeiT-T (SDPA) ms"]) and row["ratio"] > 0
+        assert 0 < row["ratio_q1"] <= row["ratio"] <= row["ratio_q3"] and row["DeiT-T (SDPA) ms"] > 0
+        assert row["ratio"] == pytest.approx(row["CA-DeiT-T ms"] / row["DeiT-T (SDPA) ms"], rel=0.5)
         assert f"host cost of a training step at 32², batch 1, one thread, {dtype}: CA-DeiT-T" in text
 
 
