@@ -117,6 +117,8 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str], groups: C
         overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
     except HydraException:
         return []
+    except ValueError as error:  # Python reads no integer of more than 4300 digits (sys.get_int_max_str_digits)
+        return [f"a value on the command line is not one a config holds: {error}"]
     problems, cells, multirun = [], 1, bool({"-m", "--multirun"} & set(args))
     for override in overrides:
         if override.key_or_group in groups and not override.is_delete() and override.value() is None:

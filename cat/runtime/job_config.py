@@ -74,6 +74,7 @@ class NetworkConfig:
         "MiB circulant attention may use: the lean function's working set per block, and what auto lets a "
         "24-block model's stored spectra take; null: a quarter of the device's free memory at the first step",
         min=1,
+        max=2**40,
         resume=FREE,
         absent_means=None,
     )

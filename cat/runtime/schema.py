@@ -96,6 +96,8 @@ class _Check:
         """What is wrong with one (non-null, well-typed) value, as the end of ``expected ...``."""
         if self.choices is not None and value not in self.choices:
             return f"one of {', '.join(map(str, self.choices))}"
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            return self.bounds().strip() or "a 64-bit integer"  # every integer key is bounded, by its own or by this
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             low = self.min is not None and (value <= self.min if self.exclusive_min else value < self.min)
             high = self.max is not None and (value >= self.max if self.exclusive_max else value > self.max)

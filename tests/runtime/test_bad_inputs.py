@@ -267,6 +267,18 @@ CASES = {
         _overrides("model.attention_memory_mb=0"),
         "model.attention_memory_mb=0: expected an integer >= 1",
     ),
+    "attention_memory_321_digits": (  # was an OverflowError in cat.ops.policy.describe
+        _overrides(f"model.attention_memory_mb={'9' * 321}"),
+        "(321 characters): expected an integer >= 1 and <= 1.09951e+12",
+    ),
+    "integer_past_64_bits": (  # every integer key has bounds, its own or a 64-bit integer's
+        _overrides(f"workers={'9' * 30}"),
+        f"workers={'9' * 30}: expected an integer >= 0",
+    ),
+    "integer_of_5001_digits": (  # was a ValueError from Python's integer parsing, in the sweep-cell pre-check
+        _overrides(f"epochs={'9' * 5001}"),
+        "a value on the command line is not one a config holds: Exceeds the limit (4300 digits)",
+    ),
     "compile_mode_fast": (
         _overrides("compile_mode=fast"),
         "compile_mode='fast': expected one of auto, default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs",
