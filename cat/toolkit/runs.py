@@ -6,6 +6,7 @@ and what is not a cat run's file is a DataError naming it."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ def run_record(folder: Path) -> dict[str, Any]:
         value = metrics.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise DataError(f"{metrics_path}: {key} is {value!r:.60}, not a number")
+        if value is not None and not math.isfinite(value):  # Python's JSON reads NaN and Infinity; cat writes neither
+            raise DataError(f"{metrics_path}: {key} is {value}, not a finite number as a cat run records")
     model, data = _section(config, "model", config_path), _section(config, "data", config_path)
     return {
         "dir": str(folder),

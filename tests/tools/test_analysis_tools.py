@@ -341,6 +341,8 @@ def test_make_tables_refuses_broken_and_hostile_run_files(run_tool, tmp_path):
         "overrides_mixed": ("overrides.yaml", "[1, {a: 2}]\n", "holds no Hydra overrides of one cell"),
         "metrics_python": ("metrics.json", "{'top1': 1}", "not valid JSON"),
         "metrics_string": ("metrics.json", '{"top1": "high"}', "top1 is 'high', not a number"),
+        "metrics_nan": ("metrics.json", '{"top1": NaN}', "top1 is nan, not a finite number"),  # was an AttributeError
+        "metrics_infinity": ("metrics.json", '{"val/top1": -Infinity}', "val/top1 is -inf, not a finite number"),
         "metrics_deep": ("metrics.json", deep, "nested too deeply"),
     }
     good_multirun = "hydra: {overrides: {task: [seed=0]}, job: {config: {override_dirname: {}}}}\n"
