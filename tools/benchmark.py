@@ -40,7 +40,9 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.flops import model_cost
 from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
-from cat.toolkit import device_name, interleaved_medians, positive_int, save_figure
+from cat.runtime.io import atomic_write_text, refuse_planted
+from cat.toolkit import device_name, interleaved_medians, save_figure
+from cat.toolkit.cli import float_between, int_between, output_folder
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
 from cat.toolkit.timing import median_quartiles
 from cat.toolkit.variants import build_variant, split_variant, train_step_fns
@@ -56,6 +58,7 @@ BATCH_224 = {"cuda": 64, "cpu": 8}
 RESOLUTIONS = {"cuda": [224, 512, 1024, 1536], "cpu": [224, 512]}
 ROUNDS = {"cuda": 7, "cpu": 3}
 DTYPES = {"cuda": ["fp32", "bf16"], "cpu": ["fp32"]}
+MAX_RES = 4096  # 65,536 tokens a map: past it a step measures the allocator, not the model
 
 
 def batch_at(res: int, device: torch.device) -> int:
@@ -215,16 +218,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for benchmark.json and the figure")
     parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--res", type=positive_int, nargs="+", help="resolutions of (a, b) (default: by device)")
+    parser.add_argument(
+        "--res", type=int_between(32, MAX_RES), nargs="+", help="resolutions of (a, b) (default: by device)"
+    )
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", *sorted(AMP_DTYPES)], help="default: by device")
-    parser.add_argument("--rounds", type=positive_int, help="interleaved rounds per median (default: by device)")
-    parser.add_argument("--min-block", type=float, default=0.2, help="seconds of calls per timed block")
+    parser.add_argument(
+        "--rounds", type=int_between(1, 1000), help="interleaved rounds per median (default: by device)"
+    )
+    parser.add_argument(
+        "--min-block", type=float_between(0, 10), default=0.2, help="seconds of calls per timed block (at most 10)"
+    )
     parser.add_argument("--no-families", action="store_true", help="leave out (c, d)")
     parser.add_argument("--no-host-cost", action="store_true", help="leave out the host's cost of a step")
     parser.add_argument(
         "--families", nargs="+", choices=FAMILIES, default=list(FAMILIES), help="the models of (c, d) (default: all)"
     )
-    parser.add_argument("--families-res", type=positive_int, default=224, help="the resolution of (c, d)")
+    parser.add_argument("--families-res", type=int_between(32, MAX_RES), default=224, help="the resolution of (c, d)")
     parser.add_argument(
         "--compile-mode",
         choices=["default", "reduce-overhead", "max-autotune"],
@@ -236,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     resolutions = args.res or RESOLUTIONS.get(device.type, [224])
     dtypes = args.dtypes or DTYPES.get(device.type, ["fp32"])
     args.rounds = args.rounds or ROUNDS.get(device.type, 3)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out)
+    for output in ("benchmark.json", "fig4_efficiency.png", "fig4_efficiency.pdf"):  # refused before any measuring
+        refuse_planted(str(out / output))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     result: dict[str, Any] = {
         "device": name,
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['CA-DeiT-T ms']:.1f} ms, DeiT-T {row['DeiT-T (SDPA) ms']:.1f} ms of CPU: {row['ratio']:.2f}x "
                 f"(paired; quartiles {row['ratio_q1']:.2f}-{row['ratio_q3']:.2f})"
             )
-    (out / "benchmark.json").write_text(json.dumps(result, indent=2))
+    atomic_write_text(str(out / "benchmark.json"), json.dumps(result, indent=2))  # never through a planted link
     plot(result, out)
     print(f"wrote {out / 'benchmark.json'} and fig4_efficiency.png")
     return 0

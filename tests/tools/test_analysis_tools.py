@@ -114,8 +114,13 @@ def test_a_size_the_model_cannot_take_is_one_line(run_tool, tool, tmp_path):
 @pytest.mark.parametrize(
     "tool, args, message",
     [
-        ("benchmark", ["--rounds", "0"], "argument --rounds: '0' is not a positive integer"),
-        ("benchmark", ["--res", "-1"], "argument --res: '-1' is not a positive integer"),
+        ("benchmark", ["--rounds", "0"], "argument --rounds: '0' is not an integer from 1 to 1000"),
+        ("benchmark", ["--res", "-1"], "argument --res: '-1' is not an integer from 32 to 4096"),
+        ("benchmark", ["--res", "100000"], "argument --res: '100000' is not an integer from 32 to 4096"),
+        ("benchmark", ["--families-res", "1"], "argument --families-res: '1' is not an integer from 32 to 4096"),
+        ("benchmark", ["--min-block", "inf"], "argument --min-block: 'inf' is not a number above 0 and at most 10"),
+        ("benchmark", ["--min-block", "nan"], "argument --min-block: 'nan' is not a number above 0 and at most 10"),
+        ("benchmark", ["--min-block", "1e9"], "argument --min-block: '1e9' is not a number above 0 and at most 10"),
         ("benchmark", ["--device", "tpu"], "argument --device: 'tpu' is not cpu, cuda or cuda:N"),
         ("bench_attention", ["--train-res", "0"], "argument --train-res: '0' is not a positive integer"),
         ("bench_attention", ["--device", "cuda:x"], "argument --device: 'cuda:x' is not cpu, cuda or cuda:N"),
@@ -155,6 +160,30 @@ def test_the_benchmarks_refuse_what_they_cannot_measure_in_one_line(run_tool, to
     )
     assert message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_benchmark_writes_only_its_own_files_in_a_folder_it_can_make(run_tool, tmp_path):
+    """--out a file, a path under a file or a place that cannot be written: one line before anything is measured;
+    a link (or FIFO) planted at one of its file names in the folder: refused, its target untouched."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for out, expected in (
+        (a_file, "a file stands at it or on the way to it"),
+        (a_file / "x", "a file stands at it or on the way to it"),
+        (Path("/proc/x"), "cannot make the folder"),
+    ):
+        err = run_tool("benchmark", "--out", str(out), "--res", "32", expect=2, stderr=True)
+        assert f"error: --out {out}: {expected}" in err and "Traceback" not in err, err
+    assert a_file.read_text() == "mine"
+    for name in ("benchmark.json", "fig4_efficiency.png"):
+        out = tmp_path / name.split(".")[0]
+        out.mkdir()
+        target = tmp_path / f"target_of_{name}"
+        target.write_text("the user's")
+        (out / name).symlink_to(target)
+        err = run_tool("benchmark", "--out", str(out), "--res", "32", "--no-families", expect=2, stderr=True)
+        assert f"{out / name} is a symbolic link, not a regular file" in err and "Traceback" not in err, err
+        assert target.read_text() == "the user's" and (out / name).is_symlink()
 
 
 def test_a_missing_gpu_is_named():
