@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from cat.errors import CheckpointError
-from cat.models import CheckpointMismatchError, LoadReport, check_name_hash, extract_state_dict, load_checkpoint_file
+from cat.models import (
+    CheckpointMismatchError,
+    LoadReport,
+    UnsafeCheckpointError,
+    check_name_hash,
+    extract_state_dict,
+    load_checkpoint_file,
+)
 from cat.runtime.io import atomic_write_bytes
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "load_from_safe_local",
     "load_from_safe_remote",
     "mmengine_safe_globals",
+    "refuse_object_arrays",
     "sanitize_mm_checkpoint",
 ]
 
@@ -79,7 +87,8 @@ def mmengine_safe_globals() -> list[Any]:
 
 
 # numpy arrays and scalars of these hold numbers, booleans or text, nothing else (a stock checkpoint's palettes,
-# class names and statistics); an object array would unpickle anything and is refused.
+# class names and statistics); an object array would unpickle anything and is refused (its reconstruction by the
+# reader, one made by numpy's constructors after it: refuse_object_arrays).
 _PLAIN_DTYPES: tuple[str, ...] = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _PLAIN_DTYPES += ("float16", "float32", "float64", "complex64", "complex128", "U", "S")
 
@@ -160,7 +169,28 @@ def load_from_safe_local(filename: str, map_location: Any = None) -> Any:
     if not os.path.isfile(path):  # what stock mmengine raises, word for word
         raise FileNotFoundError(f"{filename} can not be found.")
     checkpoint = load_checkpoint_file(path, map_location or "cpu", safe_globals=mmengine_safe_globals())
+    refuse_object_arrays(checkpoint, path)
     return sanitize_mm_checkpoint(checkpoint, path)
+
+
+def refuse_object_arrays(checkpoint: Any, path: str) -> None:
+    """An UnsafeCheckpointError where anything loaded holds a numpy array (or dtype) of Python objects. The reader
+    refuses the reconstruction such an array pickles as, but numpy's allowed constructors can also make one (an
+    ``ndarray`` of an object ``dtype``): whatever it holds came through the allow-list, yet an object array is no
+    data a checkpoint carries, and mmengine's code would take it as such."""
+    pending = [checkpoint]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (np.ndarray, np.generic, np.dtype)) and (
+            item.hasobject if isinstance(item, np.dtype) else item.dtype.hasobject
+        ):
+            raise UnsafeCheckpointError(f"checkpoint {path}: holds a numpy array of Python objects (dtype object)")
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            pending += list(item)
+        elif not isinstance(item, (torch.Tensor, np.ndarray, str, bytes)) and hasattr(item, "__dict__"):
+            pending += list(vars(item).values())  # the message hub's HistoryBuffers
 
 
 def _resolve_remote(filename: str) -> str:

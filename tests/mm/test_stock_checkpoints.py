@@ -95,6 +95,13 @@ def test_stock_calls_give_the_same_results_with_and_without_cat_mm(stock_files):
     assert with_cat == plain
 
 
+class _ObjectArrayByConstructor:
+    """Pickles as ``numpy.ndarray((2,), 'O')``: an object array made by a call of an allowed global."""
+
+    def __reduce__(self):
+        return (np.ndarray, ((2,), "O"))  # the dtype by its name: no dtype object, no reconstruction
+
+
 def test_plain_fields_stay_and_code_that_would_run_is_refused_or_dropped(tmp_path):
     checkpoint = tmp_path / "stock.pth"
     meta = {"CLASSES": ("a",), "PALETTE": np.array([[1, 2, 3]], dtype=np.uint8), "scale": np.float16(0.5)}
@@ -108,6 +115,10 @@ def test_plain_fields_stay_and_code_that_would_run_is_refused_or_dropped(tmp_pat
     # An object array unpickles anything: refused, naming its dtype (not the reconstructor every array uses).
     torch.save({"meta": {"x": np.array([1, "a", None], dtype=object)}, "state_dict": {}}, checkpoint)
     with pytest.raises(UnsafeCheckpointError, match="refused global 'numpy.dtypes.ObjectDType'$"):
+        load_from_safe_local(str(checkpoint))
+    # Nor one that numpy's allowed constructors make without a reconstruction (an ndarray of an object dtype).
+    torch.save({"meta": {"x": _ObjectArrayByConstructor()}, "state_dict": {}}, checkpoint)
+    with pytest.raises(UnsafeCheckpointError, match=r"holds a numpy array of Python objects \(dtype object\)$"):
         load_from_safe_local(str(checkpoint))
     # A missing file: what stock mmengine raises.
     with pytest.raises(FileNotFoundError, match=r"nothere.pth can not be found\.$"):
