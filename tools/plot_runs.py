@@ -130,8 +130,9 @@ def plot(curves: list[Curve], out: Path) -> None:
         ax.grid(alpha=0.3)
         if key == "train/lr":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
-    handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(2, len(labels)), fontsize="small", frameon=False)
+    # The legend from the panel that has the most lines: a run without validation rows has none in the top-1 panel.
+    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda pair: len(pair[1]))
+    fig.legend(handles, labels, loc="lower center", ncol=max(1, min(2, len(labels))), fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 1) // 2) + 0.04, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -105,6 +105,18 @@ def _leaves_folder(name: str) -> bool:
 MAX_SWEEP_CELLS = 10_000
 
 
+RANGE_PROBLEM = "a range needs a finite start and stop and a step other than 0"
+
+
+def range_length(sweep: RangeSweep) -> int | None:
+    """How many values Hydra's ``range(start, stop, step)`` stands for, counted without expanding it; None for one
+    that never ends or cannot be made (no start or stop, a step of 0, a bound at infinity or NaN)."""
+    start, stop, step = sweep.start, sweep.stop, 1 if sweep.step is None else sweep.step
+    if start is None or stop is None or step == 0 or not all(math.isfinite(b) for b in (start, stop, step)):
+        return None
+    return max(0, math.ceil((stop - start) / step))
+
+
 def command_line_problems(args: Sequence[str], unnamed: Sequence[str], groups: Collection[str] = ()) -> list[str]:
     """What forbids a multirun's command line before Hydra expands it, one line each: a range that never ends (a
     step of 0, a bound at infinity), more than :data:`MAX_SWEEP_CELLS` cells, a key left out of cell names
@@ -150,11 +162,10 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str], groups: C
             )
             continue
         if isinstance(sweep, RangeSweep):
-            start, stop, step = sweep.start, sweep.stop, sweep.step
-            if start is None or stop is None or step == 0 or not all(math.isfinite(b) for b in (start, stop, step)):
-                problems.append(f"{override.input_line}: a range needs a finite start and stop and a step other than 0")
+            if (length := range_length(sweep)) is None:
+                problems.append(f"{override.input_line}: {RANGE_PROBLEM}")
                 continue
-            cells *= max(1, math.ceil((stop - start) / step))
+            cells *= max(1, length)
         elif isinstance(sweep, ChoiceSweep):
             values = [str(v) for v in sweep.list]
             cells *= max(1, len(values))

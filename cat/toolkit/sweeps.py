@@ -10,22 +10,18 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
 from cat.errors import ConfigError
+from cat.runtime.cells import MAX_SWEEP_CELLS, RANGE_PROBLEM, range_length
 
 __all__ = ["MAX_SWEEP_CELLS", "override_axes", "expand_sweep"]
-
-# More cells than any table of the paper (Table 2 x seeds is a few hundred): a record asking for
-# more is refused before anything is expanded (range(0,100000) twice would be 10^10 cells).
-MAX_SWEEP_CELLS = 10_000
 
 
 def _axis_length(override) -> int:
     """How many values a sweep override stands for, counted without expanding it."""
     value = override.value()
     if isinstance(value, RangeSweep):
-        start, stop, step = value.start, value.stop, value.step or 1
-        if start is None or stop is None:
-            raise ConfigError(f"{override.input_line}: a range needs a start and a stop")
-        return max(0, math.ceil((stop - start) / step))
+        if (length := range_length(value)) is None:  # a step of 0 or an infinite bound: Python's range() refuses
+            raise ConfigError(f"{override.input_line}: {RANGE_PROBLEM}")
+        return length
     if isinstance(value, ChoiceSweep):
         return len(value.list)
     raise ConfigError(f"{override.input_line}: only choice (a,b) and range() sweeps are expanded")

@@ -460,6 +460,17 @@ def test_plot_runs_ends_every_hostile_input_in_one_line_or_a_picture(run_tool, t
         "hydra: {overrides: {task: ['seed=range(0,2)']}, job: {config: {override_dirname: {}}}}\n"
     )
     assert "1 curve(s)" in run_tool("plot_runs", str(sweep), "--out", str(tmp_path / "r.png"))
+    # A range a sweep could never have run (a step of 0, a bound at infinity or NaN): one line naming it.
+    for bad in ("range(0,10,0)", "range(0,inf)", "range(0,nan)"):
+        (sweep / "multirun.yaml").write_text(
+            f"hydra: {{overrides: {{task: ['seed={bad}']}}, job: {{config: {{override_dirname: {{}}}}}}}}\n"
+        )
+        err = run_tool("plot_runs", str(sweep), "--out", str(tmp_path / "r.png"), expect=2, stderr=True)
+        assert f"seed={bad}: a range needs a finite start and stop and a step other than 0" in err, err
+        assert "Traceback" not in err
+    # Epochs without validation (val/top1): the picture, with its legend from the panels that have lines.
+    _run_rows(tmp_path / "no_val", [{"step": 1, "epoch": 1, "train/loss": 1.0, "train/lr": 1e-3}])
+    assert "1 curve(s)" in run_tool("plot_runs", str(tmp_path / "no_val"), "--out", str(tmp_path / "nv.png"))
     (tmp_path / "a_folder.png").mkdir()
     for out, problem in ((tmp_path / "a_folder.png", "a folder"), (Path("/proc/cat.png"), "cannot be written")):
         err = run_tool("plot_runs", str(tmp_path / "run_$x^2$_{"), "--out", str(out), expect=2, stderr=True)
