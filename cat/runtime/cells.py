@@ -101,6 +101,20 @@ def _leaves_folder(name: str) -> bool:
     return ".." in name.split("/") or name.startswith("/") or not name.isprintable()
 
 
+_NAME_SEPARATORS = ("hydra.job.config.override_dirname.kv_sep", "hydra.job.config.override_dirname.item_sep")
+
+
+def _resolved(value: str) -> str | None:
+    """``value`` as it resolves where it holds only interpolations that need no config (``${oc.env:X}``); None where
+    it cannot be resolved here (one that names the config's keys is checked as the cell's folder, later)."""
+    if "${" not in value:
+        return value
+    try:
+        return str(OmegaConf.create({"value": value})["value"])
+    except Exception:  # an interpolation of the config's own keys, or one that does not resolve at all
+        return None
+
+
 # More cells than this in one sweep is a typo (a range's step, a missing comma), not a plan: refused before it expands.
 MAX_SWEEP_CELLS = 10_000
 
@@ -138,15 +152,25 @@ def command_line_problems(args: Sequence[str], unnamed: Sequence[str], groups: C
                 f"{override.input_line}: {override.key_or_group} is a config group, whose value names one of its "
                 f"options; to run without the group's default, leave it out with '~{override.key_or_group}'"
             )
-        # Where a sweep and its cells go, checked before Hydra makes a folder: under outputs/<task>/sweeps/.
+        # Where a sweep and its cells go, checked before Hydra makes a folder: under outputs/<task>/sweeps/. A value
+        # is checked as it resolves (an environment variable's interpolation included).
         if override.key_or_group in ("sweep_name", "hydra.sweep.subdir"):
-            named = [override.get_value_element_as_str()] if not override.is_sweep_override() else []
+            named = [_resolved(str(override.value()))] if not override.is_sweep_override() else []
             problems += [
                 f"{override.input_line}: {override.key_or_group} names a folder inside the sweeps' folder; "
                 f"{v!r} would leave it ('..', an absolute path or control characters)"
                 for v in named
-                if "${" not in v and (_leaves_folder(v) or not v.strip())
+                if v is not None and (_leaves_folder(v) or not v.strip())
             ]
+        # The separators Hydra joins a cell's overrides with into its folder's name: a '/' would make folders of
+        # their own, outside the sweep's with '..', before any cell is refused.
+        if override.key_or_group in _NAME_SEPARATORS and not override.is_sweep_override():
+            separator = _resolved(str(override.value()))
+            if separator is not None and ("/" in separator or not separator.isprintable()):
+                problems.append(
+                    f"{override.input_line}: joins a sweep cell's overrides into one folder name; {separator!r} "
+                    "holds a '/' or control characters, which would make folders of their own"
+                )
         if override.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and not override.is_sweep_override():
             folder = override.get_value_element_as_str()
             if "${" not in folder and (problem := check_writable(folder, override.key_or_group)) is not None:

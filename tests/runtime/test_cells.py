@@ -41,6 +41,24 @@ def test_where_a_sweep_goes_is_checked_before_hydra_makes_a_folder(override):
     assert command_line_problems(["-m", "sweep_name=table2/deit", "seed=1,2"], ()) == []
 
 
+def test_a_value_that_resolves_outside_the_sweep_is_refused_as_it_resolves(monkeypatch):
+    """An environment variable's interpolation is checked as it resolves; the separators Hydra joins a cell's
+    overrides with into its folder's name may hold no '/' (each made folders of its own before the cell was
+    refused, outside the sweep's with '..')."""
+    monkeypatch.setenv("CAT_TEST_SUBDIR", "../../../../elsewhere")
+    (problem,) = command_line_problems(["-m", "hydra.sweep.subdir=${oc.env:CAT_TEST_SUBDIR}", "seed=1,2"], ())
+    assert "'../../../../elsewhere' would leave it" in problem
+    for key in ("kv_sep", "item_sep"):
+        override = f"hydra.job.config.override_dirname.{key}=/../../../../x"
+        (problem,) = command_line_problems(["-m", override, "seed=1,2"], ())
+        assert problem.startswith(f"{override}: joins a sweep cell's overrides into one folder name")
+    monkeypatch.setenv("CAT_TEST_SEPARATOR", "/tmp")
+    override = "hydra.job.config.override_dirname.kv_sep=${oc.env:CAT_TEST_SEPARATOR}"
+    assert len(command_line_problems(["-m", override, "seed=1,2"], ())) == 1
+    ok = ["hydra.job.config.override_dirname.kv_sep=-", "hydra.sweep.subdir=${hydra.job.num}", "seed=1,2"]
+    assert command_line_problems(["-m", *ok], ()) == []  # the config's own interpolation: checked as the cell's
+
+
 def test_a_refused_cell_leaves_its_line_but_never_over_a_log(tmp_path, monkeypatch):
     monkeypatch.setattr("cat.runtime.cells.write_overrides", lambda folder: None)  # Hydra's overrides: none here
     record_refused_cell(_sweep(tmp_path, "seed=1"), "data.root=/nowhere: not a folder")
