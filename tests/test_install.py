@@ -36,6 +36,9 @@ from cat.ops import CirculantAttention, circulant_attention
 
 assert not cat.__file__.startswith(os.environ["REPO"]), cat.__file__  # the wheel, not the checkout
 assert md.version("cat") == cat.__version__
+# The license travels with the wheel: its expression in the metadata, its text among the files.
+assert md.metadata("cat")["License-Expression"] == "Apache-2.0", md.metadata("cat")["License-Expression"]
+assert any(f.name == "LICENSE" and "Apache License" in f.read_text() for f in md.files("cat")), md.files("cat")
 unmet = []
 for line in md.requires("cat"):
     req = Requirement(line)
