@@ -49,11 +49,13 @@ START_S=$((10#$START_S))  # decimal, leading zeros and all (the shell's arithmet
     || die "CAT_SLURM_BRIDGE must be an interface name of 1 to 15 lower-case letters and digits, got '$BRIDGE'"
 
 # The state folder: made 0700 for the caller, or refused where it could be someone else's (a link planted in /tmp,
-# another owner, a folder others may write in), and one this script made: it holds its marker, or was empty. An
-# existing folder of anything else (CAT_SLURM_DIR=/var) is refused by `start` and left alone by `stop`, which
-# deletes names of its own in it.
+# another owner, a folder others may write in), and one this script made: it holds its marker, or was empty when it
+# was first given. Any other existing folder (CAT_SLURM_DIR=/var/log/slurm, or one holding only names like the
+# script's: they may be a site's logs or a user's files) is refused by every command, `stop` included, before
+# anything is written, ended or deleted. `stop` deletes only names of its own in a folder it made.
 MARKER=.cat-slurm-state
-# What this script and its daemons write in the state folder (a folder made before the marker holds only these).
+# What this script and its daemons write in the state folder: a folder of only these without the marker is named
+# as an older version's (which made no marker), with the command that removes it.
 OWN_NAMES='^(ctld|spool|started|namespaces|bridge|jobcomp\.txt|slurmctld\.(pid|log)|slurmd(-cat-n[0-9]+)?\.(pid|log))$'
 state_dir() {
     [ ! -L "$STATE" ] || die "$STATE is a symbolic link; the cluster's state folder must be a folder of its own"
@@ -63,13 +65,18 @@ state_dir() {
     case "$(stat -c %A "$STATE")" in
     ?????w????|????????w?) die "$STATE may be written by others ($(stat -c %A "$STATE")); use a folder only you write" ;;
     esac
-    if [ ! -f "$STATE/$MARKER" ] || [ -L "$STATE/$MARKER" ]; then
-        local foreign
-        foreign=$(ls -A "$STATE" | grep -Ev "$OWN_NAMES" | head -n 3 | tr '\n' ' ' || true)
+    if [ -f "$STATE/$MARKER" ] && [ ! -L "$STATE/$MARKER" ]; then return 0; fi
+    local held foreign
+    held=$(ls -A "$STATE")
+    if [ -n "$held" ]; then
+        foreign=$(echo "$held" | grep -Ev "$OWN_NAMES" | head -n 3 | tr '\n' ' ' || true)
         [ -z "$foreign" ] || die "$STATE is not a folder this script made (no $MARKER; it holds ${foreign% }): give \
 CAT_SLURM_DIR a new folder"
-        : > "$STATE/$MARKER"
+        die "$STATE holds only names this script uses ($(echo "$held" | head -n 3 | tr '\n' ' ')) but not its \
+$MARKER: a folder an older version made, or someone else's; nothing in it was touched. If it is an old cluster's, \
+stop its daemons and remove it with: rm -rf -- '$STATE'; or give CAT_SLURM_DIR a new folder"
     fi
+    : > "$STATE/$MARKER"  # empty: the script's from now on
 }
 
 # Whole seconds since boot (/proc/uptime): the start's deadlines are kept on it, not on bash's SECONDS, which follows

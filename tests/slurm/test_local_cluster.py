@@ -130,6 +130,20 @@ def test_an_existing_folder_the_script_did_not_make_is_refused_and_left_alone(tm
     empty = _state(tmp_path / "empty")
     assert _cluster(empty, "status", CAT_SLURM_START_S="08").stdout.strip() == "not running"  # 08 read as 8
     assert (empty / ".cat-slurm-state").is_file()
+    # A folder of only Slurm-looking names (as /var/log/slurm, or an older version's folder, which had no marker):
+    # no command writes its marker, deletes spool/ with the user's files or the logs, or removes the folder.
+    logs = _state(tmp_path / "slurm_logs")
+    (logs / "spool").mkdir()
+    (logs / "spool" / "mine.txt").write_text("the user's")
+    for name in ("slurmctld.log", "jobcomp.txt"):
+        (logs / name).write_text(name)
+    for command in ("stop", "start", "status"):
+        proc = _cluster(logs, command)
+        assert proc.returncode == 1, proc.stderr
+        assert f"{logs} holds only names this script uses" in proc.stderr and "nothing in it was touched" in proc.stderr
+        assert f"remove it with: rm -rf -- '{logs}'" in proc.stderr
+    assert sorted(p.name for p in logs.iterdir()) == ["jobcomp.txt", "slurmctld.log", "spool"]
+    assert (logs / "spool" / "mine.txt").read_text() == "the user's" and (logs / "slurmctld.log").read_text()
 
 
 def test_a_stale_record_of_a_namespace_since_made_again_by_someone_else_is_not_the_clusters(
