@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dft import DFTBackend, constant, half_spectrum_weights, irfft2, is_unit, rfft2
+from .dft import DFTBackend, irfft2, is_unit, rfft2
 
 __all__ = [
     "attend_spectra",
@@ -177,25 +177,3 @@ def unpack_spectrum(packed: Tensor, width: int) -> Tensor:
         if height % 2 == 0:
             imag[..., half] = 0.0
     return out
-
-
-def parseval_weights(hw: tuple[int, int], packed: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Weights (R,) with sum_i a_i b_i = sum_r w_r A_r B_r for real H x W maps a, b and their rows A, B (the
-    flattened (re, im) pairs of their half spectra, or with ``packed`` the layout of :func:`pack_spectrum`):
-    Parseval's theorem on the half spectrum. Columns whose mirror -kx is not stored count twice, and 1/N undoes the
-    unnormalised transform. Made once per grid (:func:`cat.ops.dft.constant`)."""
-    return constant(_parseval_weights, (hw, packed), dtype, device)
-
-
-def _parseval_weights(hw: tuple[int, int], packed: bool) -> Tensor:
-    H, W = hw
-    column = half_spectrum_weights(W) / (H * W)
-    if not packed:  # (H, W//2+1, 2): every (re, im) pair weighs its column's weight
-        return column.view(1, -1, 1).expand(H, -1, 2).reshape(-1)
-    # Packed Hermitian columns hold Re c[ky] (ky <= H/2) and Im c[ky] (ky > H/2); each stands for
-    # itself and its mirror -ky, except ky = 0 and ky = H/2, their own mirrors.
-    ky = torch.arange(H, dtype=torch.float64)
-    hermitian = torch.where((ky == 0) | (2 * ky == H), 1.0, 2.0).double() / (H * W)
-    special = len(_hermitian_columns(W))
-    interior = column[1 : (W + 1) // 2].view(1, -1, 1).expand(H, -1, 2).reshape(H, -1)
-    return torch.cat([hermitian.view(H, 1).expand(H, special), interior], dim=1).reshape(-1)

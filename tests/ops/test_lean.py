@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from cat.ops import CirculantAttention, circulant_attention, fused, set_attention_memory, set_lean_attention
-from cat.ops.fused import channel_groups, circulant_attention_function, to_rows
+from cat.ops.fused import channel_groups, circulant_attention_function
 from cat.ops.policy import AUTO_DEPTH
-from cat.ops.spectral import pack_spectrum, parseval_weights, unpack_spectrum
+from cat.ops.spectral import pack_spectrum, unpack_spectrum
 from tests.ops.test_circulant import dense_bccb_attention
 
 GRIDS = [(1, 1), (1, 7), (2, 2), (3, 5), (4, 6), (7, 3), (6, 4), (5, 5), (8, 1)]
@@ -34,18 +34,6 @@ def test_packed_spectrum_is_exact_and_has_n_reals(hw):
     arbitrary = torch.randn(2, 3, H, W, dtype=torch.float64)
     roundtrip = pack_spectrum(torch.fft.rfft2(torch.fft.irfft2(unpack_spectrum(arbitrary, W), s=hw)), W)
     torch.testing.assert_close(roundtrip, arbitrary, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["half", "packed"])
-@pytest.mark.parametrize("hw", GRIDS)
-def test_parseval_weights_give_inner_products_of_maps(hw, packed):
-    """The backward takes the qkv weight's gradient as a product of spectra: it must equal the
-    product of the maps, for the (re, im) rows and for the packed ones."""
-    a, b = torch.randn(2, 3, *hw, dtype=torch.float64).unbind(0)
-    rows_a, rows_b = (to_rows(torch.view_as_real(torch.fft.rfft2(t.unsqueeze(1))), 1, hw, packed) for t in (a, b))
-    weights = parseval_weights(hw, packed, torch.float64, a.device)
-    assert weights.shape == rows_a.shape[-1:]
-    torch.testing.assert_close((rows_a * weights * rows_b).sum(-1), (a * b).sum((-2, -1)), rtol=1e-12, atol=1e-12)
 
 
 def autograd_module(
