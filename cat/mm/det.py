@@ -27,10 +27,27 @@ def _register_modules() -> None:
     register_all_modules(init_default_scope=True)
 
 
+# The heads that classify a detection into the dataset's classes, wherever a detector holds them: a single-stage
+# model's bbox_head, a two-stage model's roi_head.bbox_head and mask_head, a cascade's lists of them. The region
+# proposal head (one class: object) and HTC's semantic head (stuff classes) are not among them.
+CLASS_HEADS = ("bbox_head", "mask_head", "mask_iou_head")
+
+
 def _set_classes(mm: Config, classes: tuple[str, ...] | None) -> None:
-    if classes is not None:
-        mm.model.roi_head.bbox_head.num_classes = len(classes)
-        mm.model.roi_head.mask_head.num_classes = len(classes)
+    if classes is None:
+        return
+    pending: list[object] = [mm.model]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                heads = value if isinstance(value, list) else [value]
+                for head in heads if key in CLASS_HEADS else ():
+                    if isinstance(head, dict) and "num_classes" in head:
+                        head["num_classes"] = len(classes)
+                pending.append(value)
+        elif isinstance(node, list):
+            pending += node
 
 
 def _pipelines(mm: Config, cfg: DetConfig) -> None:

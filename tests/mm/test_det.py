@@ -141,6 +141,40 @@ def test_every_preset_builds_its_detector(experiment, toy_coco, tmp_path):
         assert mm.train_cfg.max_epochs == 36 and mm.train_pipeline[2]["type"] == "RandomChoiceResize"
 
 
+@pytest.mark.parametrize(
+    "base, heads",
+    [
+        ("retinanet/retinanet_r18_fpn_1x_coco.py", ["bbox_head"]),  # single-stage: no roi_head (was AttributeError)
+        ("cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py", ["roi_head.bbox_head", "roi_head.mask_head"]),
+        ("htc/htc_r50_fpn_1x_coco.py", ["roi_head.bbox_head", "roi_head.mask_head"]),
+    ],
+)
+def test_a_class_subset_reaches_whatever_heads_a_stock_detector_has(base, heads, toy_coco, tmp_path):
+    """A stock detector through train_det.py '~experiment' model.base=... on a class subset (data=toy_coco): every
+    head that classifies into the dataset's classes takes its count, lists of them (a cascade's stages) too; the
+    region proposals' and HTC's semantic head (stuff classes) keep theirs; the detector builds."""
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+
+    register_all_modules()
+    cfg = compose_config(
+        "det", "~experiment", f"model.base=mmdet::{base}", "data=toy_coco", f"data.root={toy_coco}",
+        f"output_dir={tmp_path}", "logger.wandb.mode=disabled",
+    )  # fmt: skip
+    classes = len(cfg.data.classes)
+    mm = mm_builder("det")(cfg, DistEnv(), str(tmp_path))
+    for path in heads:
+        node = mm.model
+        for part in path.split("."):
+            node = node[part]
+        for head in node if isinstance(node, list) else [node]:
+            assert head["num_classes"] == classes, (path, head["num_classes"])
+    if "htc" in base:
+        assert mm.model.roi_head.semantic_head.num_classes == 183
+    with torch.device("meta"):
+        MODELS.build(mm.model)
+
+
 @pytest.mark.parametrize("lean", [True, False])
 def test_backbone_lean_attention_switch_reaches_every_attention(lean, toy_coco, tmp_path):
     from mmdet.registry import MODELS
