@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dft import DFTBackend, irfft2, is_unit, rfft2
+from .policy import compute_dtype
 from .precision import autocast_state, fft_dtype, fft_itemsize, no_autocast
 from .spectral import (
     attend_spectra,
@@ -223,12 +224,6 @@ def _autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """Autocast's dtype where it is on, else x's."""
-    enabled, dtype = autocast_state(x.device)
-    return dtype if enabled and dtype is not None else x.dtype
-
-
 def _in_dtype(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if t is None else t.to(dtype)
 
@@ -237,7 +232,7 @@ def _gate_and_forward(x, qkv_weight, gate_weight, gate_bias, proj_weight, proj_b
     """:func:`_forward` from the parameters: the gate's and the projection's weights cast once to the compute dtype
     (autocast's, else x's), and the gate's pre-activation (B, T, C) in it. Returns the output, the weights, the
     gate's pre-activation, the cast projection weight and :func:`_forward`'s kept tensors."""
-    compute = _compute_dtype(x)
+    compute = compute_dtype(x)
     proj_w = proj_weight.to(compute)
     gate_pre = None
     with no_autocast(x.device):  # the dtypes are set here

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .fused import value_bias
-from .precision import autocast_state, no_autocast
+from .policy import compute_dtype
+from .precision import no_autocast
 
 __all__ = ["prefix_attention"]
 
@@ -36,12 +37,6 @@ def prefix_attention(x: Tensor, qkv_weight: Tensor, qkv_bias: Tensor | None, num
     if not 0 < num_prefix <= x.shape[1]:
         raise ValueError(f"num_prefix={num_prefix} must be between 1 and the token count {x.shape[1]}")
     return _PrefixAttention.apply(x, qkv_weight, qkv_bias, num_prefix, num_heads)
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """Autocast's dtype where it is on, else x's."""
-    enabled, dtype = autocast_state(x.device)
-    return dtype if enabled and dtype is not None else x.dtype
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -69,7 +64,7 @@ def _per_token(t: Tensor, B: int) -> Tensor:
 class _PrefixAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, qkv_weight, qkv_bias, P, heads):
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x)
         B, _, C_in = x.shape
         C = qkv_weight.shape[0] // 3
         scale = (C // heads) ** -0.5
