@@ -114,6 +114,7 @@ class _Checkpoints:
 
     def __init__(self, cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> None:
         self.manager = CheckpointManager(folder.path, keep_last=cfg.save.keep_last)
+        self.folder = folder
         self.config = config_record(cfg)
         self.env = env
         self.has_good = False  # last.pth is this run's: resumed from, or saved since
@@ -125,6 +126,7 @@ class _Checkpoints:
         return "this run saved no checkpoint"
 
     def _saved(self) -> None:
+        self.folder.record_made()
         self.has_good = True
         if self.after_first_save is not None:
             self.after_first_save()

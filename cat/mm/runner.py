@@ -104,6 +104,7 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
         from mmengine.runner import Runner
 
         from .config import RunnerConfig
+        from .made import RecordMade
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
         from .validation import LastValidation, test_repeats_validation
@@ -132,6 +133,7 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
             runner.logger.addHandler(handler)
         last_validation = LastValidation()
         runner.register_hook(last_validation)
+        runner.register_hook(RecordMade(folder))
         try:
             if cfg.mode == "train":
                 runner.train()

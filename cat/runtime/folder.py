@@ -43,16 +43,23 @@ class RunFolder:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
+    def record_made(self) -> None:
+        """Record what this run has made in its folder so far (:meth:`RunDirLock.record_made`; rank 0)."""
+        if self.lock is not None:
+            self.lock.record_made()
+
     def write_config(self, cfg: JobConfig) -> None:
         """``config.yaml``: the (typed) config this run goes on with."""
         if self.is_main:
             atomic_write_text(self.file("config.yaml"), config_yaml(cfg))
+            self.record_made()
 
     def write_overrides(self) -> None:
         """``overrides.yaml``: the command-line overrides the run was composed with (launched
         through Hydra), from its start, so a sweep's cells can be told apart while they run."""
         if self.is_main and HydraConfig.initialized():
             write_overrides(self.path)
+            self.record_made()
 
     def close(self) -> None:
         try:
@@ -100,4 +107,6 @@ def open_run_folder(
     log = setup_logging(env.is_main, os.path.join(path, "log.txt"))
     for note in [*notes, *lock.notes] if lock is not None else ():  # rank 0's log
         log.warning(note)
-    return RunFolder(path, log, env.is_main, lock)
+    folder = RunFolder(path, log, env.is_main, lock)
+    folder.record_made()  # log.txt
+    return folder

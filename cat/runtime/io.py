@@ -36,6 +36,7 @@ __all__ = [
     "atomic_save",
     "remove_stale_temporaries",
     "temporary_path",
+    "is_temporary",
     "open_owned",
     "open_append",
     "read_owned",
@@ -57,6 +58,11 @@ def temporary_path(path: str) -> str:
     and so what :func:`remove_stale_temporaries` may delete."""
     folder, name = os.path.split(os.path.abspath(path))
     return os.path.join(folder, f"{_TEMPORARY_PREFIX}{secrets.token_hex(8)}-{name}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is one :func:`temporary_path` makes (a write in progress, or a killed writer's)."""
+    return _TEMPORARY_NAME.fullmatch(name) is not None
 
 
 def _kind(mode: int) -> str:
@@ -209,9 +215,7 @@ def remove_stale_temporaries(folder: str) -> list[str]:
     """Delete the temporary files killed writers left in ``folder``: regular files named exactly as
     :func:`temporary_path` names them, nothing else; returns their paths."""
     stale = [
-        entry.path
-        for entry in os.scandir(folder)
-        if _TEMPORARY_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+        entry.path for entry in os.scandir(folder) if is_temporary(entry.name) and entry.is_file(follow_symlinks=False)
     ]
     for path in stale:
         os.unlink(path)

@@ -13,7 +13,12 @@ time, Slurm job id); a second run fails at once naming the holder. A lock left b
 (SIGKILL, node crash) is taken over when its process is gone from this host, or when it belongs to
 an earlier incarnation of the same Slurm job (a requeued job).
 
-A run that starts the folder over (``resume=false``) records which launch did (``.started_over``): the
+A run records what it makes in the folder's top level (``.cat-made``) as it writes: its log and config, each
+checkpoint, at its end. Starting the folder over (``resume=false``) moves exactly those names into
+``earlier_runs/<time>/``; anything else there (a user's pretrained weights, notes, a dataset copy) stays, and the log
+names it.
+
+A run that starts the folder over records which launch did (``.started_over``): the
 Slurm job and its restart count, torchrun's run and its restart count. A later start of that launch (the
 job requeued, torchrun restarting its workers) goes on with the run instead of starting it over again.
 """
@@ -35,7 +40,7 @@ import yaml
 
 from cat.errors import OutputError, RunDirLockedError
 
-from .io import atomic_write_json, read_owned, refuse_planted, remove_stale_temporaries
+from .io import atomic_write_json, is_temporary, read_owned, refuse_planted, remove_stale_temporaries
 
 __all__ = [
     "RunDirLock",
@@ -46,6 +51,9 @@ __all__ = [
     "RUN_MARKER",
     "LOCK_NAME",
     "EARLIER_RUNS",
+    "MADE_RECORD",
+    "made_here",
+    "recorded_made",
     "STARTED_OVER",
     "launch_record",
     "read_started_over",
@@ -55,6 +63,7 @@ __all__ = [
 LOCK_NAME = ".lock"
 RUN_MARKER = ".cat-run"  # written by the run that makes (or takes a new, empty) folder: the folder is a cat run's
 EARLIER_RUNS = "earlier_runs"  # where a run started over with resume=false keeps the folder's earlier run
+MADE_RECORD = ".cat-made"  # the names runs made in the folder's top level: what starting over moves aside
 STARTED_OVER = ".started_over"  # the launch that started the folder's run over (resume=false)
 _LAUNCH_KEYS = {"slurm_job_id": str, "slurm_restarts": int, "torchelastic_run_id": str, "torchelastic_restarts": int}
 
@@ -264,6 +273,7 @@ RUN_FILES = (
     LOCK_NAME,
     STARTED_OVER,
     RUN_MARKER,
+    MADE_RECORD,
 )
 
 
@@ -286,14 +296,42 @@ def refuse_planted_entries(folder: str) -> None:
         refuse_planted(entry.path)
 
 
-# What runs make in their folder besides RUN_FILES and RUN_FOLDERS: checkpoints, mmengine's dumped config, its
-# checkpoint pointer and its timestamped log folders, and an atomic writer's temporaries.
-_RUN_MADE = re.compile(r".+\.pth|mm_config\.py|last_checkpoint|\d{8}_\d{6}|\.cat-tmp-.+", re.DOTALL)
+_BOOKKEEPING = frozenset({LOCK_NAME, RUN_MARKER, MADE_RECORD, STARTED_OVER, EARLIER_RUNS})
+# A folder marked before runs recorded what they made: cat's own fixed names, and the checkpoints and folders that
+# cat's trainer and mmengine name by number, are taken as its runs' (nothing else there is moved).
+_MADE_BEFORE_RECORDS = re.compile(
+    r"epoch_\d+\.pth|iter_\d+\.pth|best_[\w.-]+\.pth|mm_config\.py|last_checkpoint|\d{8}_\d{6}", re.ASCII
+)
 
 
-def run_made(name: str) -> bool:
-    """Whether ``name`` is one a run makes in the top level of its folder (what starting over moves aside)."""
-    return name in RUN_FILES or name in RUN_FOLDERS or _RUN_MADE.fullmatch(name) is not None
+def recorded_made(folder: str) -> set[str] | None:
+    """The top-level names the runs in ``folder`` recorded making (:data:`MADE_RECORD`); None where the folder has
+    no record (a folder from before records, or no run's). A file there that is not cat's record is refused."""
+    path = os.path.join(folder, MADE_RECORD)
+    if not os.path.lexists(path):
+        return None
+    try:
+        record = json.loads(read_owned(path, 1 << 22).decode("utf-8"))
+    except (ValueError, RecursionError, OutputError):
+        record = None
+    names = record.get("names") if isinstance(record, dict) and record.get("cat_made") == 1 else None
+    if not (isinstance(names, list) and all(isinstance(n, str) and n and os.sep not in n for n in names)):
+        raise OutputError(
+            f"{path} is not cat's record of what runs made in {folder}; remove it if {folder} is not a cat run's "
+            "folder (starting it over then moves nothing)"
+        )
+    return set(names)
+
+
+def made_here(folder: str) -> set[str]:
+    """The top-level names of ``folder`` that its runs made: those they recorded, the folders of a run's other modes
+    (``eval/``: each a run's by its own marker), and, in a folder from before records, cat's own names."""
+    entries = set(os.listdir(folder)) - _BOOKKEEPING
+    recorded = recorded_made(folder)
+    if recorded is None:
+        recorded = {n for n in entries if n in RUN_FILES or n in RUN_FOLDERS or _MADE_BEFORE_RECORDS.fullmatch(n)}
+    modes = {n for n in entries if n in _MODE_FOLDERS and _child_run(os.path.join(folder, n))}
+    return (recorded & entries) | modes
 
 
 def _child_run(path: str) -> bool:
@@ -373,6 +411,8 @@ class RunDirLock:
         self.folder = folder
         self.path = os.path.join(folder, LOCK_NAME)
         self.held = False
+        self.found: set[str] = set()  # what the folder held, not made by its runs, when this run took it
+        self.recorded: set[str] | None = None  # the names in the folder's record of what its runs made, once read
         self.notes: list[str] = []  # what acquiring did (a stale lock taken over, leftovers removed), to log
 
     def _record(self) -> dict[str, Any]:
@@ -459,8 +499,13 @@ class RunDirLock:
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(self._record(), f)
+            try:
+                self._mark()
+                self.found = set(os.listdir(self.folder)) - _BOOKKEEPING - made_here(self.folder)
+            except BaseException:  # a record that is not cat's: the folder is left as it was, unlocked
+                os.unlink(self.path)
+                raise
             self.held = True
-            self._mark()
             self.notes += [
                 f"removed {path}, left by a writer that was killed" for path in remove_stale_temporaries(self.folder)
             ]
@@ -481,19 +526,33 @@ class RunDirLock:
             {"cat_run": 1, "made": time.strftime("%Y-%m-%d %H:%M:%S"), "uid": os.getuid(), **record, **launch_record()},
         )
 
+    def record_made(self) -> None:
+        """Add what appeared in the held folder's top level since this run took it to the folder's record of what
+        its runs made (:data:`MADE_RECORD`): starting over moves those names and nothing else. Called as the run
+        writes (its log and config, each checkpoint, at its end); a run killed in between leaves names unrecorded,
+        which a start over then leaves in place and names in the log."""
+        if not self.held:
+            return
+        entries = set(os.listdir(self.folder)) - _BOOKKEEPING
+        if self.recorded is None:
+            self.recorded = made_here(self.folder)
+        now = (self.recorded & entries) | {name for name in entries - self.found if not is_temporary(name)}
+        if now != self.recorded or not os.path.lexists(os.path.join(self.folder, MADE_RECORD)):
+            atomic_write_json(os.path.join(self.folder, MADE_RECORD), {"cat_made": 1, "names": sorted(now)})
+            self.recorded = now
+
     def set_aside_earlier_run(self) -> str | None:
-        """Start the held folder over (``resume=false``): move what the earlier runs made in it
-        (:func:`run_made`) into ``earlier_runs/<time>/``, so their record and checkpoints are kept and none of them
+        """Start the held folder over (``resume=false``): move what its runs recorded making (:func:`made_here`)
+        into ``earlier_runs/<time>/`` with that record, so their record and checkpoints are kept and none of them
         mixes with the new run's (a snapshot, a metric history, a W&B run id), and record this launch as the one
         that started it over. Anything else in the folder (a user's file or folder) stays where it is, and the log
-        says so. Returns where the earlier run went, None if the folder held none."""
+        names it. Returns where the earlier run went, None if the folder held none."""
         assert self.held, "set_aside_earlier_run needs the lock"
+        entries = sorted(made_here(self.folder))
         # The launch record is the start over's own bookkeeping: replaced below, not kept.
-        names = set(os.listdir(self.folder)) - {LOCK_NAME, RUN_MARKER, EARLIER_RUNS, STARTED_OVER}
-        entries = sorted(name for name in names if run_made(name))
-        if left := sorted(names - set(entries)):
+        if left := sorted(set(os.listdir(self.folder)) - _BOOKKEEPING - set(entries)):
             shown = ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
-            self.notes.append(f"resume=false left in {self.folder} what no run makes there: {shown}")
+            self.notes.append(f"resume=false left in {self.folder} what no run recorded making there: {shown}")
         target = None
         if entries:
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -503,13 +562,16 @@ class RunDirLock:
                     break
                 target = os.path.join(self.folder, EARLIER_RUNS, f"{stamp}-{n}")
             os.makedirs(target)
-            for name in entries:  # renames within one filesystem: nothing is copied
-                os.rename(os.path.join(self.folder, name), os.path.join(target, name))
+            for name in [*entries, *[MADE_RECORD] * os.path.lexists(os.path.join(self.folder, MADE_RECORD))]:
+                os.rename(os.path.join(self.folder, name), os.path.join(target, name))  # one filesystem: no copy
+        self.found, self.recorded = set(left), None
+        atomic_write_json(os.path.join(self.folder, MADE_RECORD), {"cat_made": 1, "names": []})  # made from here
         atomic_write_json(os.path.join(self.folder, STARTED_OVER), launch_record())
         return target
 
     def release(self) -> None:
         if self.held:
+            self.record_made()
             holder = self._read_holder()
             if holder is None or holder.get("pid") == os.getpid():
                 with contextlib.suppress(FileNotFoundError):

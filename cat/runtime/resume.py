@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from cat.errors import ConfigError
+from cat.errors import ConfigError, OutputError
 
 from .job_config import JobConfig
-from .ownership import launch_record, read_started_over, relaunch_of
+from .ownership import launch_record, made_here, read_started_over, relaunch_of
 from .schema import FIXED, RECIPE, config_record, key_rule, run_length_key
 
 __all__ = [
@@ -73,18 +73,21 @@ def file_problem(name: str, path: str) -> str | None:
 
 def starting_file_problem(cfg: JobConfig, name: str, path: str) -> str | None:
     """What is wrong with reading the file ``name=path`` a run starts from: not a file (:func:`file_problem`), or,
-    in a training run with ``resume=false``, a file in its ``output_dir``, which the run moves into
-    ``earlier_runs/`` before it reads it."""
+    in a training run with ``resume=false``, a file its ``output_dir``'s runs made, which the run moves into
+    ``earlier_runs/`` before it reads it (a user's own file there stays, and may be read)."""
     if problem := file_problem(name, path):
         return problem
-    if (
-        cfg.mode == "train"
-        and not cfg.resume
-        and os.path.realpath(path).startswith(os.path.realpath(cfg.output_dir) + os.sep)
-    ):
+    folder, real = os.path.realpath(cfg.output_dir), os.path.realpath(path)
+    if cfg.mode != "train" or cfg.resume or not real.startswith(folder + os.sep):
+        return None
+    try:
+        moved = os.path.relpath(real, folder).split(os.sep)[0] in made_here(folder)
+    except (OSError, OutputError):  # a folder that is no run's, or unreadable: refused when the run takes it
+        return None
+    if moved:
         return (
-            f"{name}={path}: inside output_dir, whose files resume=false moves into earlier_runs/ before the run "
-            "starts; copy it elsewhere first, or choose another output_dir"
+            f"{name}={path}: made by the run in output_dir, whose files resume=false moves into earlier_runs/ before "
+            "the run starts; copy it elsewhere first, or choose another output_dir"
         )
     return None
 

@@ -114,6 +114,9 @@ def test_a_requeued_start_over_goes_on_with_its_run(toy_ade, tmp_path, fpn_run):
     assert "started over by Slurm job 77, now in its restart 1 (requeued); it goes on with that run" in log
     assert f"Auto resumed from the latest checkpoint {out / 'iter_3.pth'}" in log and "resume: False" not in log
     assert (out / "iter_6.pth").is_file() and not (out / "earlier_runs").exists()
+    # mmengine's checkpoints and folders are in the run's record of what it made: a start over moves them.
+    made = json.loads((out / ".cat-made").read_text())["names"]
+    assert {"iter_6.pth", "mm_config.py", "last_checkpoint", "log.txt"} <= set(made), made
 
 
 def test_checkpoint_starts_a_run_and_its_resume_needs_no_starting_weights(toy_ade, tmp_path, fpn_run):

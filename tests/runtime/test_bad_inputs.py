@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # end-to-end runs: `pytest -m "not slow"` leaves 
 TINY = [*TINY_CLS, "epochs=1"]
 # Files a refused run may add to the folder it was pointed at, or to its eval/ subfolder: its log, its
 # command line and the marker that the folder is a run's.
-RUN_RECORD = {"log.txt", "overrides.yaml", ".cat-run"}
+RUN_RECORD = {"log.txt", "overrides.yaml", ".cat-run", ".cat-made"}
 
 
 def _write(name: str, content: bytes | str) -> Callable[[Path], list[str]]:

@@ -81,6 +81,7 @@ def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
     for _ in range(2):
         folder = open_run_folder(str(tmp_path), DistEnv(), start_over=True)
         assert sorted(p.name for p in tmp_path.iterdir()) == [
+            ".cat-made",
             ".cat-run",
             ".lock",
             ".started_over",
@@ -91,7 +92,8 @@ def test_a_folder_started_over_keeps_the_earlier_run_apart(tmp_path):
         kept = sorted((tmp_path / "earlier_runs").iterdir())
     first, second = kept  # the second start over kept the first's log.txt, in a folder of its own
     assert sorted(p.name for p in first.iterdir()) == ["eval", "last.pth", "metrics.jsonl", "wandb_run_id.txt"]
-    assert (first / "wandb_run_id.txt").read_text() == "abc" and [p.name for p in second.iterdir()] == ["log.txt"]
+    assert (first / "wandb_run_id.txt").read_text() == "abc"
+    assert sorted(p.name for p in second.iterdir()) == [".cat-made", "log.txt"]  # with its record of what it made
     assert f"the earlier run's files are in {second}" in (tmp_path / "log.txt").read_text()
     (tmp_path / "log.txt").unlink()
     open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from cat.errors import ConfigError
+from cat.runtime import DistEnv, open_run_folder
 from cat.runtime.resume import (
     START_OVER,
     check_resume,
@@ -161,14 +162,19 @@ def test_run_length_and_recipe_one_rule_in_both_trainers(task, done, begun, leng
     assert [problem for problem in refused.value.problems if problem.startswith(expected)], refused.value.problems
 
 
-def test_a_file_inside_output_dir_is_no_start_for_a_run_that_starts_over(tmp_path):
+def test_a_file_the_run_made_is_no_start_for_a_run_that_starts_over(tmp_path):
+    """resume=false moves what the folder's runs made before the run reads it: such a file cannot start it. A user's
+    own file there stays in place, and can."""
     resuming = _cfg(tmp_path)
     starting_over = _with(resuming, resume=False)
-    inside = tmp_path / "run" / "best.pth"
-    inside.parent.mkdir()
-    inside.write_bytes(b"")
-    assert "inside output_dir" in starting_file_problem(starting_over, "checkpoint", str(inside))
-    assert starting_file_problem(resuming, "checkpoint", str(inside)) is None
+    folder = open_run_folder(resuming.output_dir, DistEnv())
+    (tmp_path / "run" / "best.pth").write_bytes(b"")
+    folder.close()
+    (tmp_path / "run" / "imagenet_pretrained.pth").write_bytes(b"")
+    problem = starting_file_problem(starting_over, "checkpoint", str(tmp_path / "run" / "best.pth"))
+    assert "made by the run in output_dir" in problem
+    assert starting_file_problem(resuming, "checkpoint", str(tmp_path / "run" / "best.pth")) is None
+    assert starting_file_problem(starting_over, "checkpoint", str(tmp_path / "run" / "imagenet_pretrained.pth")) is None
 
 
 @pytest.mark.parametrize(

@@ -326,28 +326,55 @@ def test_writable_is_probed_by_writing(tmp_path):
     assert "a symbolic link to" in check_writable(str(tmp_path / "dangling"), "hydra.run.dir")
 
 
-def test_starting_over_moves_only_what_runs_make_and_never_the_users_data(tmp_path):
-    """resume=false sets aside what runs make (their files, checkpoints, mmengine's config and log folders); a user's
-    folder or file that happens to sit in the run folder stays where it is, and the log names it."""
+def test_starting_over_moves_only_what_the_run_recorded_making(tmp_path):
+    """resume=false sets aside what the folder's runs recorded making (their files, checkpoints, mmengine's config and
+    log folders, whatever the name); a user's file or folder in the run folder stays where it is, even one named like
+    a checkpoint, and the log names it."""
     folder = open_run_folder(str(tmp_path), DistEnv())
-    folder.close()
-    for name in ("last.pth", "epoch_3.pth", "metrics.jsonl", "mm_config.py", "last_checkpoint"):
+    for name in ("last.pth", "epoch_3.pth", "metrics.jsonl", "mm_config.py", "last_checkpoint", "weights.bin"):
         (tmp_path / name).write_text("x")
     (tmp_path / "20261205_101010").mkdir()
+    folder.close()  # the run's end records what it made
+    (tmp_path / "imagenet_pretrained.pth").write_text("mine")
     (tmp_path / "data" / "train" / "a").mkdir(parents=True)  # a copy of the dataset a user keeps beside the run
     (tmp_path / "data" / "train" / "a" / "0.png").write_bytes(b"png")
     (tmp_path / "notes.md").write_text("mine")
     open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
     (kept,) = (tmp_path / "earlier_runs").iterdir()
     assert sorted(p.name for p in kept.iterdir()) == [
-        "20261205_101010", "epoch_3.pth", "last.pth", "last_checkpoint", "log.txt", "metrics.jsonl", "mm_config.py",
+        ".cat-made", "20261205_101010", "epoch_3.pth", "last.pth", "last_checkpoint", "log.txt", "metrics.jsonl",
+        "mm_config.py", "weights.bin",
     ]  # fmt: skip
+    assert (tmp_path / "imagenet_pretrained.pth").read_text() == "mine"
     assert (tmp_path / "data" / "train" / "a" / "0.png").read_bytes() == b"png"
     assert (tmp_path / "notes.md").read_text() == "mine"
-    assert (
-        "resume=false left in" in (tmp_path / "log.txt").read_text()
-        and "data, notes.md" in (tmp_path / "log.txt").read_text()
-    )
+    log = (tmp_path / "log.txt").read_text()
+    assert "resume=false left in" in log and "data, imagenet_pretrained.pth, notes.md" in log
+    # The new run's record holds what it made, not the user's files: a second start over leaves them again.
+    assert json.loads((tmp_path / ".cat-made").read_text())["names"] == ["log.txt"]
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    assert (tmp_path / "imagenet_pretrained.pth").read_text() == "mine"
+
+
+def test_a_run_killed_before_recording_leaves_its_files_in_place_and_named(tmp_path):
+    """What a killed run wrote after its last record is not known to be a run's: starting over leaves it in place,
+    names it, and never moves a file the folder held when the run took it."""
+    folder = open_run_folder(str(tmp_path), DistEnv())
+    (tmp_path / "late.pth").write_text("x")
+    folder.lock.held = False  # killed: no record at its end, no lock released
+    (tmp_path / ".lock").unlink()
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    assert (tmp_path / "late.pth").is_file()
+    assert "what no run recorded making there: late.pth" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_record_that_is_not_cats_is_refused(tmp_path):
+    open_run_folder(str(tmp_path), DistEnv()).close()
+    (tmp_path / ".cat-made").write_text('{"cat_made": 1, "names": ["../x"]}')
+    for start_over in (True, False):
+        with pytest.raises(OutputError, match=r"\.cat-made is not cat's record of what runs made"):
+            open_run_folder(str(tmp_path), DistEnv(), start_over=start_over)
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_a_dataset_inside_the_run_folder_is_refused(tmp_path):

@@ -185,8 +185,8 @@ def test_a_file_key_given_a_folder_names_the_checkpoints_in_it(tmp_path):
     with pytest.raises(ConfigError) as refused:
         checked_config("cls", f"checkpoint={run / 'best.pth'}", f"output_dir={run}", "resume=false")
     assert refused.value.problems == [
-        f"checkpoint={run / 'best.pth'}: inside output_dir, whose files resume=false moves into earlier_runs/ before "
-        "the run starts; copy it elsewhere first, or choose another output_dir"
+        f"checkpoint={run / 'best.pth'}: made by the run in output_dir, whose files resume=false moves into "
+        "earlier_runs/ before the run starts; copy it elsewhere first, or choose another output_dir"
     ]
     pytest.importorskip("mmseg", reason="OpenMMLab stack not installed (bash scripts/setup_env.sh --mm)")
     with pytest.raises(ConfigError) as refused:
