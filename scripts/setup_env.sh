@@ -25,15 +25,59 @@ done
 PYTHON=${PYTHON:-python3}
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/cat
 
-# uv: on the PATH, else the copy this script installed before, else installed now (pip into the cache). Empty: pip.
+TEMPORARY=()  # folders this run made for itself, removed as it ends
+trap 'rm -rf "${TEMPORARY[@]}"' EXIT
+
+# A cached executable or wheel is used only if it is what this script made: a plain file owned by this user, which
+# neither it nor any folder up to the cache's root lets group or others write, and whose SHA-256 matches the record
+# (FILE.sha256, held to the same rules) written when it was made. Anything else is ignored, said so, and made again.
+private() {  # private PATH ROOT: PATH and every folder from it up to ROOT: no link, this user's, not g/o-writable
+    local path=$1 root=$2 mode
+    while :; do
+        if [ -L "$path" ] || [ ! -e "$path" ] || [ "$(stat -c %u "$path")" != "$(id -u)" ]; then return 1; fi
+        mode=$(stat -c %a "$path")
+        if (( 8#$mode & 8#022 )); then return 1; fi
+        if [ "$path" = "$root" ] || [ "$path" = / ] || [ "$path" = . ]; then return 0; fi
+        path=$(dirname "$path")
+    done
+}
+verified() {  # verified FILE ROOT: FILE is private to ROOT and matches its recorded hash
+    [ -f "$1" ] && private "$1" "$2" && private "$1.sha256" "$2" \
+        && [ "$(sha256sum < "$1" | cut -d' ' -f1)" = "$(cat "$1.sha256")" ]
+}
+record_hash() {  # record_hash FILE: what verified checks it against later
+    (umask 022; sha256sum < "$1" | cut -d' ' -f1 > "$1.sha256")
+}
+# make_private FOLDER ROOT: FOLDER made (mode 755 under umask 022) where missing; fails unless private to ROOT.
+make_private() {
+    (umask 022; mkdir -p "$1") && private "$1" "$2"
+}
+# A cache folder this script cannot trust (another user's, writable by others) is not written: a private temporary
+# one stands in for it for this run.
+if ! make_private "$CACHE" "$CACHE" 2>/dev/null; then
+    echo "setup_env.sh: $CACHE is not private to you (another user's, a link, or writable by group or others):" \
+        "not using it; this run uses a temporary cache" >&2
+    CACHE=$(mktemp -d)
+    TEMPORARY+=("$CACHE")
+fi
+
+# uv: on the PATH, else the copy this script installed before (verified), else installed now (pip into the cache).
+# Empty: pip.
 find_uv() {
     [ "${CAT_INSTALLER:-uv}" = uv ] || return 0
     if command -v uv >/dev/null 2>&1; then command -v uv; return 0; fi
-    if [ ! -x "$CACHE/uv/bin/uv" ]; then
-        "$PYTHON" -m pip install -q --disable-pip-version-check --target "$CACHE/uv" "uv>=0.13,<0.14" >/dev/null 2>&1 \
-            || return 0
+    local uv=$CACHE/uv/bin/uv
+    if [ -e "$CACHE/uv" ] || [ -L "$CACHE/uv" ]; then
+        if verified "$uv" "$CACHE"; then echo "$uv"; return 0; fi
+        echo "setup_env.sh: ignoring the cached $CACHE/uv (not owned by you, writable by others, or not what this" \
+            "script installed there): installing uv again" >&2
+        rm -rf "$CACHE/uv" || return 0
     fi
-    if [ -x "$CACHE/uv/bin/uv" ]; then echo "$CACHE/uv/bin/uv"; fi
+    (umask 022; "$PYTHON" -m pip install -q --disable-pip-version-check --target "$CACHE/uv" "uv>=0.13,<0.14") \
+        >/dev/null 2>&1 || return 0
+    [ -x "$uv" ] || return 0
+    record_hash "$uv"
+    echo "$uv"
 }
 UV=$(find_uv)
 
@@ -91,10 +135,23 @@ fi
 # line while torch 2.14's headers need C++20, so the compiler is wrapped to append -std=c++20.
 if [ "$WITH_MM" = 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
     TORCH_TAG=$("$VPY" -c "import torch; print(torch.__version__.replace('+', '_'))")
-    WHEELS=${CAT_WHEEL_CACHE:-$CACHE/wheels}/torch-$TORCH_TAG
-    if ! ls "$WHEELS"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
+    WHEEL_ROOT=${CAT_WHEEL_CACHE:-$CACHE/wheels}
+    WHEELS=$WHEEL_ROOT/torch-$TORCH_TAG
+    if ! make_private "$WHEELS" "$WHEEL_ROOT" 2>/dev/null; then
+        echo "setup_env.sh: $WHEELS is not private to you: building mmcv in a temporary folder" >&2
+        WHEELS=$(mktemp -d)
+        WHEEL_ROOT=$WHEELS
+        TEMPORARY+=("$WHEELS")
+    fi
+    WHEEL=$(find "$WHEELS" -maxdepth 1 -name 'mmcv-2.1.0-*.whl' -print -quit)
+    if [ -n "$WHEEL" ] && ! verified "$WHEEL" "$WHEEL_ROOT"; then
+        echo "setup_env.sh: ignoring the cached $WHEEL (not owned by you, writable by others, or not the wheel" \
+            "this script built): building it again" >&2
+        rm -f "$WHEEL" "$WHEEL.sha256"
+        WHEEL=
+    fi
+    if [ -z "$WHEEL" ]; then
         echo "building mmcv 2.1.0 with ops against torch $TORCH_TAG (one time, ~12 minutes on 2 cores)"
-        mkdir -p "$WHEELS"
         WRAP=$(mktemp -d)
         printf '#!/bin/sh\nexec g++ "$@" -std=c++20\n' > "$WRAP/g++-cxx20"
         chmod +x "$WRAP/g++-cxx20"
@@ -104,12 +161,14 @@ if [ "$WITH_MM" = 1 ] && ! "$VPY" -c "import mmcv.ops" >/dev/null 2>&1; then
             FORCE_CUDA=0
             if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then FORCE_CUDA=1; fi
         fi
-        CXX="$WRAP/g++-cxx20" MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-2} FORCE_CUDA=$FORCE_CUDA \
+        (umask 022; CXX="$WRAP/g++-cxx20" MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-2} FORCE_CUDA=$FORCE_CUDA \
             "$VPY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
-            -w "$WHEELS" mmcv==2.1.0
+            -w "$WHEELS" mmcv==2.1.0)
         rm -rf "$WRAP"
+        WHEEL=$(find "$WHEELS" -maxdepth 1 -name 'mmcv-2.1.0-*.whl' -print -quit)
+        record_hash "$WHEEL"
     fi
-    install --no-deps "$WHEELS"/mmcv-2.1.0-*.whl
+    install --no-deps "$WHEEL"
 fi
 if [ "$WITH_MM" = 1 ]; then
     install -r requirements-mm.txt
