@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 import cat
-from cat.models import extract_state_dict, load_backbone_checkpoint, load_checkpoint_file, on_meta
+from cat.models import backbone_state_dict, load_backbone_checkpoint, on_meta
 from cat.ops import BackendPolicy, LeanPolicy, configure_attention
+
+from .safe_load import local_checkpoint
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
 
@@ -28,8 +31,10 @@ class TimmBackbone(BaseModule):
         model_name: a timm model name (``ca_pvt_tiny``, ``ca_swin_tiny``, ``cat_small``, ``pvt_tiny``...).
         out_indices: which stages to return (0-3, strides 4/8/16/32).
         out_norm: add a LayerNorm on each returned map.
-        pretrained: an ImageNet checkpoint (release format, bare state dict or cat's); the classifier
-            is dropped and position tables resized; whatever does not load is logged.
+        pretrained: an ImageNet checkpoint (release format, bare state dict or cat's), a path or a URL (fetched as
+            mmengine fetches one, into torch's hub cache, and read by the safe loader); the classifier is dropped and
+            position tables resized; the log says how many of the backbone's tensors it gave, and what did not load.
+            A detector's or segmentor's checkpoint is refused, naming ``init_cfg``'s ``prefix='backbone.'``.
         strict_pretrained: every weight of the backbone must come from ``pretrained`` (at its shape),
             else :class:`cat.models.CheckpointMismatchError` names the file and the keys.
         model_kwargs: passed to the model factory (``drop_path_rate``, ``attn_pattern``, ...).
@@ -81,7 +86,18 @@ class TimmBackbone(BaseModule):
     def init_weights(self) -> None:
         super().init_weights()
         if self.pretrained:
-            load_backbone_checkpoint(self.model, self.pretrained, self.strict_pretrained, self.pruned)
+            report = load_backbone_checkpoint(
+                self.model, local_checkpoint(self.pretrained), self.strict_pretrained, self.pruned
+            )
+            total = len(self.model.state_dict())
+            loaded = total - len(report.missing) - len(report.shape_mismatch)
+            print_log(
+                f"{type(self).__name__} {self.model.pretrained_cfg['architecture']}: loaded {loaded}/{total} of its "
+                f"tensors from {self.pretrained} ({len(report.missing)} missing there, {len(report.shape_mismatch)} "
+                f"of another shape, {len(report.unexpected)} of the file's unused besides its classifier and what "
+                "the backbone leaves out)",
+                logger="current",
+            )
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         feats = self.model.forward_intermediates(x, indices=list(self.out_indices), intermediates_only=True)
@@ -119,10 +135,11 @@ def check_pretrained(model: nn.Module) -> None:
     from the file the result is the same. A lenient one is only read: what does not fit is reported when it loads."""
     for module in model.modules():
         if isinstance(module, TimmBackbone) and module.pretrained:
+            path = local_checkpoint(module.pretrained)
             if module.strict_pretrained:
-                load_backbone_checkpoint(module.model, module.pretrained, True, module.pruned)
+                load_backbone_checkpoint(module.model, path, True, module.pruned)
             else:
-                extract_state_dict(load_checkpoint_file(module.pretrained), str(module.pretrained))
+                backbone_state_dict(module.model, path)
 
 
 # backbone_features' answers by model and arguments: a job's config check and its config building both ask.

@@ -62,8 +62,8 @@ def check_mm_config(cfg: TaskConfig) -> TaskConfig:
     # A resumed training run reads neither: its folder's checkpoint holds the model (cat.mm.config).
     starting = {"checkpoint": cfg.checkpoint, "model.pretrained": cfg.model.pretrained}
     for name, path in () if resumes(cfg, LAST_CHECKPOINT) else starting.items():
-        # checkpoint= may be a URL or model-zoo name: mmengine fetches it through cat's safe loader.
-        remote = name == "checkpoint" and isinstance(path, str) and "://" in path
+        # Either may be a URL or model-zoo name: fetched as mmengine fetches one, read by cat's safe loader.
+        remote = isinstance(path, str) and "://" in path
         if isinstance(path, str) and not remote:
             problems += [problem] if (problem := starting_file_problem(cfg, name, path)) else []
     if not (isinstance(cfg.data.root, str) and os.path.isdir(cfg.data.root)):

@@ -48,6 +48,7 @@ __all__ = [
     "install_safe_checkpoint_io",
     "load_from_safe_local",
     "load_from_safe_remote",
+    "local_checkpoint",
     "mmengine_safe_globals",
     "refuse_object_arrays",
     "sanitize_mm_checkpoint",
@@ -234,13 +235,22 @@ def _cached_download(url: str) -> str:
     return path
 
 
-def load_from_safe_remote(filename: str, map_location: Any = None) -> Any:
-    """mmengine's URL and model-zoo schemes, replaced: fetch (or find in the cache), check the hash a
-    torch.hub-style name declares, then read it like a local file."""
+def local_checkpoint(filename: str) -> str:
+    """The local file a checkpoint name stands for, as mmengine would fetch it: a path as it is; a URL or a
+    model-zoo name (``https://``, ``torchvision://``, ``open-mmlab://``...) downloaded into (or found in) torch's hub
+    cache, its torch.hub-style name's hash checked. Reading it is the safe loader's."""
+    if not filename.startswith(_REMOTE_PREFIXES):
+        return filename
     location = _resolve_remote(filename)
     path = _cached_download(location) if location.startswith(("http://", "https://")) else location
     check_name_hash(path)
-    checkpoint = load_from_safe_local(path, map_location)
+    return path
+
+
+def load_from_safe_remote(filename: str, map_location: Any = None) -> Any:
+    """mmengine's URL and model-zoo schemes, replaced: fetch (or find in the cache), check the hash a
+    torch.hub-style name declares, then read it like a local file."""
+    checkpoint = load_from_safe_local(local_checkpoint(filename), map_location)
     if filename.startswith("mmcls://"):
         from mmengine.runner.checkpoint import _process_mmcls_checkpoint
 

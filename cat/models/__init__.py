@@ -4,6 +4,7 @@ from . import cat_transformer, deit, pvt, swin  # noqa: F401  (register the mode
 from .convert import convert
 from .deit import CirculantVisionTransformer
 from .factory import (
+    backbone_state_dict,
     cat_model_names,
     create_model,
     load_backbone_checkpoint,
@@ -37,6 +38,7 @@ __all__ = [
     "load_checkpoint",
     "load_weights",
     "load_backbone_checkpoint",
+    "backbone_state_dict",
     "adapt_state_dict",
     "CirculantVisionTransformer",
     "CheckpointMismatchError",

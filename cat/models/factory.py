@@ -17,7 +17,7 @@ import yaml
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from cat.errors import ConfigError
+from cat.errors import CheckpointError, ConfigError
 
 from .loading import (
     CheckpointMismatchError,
@@ -40,6 +40,7 @@ __all__ = [
     "load_checkpoint",
     "load_weights",
     "load_backbone_checkpoint",
+    "backbone_state_dict",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -69,6 +70,28 @@ def load_weights(
     return report
 
 
+# What a detector's or segmentor's checkpoint keeps its backbone's weights under (mmdet's and mmseg's models).
+DENSE_BACKBONE_PREFIX = "backbone."
+
+
+def backbone_state_dict(model: nn.Module, path: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """The weights of the classification checkpoint ``path`` for ``model`` used as a backbone, read by the safe
+    loader; a CheckpointError where the file is a detector's or segmentor's (its backbone's weights under
+    ``backbone.``, beside its neck's and heads'), naming the ``prefix`` that reads its backbone from it."""
+    state_dict = extract_state_dict(load_checkpoint_file(path), str(path))
+    under = [k for k in state_dict if k.startswith(DENSE_BACKBONE_PREFIX)]
+    if under and not any(k.startswith(DENSE_BACKBONE_PREFIX) for k in model.state_dict()):
+        beside = sorted({k.split(".", 1)[0] for k in state_dict} - {DENSE_BACKBONE_PREFIX[:-1]})
+        raise CheckpointError(
+            f"{path} holds a detector's or segmentor's weights ({len(under)} of its {len(state_dict)} tensors under "
+            f"'{DENSE_BACKBONE_PREFIX}'" + (f", beside {', '.join(beside[:4])}" if beside else "") + "), not a "
+            "classification model's: to start the backbone from its backbone, pass init_cfg=dict(type='Pretrained', "
+            f"checkpoint='{path}', prefix='{DENSE_BACKBONE_PREFIX}') instead of pretrained (or checkpoint=... to "
+            "start the whole model from it)"
+        )
+    return state_dict
+
+
 def load_backbone_checkpoint(
     model: nn.Module, path: str | os.PathLike[str], strict: bool = False, pruned: Iterable[str] = ()
 ) -> LoadReport:
@@ -79,8 +102,9 @@ def load_backbone_checkpoint(
     except the ``pruned`` entries (those of the classification model the backbone left out: its
     final norm, stages after the last it returns). With ``strict`` anything in that report raises
     :class:`CheckpointMismatchError`: weights of another model, or of the family at another size.
+    A detector's or segmentor's checkpoint is refused (:func:`backbone_state_dict`).
     """
-    state_dict, classifier = without_classifier(model, extract_state_dict(load_checkpoint_file(path), str(path)))
+    state_dict, classifier = without_classifier(model, backbone_state_dict(model, path))
     # Left out before the adapters, which look up the module of what they resize (Swin's: a pruned last stage).
     pruned = set(pruned)
     state_dict = {k: v for k, v in state_dict.items() if k not in pruned}

@@ -93,3 +93,104 @@ def test_the_usual_pretrained_init_cfg_loads_what_pretrained_does(tmp_path):
                 "init_cfg": {"type": "Pretrained", "checkpoint": str(checkpoint)},
             }
         )
+
+
+def _detector_checkpoint(path, backbone) -> None:
+    """What mmengine saves for a detector whose backbone is ``backbone``: its weights under ``backbone.``, beside a
+    neck's and heads' (as an ``epoch_N.pth`` of train_det.py holds them)."""
+    import torch
+
+    state = {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
+    state |= {"neck.lateral_convs.0.conv.weight": torch.zeros(4, 4, 1, 1), "rpn_head.rpn_cls.bias": torch.zeros(3)}
+    torch.save({"meta": {"epoch": 1}, "state_dict": state}, path)
+
+
+def test_a_detectors_checkpoint_as_backbone_weights_is_refused_naming_its_prefix(tmp_path):
+    """A detector's epoch_1.pth given as a CA-Swin backbone's ImageNet weights (pretrained=, or init_cfg without a
+    prefix) ends in one line naming the file, what it holds and prefix='backbone.', before the first iteration (the
+    check train_det.py makes); with that prefix the backbone's weights load from it as mmengine loads any backbone."""
+    import torch
+
+    from cat.errors import CheckpointError
+    from cat.mm.backbone import check_pretrained, register_backbones
+
+    mmdet_registry = pytest.importorskip("mmdet.registry", reason="OpenMMLab stack not installed")
+    register_backbones()
+    torch.manual_seed(0)
+    source = mmdet_registry.MODELS.build({"type": "TimmBackbone", "model_name": "ca_swin_tiny"})
+    checkpoint = tmp_path / "epoch_1.pth"
+    _detector_checkpoint(checkpoint, source)
+    for config in (
+        {"pretrained": str(checkpoint)},
+        {"init_cfg": {"type": "Pretrained", "checkpoint": str(checkpoint)}},
+        {"pretrained": str(checkpoint), "strict_pretrained": True},
+    ):
+        backbone = mmdet_registry.MODELS.build({"type": "TimmBackbone", "model_name": "ca_swin_tiny", **config})
+        for load in (check_pretrained, lambda model: model.init_weights()):
+            with pytest.raises(CheckpointError) as refused:
+                load(backbone)
+            line = str(refused.value)
+            assert "\n" not in line and line.startswith(f"{checkpoint} holds a detector's or segmentor's weights")
+            assert "beside neck, rpn_head" in line and "prefix='backbone.'" in line
+    prefixed = {"type": "Pretrained", "checkpoint": str(checkpoint), "prefix": "backbone."}
+    backbone = mmdet_registry.MODELS.build({"type": "TimmBackbone", "model_name": "ca_swin_tiny", "init_cfg": prefixed})
+    backbone.init_weights()
+    for key, value in source.state_dict().items():
+        assert torch.equal(backbone.state_dict()[key], value), key
+
+
+def test_a_url_as_backbone_weights_is_fetched_as_mmengine_does_and_read_safely(tmp_path, monkeypatch):
+    """``init_cfg=dict(type='Pretrained', checkpoint='http://...')``, a stock user's URL: downloaded (here from a
+    server on the loopback) into torch's hub cache, read by the safe loader, and the log says how many of the
+    backbone's tensors it gave. A pickle that would run code, served the same way, is refused."""
+    import functools
+    import http.server
+    import logging
+    import threading
+
+    import torch
+    from mmengine.logging import MMLogger
+
+    import cat
+    from cat.mm.backbone import check_pretrained, register_backbones
+    from cat.models import UnsafeCheckpointError
+    from tests.hostile import write_hostile_files
+
+    mmdet_registry = pytest.importorskip("mmdet.registry", reason="OpenMMLab stack not installed")
+    register_backbones()
+    served = tmp_path / "served"
+    served.mkdir()
+    torch.manual_seed(0)
+    weights = cat.create_model("ca_pvt_tiny", num_classes=10).state_dict()
+    torch.save({"model": weights}, served / "ca_pvt_t_in1k.pth")
+    write_hostile_files(served, tmp_path / "ran")  # zip_torch.pth among them: torch.save of a reducer
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+    logged: list[logging.LogRecord] = []
+    collector = logging.Handler()
+    collector.emit = logged.append  # type: ignore[method-assign]
+    MMLogger.get_current_instance().addHandler(collector)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        config = {"type": "Pretrained", "checkpoint": f"{url}/ca_pvt_t_in1k.pth"}
+        backbone = mmdet_registry.MODELS.build(
+            {"type": "TimmBackbone", "model_name": "ca_pvt_tiny", "init_cfg": config}
+        )
+        check_pretrained(backbone)
+        backbone.init_weights()
+        evil = mmdet_registry.MODELS.build(
+            {"type": "TimmBackbone", "model_name": "ca_pvt_tiny", "pretrained": f"{url}/zip_torch.pth"}
+        )
+        with pytest.raises(UnsafeCheckpointError):
+            check_pretrained(evil)
+    finally:
+        server.shutdown()
+        MMLogger.get_current_instance().removeHandler(collector)
+    assert (tmp_path / "hub" / "checkpoints" / "ca_pvt_t_in1k.pth").is_file() and not (tmp_path / "ran").exists()
+    for key, value in backbone.model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+    total = len(backbone.model.state_dict())
+    line = f"loaded {total}/{total} of its tensors from {url}/ca_pvt_t_in1k.pth (0 missing there"
+    assert any(line in record.getMessage() for record in logged), [r.getMessage()[:200] for r in logged[-3:]]
