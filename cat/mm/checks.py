@@ -5,13 +5,12 @@ the config as its typed object."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from cat.errors import ConfigError
 from cat.models import model_arguments
 from cat.runtime.folder import run_dir_for
 from cat.runtime.ownership import output_dir_problems
-from cat.runtime.resume import flatten_config, resumes, starting_file_problem
+from cat.runtime.resume import resumes, starting_file_problem
 
 from .bases import base_config_path
 from .safe_load import LAST_CHECKPOINT
@@ -33,20 +32,6 @@ def _backbone_kwargs_problems(cfg: MMConfig) -> list[str]:
         f"model.backbone.kwargs.{name}: not an argument of {backbone.name} (accepted: {', '.join(sorted(accepted))})"
         for name in backbone.kwargs
         if name not in accepted
-    ]
-
-
-# mmengine options that say where it writes: cat points them at the run folder (work_dir), whose checks they would
-# bypass (a planted last_checkpoint, a folder that is not the run's).
-_WRITE_LOCATIONS = ("work_dir", "out_dir", "save_dir")
-
-
-def _write_location_problems(mm: dict[str, Any]) -> list[str]:
-    """``mm=`` options that would move where mmengine writes out of the run folder, one line each."""
-    return [
-        f"mm.{key}: mmengine writes in the run folder only; choose where with output_dir="
-        for key in flatten_config(mm)
-        if key.rsplit(".", 1)[-1] in _WRITE_LOCATIONS
     ]
 
 
@@ -72,7 +57,6 @@ def check_mm_config(cfg: TaskConfig) -> TaskConfig:
             "(tools/make_toy_coco.py / tools/make_toy_ade.py write toy ones)"
         )
     problems += output_dir_problems(cfg.output_dir, [cfg.data.root], run_dir_for(cfg.output_dir, cfg.mode))
-    problems += _write_location_problems(cfg.mm)
     problems += _backbone_kwargs_problems(cfg)
     try:
         base_config_path(cfg.model.base)

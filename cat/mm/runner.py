@@ -108,8 +108,11 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
         from .validation import LastValidation, test_repeats_validation
+        from .writes import write_problems
 
         mm = task.build_config(cfg, env, folder.path)
+        if problems := write_problems(mm, folder.path):  # before the runner makes or writes anything
+            raise ConfigError(problems)
         if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
             check_last_checkpoint(folder.path)
             check_resume_config(cfg, folder)

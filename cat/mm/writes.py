@@ -1,0 +1,220 @@
+"""Where a detection or segmentation run's mmengine components will write, resolved from the runner's final config
+before the runner is built, and refused where it lands outside the run folder.
+
+Every hook (``default_hooks``, ``custom_hooks``), the visualizer, its backends and the evaluators' metrics is looked
+up in the registries as the runner will build it. Its options are checked against what its class accepts (a misspelt
+``intervall`` ends here, not in mmengine's ``TypeError`` one interval into training), and each place it writes is
+resolved as mmengine resolves it: templates filled in (``filename_tmpl``), ``out_dir`` joined with the run folder's
+name, a visualisation folder joined under the run's log folder, a relative path from the working directory. A
+component cat cannot place (another visualisation backend, a hook of its own) is refused where it is given a path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["write_problems"]
+
+# A placeholder for the timestamp of the run's log folder (work_dir/<timestamp>/): any name inside the folder.
+_STAMP = "00000000_000000"
+# The options naming where a component writes, for a component whose places cat does not know (their names only
+# find candidates: each value is then resolved and checked as a path).
+_PATH_WORDS = ("dir", "path", "file", "tmpl", "uri", "location", "prefix")
+
+
+def _is_path_option(name: str, value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike)) and any(word in name for word in _PATH_WORDS)
+
+
+class _Component:
+    """One component of the config: where it sits (``mm.custom_hooks[0]``), its options, and its class."""
+
+    def __init__(self, where: str, options: dict[str, Any], cls: type) -> None:
+        self.where, self.options, self.cls = where, options, cls
+        self.parameters = inspect.signature(cls).parameters  # its __init__'s, less self
+
+    def option(self, name: str) -> Any:
+        """The value the component gets for ``name``: given, else its class's default (None where it has none)."""
+        if name in self.options:
+            return self.options[name]
+        parameter = self.parameters.get(name)
+        return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _joined(base: str, path: Any) -> str:
+    """``path`` as ``os.path.join`` places it under ``base`` (an absolute one stays where it is)."""
+    return os.path.join(base, os.fspath(path))
+
+
+def _checkpoint_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
+    out_dir = hook.option("out_dir")
+    # mmengine: out_dir, when given, is joined with the run folder's own name.
+    base = work_dir if out_dir is None else _joined(os.fspath(out_dir), os.path.basename(work_dir.rstrip(os.sep)))
+    yield "out_dir", base
+    template = hook.option("filename_tmpl") or "epoch_{}.pth"
+    try:
+        name = template.format(1)
+    except (IndexError, KeyError, ValueError, AttributeError):
+        raise _NotPlaced(f"{template!r} is not a checkpoint name with one {{}} for the epoch or iteration") from None
+    yield "filename_tmpl", _joined(base, name)
+
+
+def _logger_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
+    if (out_dir := hook.option("out_dir")) is not None:
+        yield "out_dir", _joined(os.fspath(out_dir), os.path.basename(work_dir.rstrip(os.sep)))
+
+
+def _profiler_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
+    if (trace := hook.option("json_trace_path")) is not None:
+        yield "json_trace_path", os.fspath(trace)
+    ready = hook.option("on_trace_ready")
+    if isinstance(ready, dict) and ready.get("dir_name") is not None:
+        yield "on_trace_ready.dir_name", _joined(log_dir, ready["dir_name"])
+
+
+def _visualization_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
+    if (out := hook.option("test_out_dir")) is not None:  # mmdet joins it under work_dir/<timestamp>/
+        yield "test_out_dir", _joined(log_dir, out)
+
+
+def _local_backend(backend: _Component, save_dir: str) -> Iterator[tuple[str, str]]:
+    yield "save_dir", save_dir
+    for option in ("img_save_dir", "config_save_file", "scalar_save_file"):
+        yield option, _joined(save_dir, backend.option(option))
+
+
+# Where each hook cat knows writes, from its options and the run's folders (work_dir, its log folder).
+_HOOK_PLACES: dict[str, Callable[[_Component, str, str], Iterator[tuple[str, str]]]] = {
+    "CheckpointHook": _checkpoint_hook,
+    "LoggerHook": _logger_hook,
+    "ProfilerHook": _profiler_hook,
+    "DetVisualizationHook": _visualization_hook,
+    "TrackVisualizationHook": _visualization_hook,
+    "GroundingVisualizationHook": _visualization_hook,
+}
+# The metrics' options naming files or folders they write (relative ones from the working directory).
+_METRIC_OUTPUTS = ("outfile_prefix", "output_dir", "out_file_path", "jsonfile_prefix")
+
+
+class _NotPlaced(ValueError):
+    """An option whose value says no place cat can resolve."""
+
+
+def _inside(path: str, folder: str) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _build_class(registry: Any, spec: Any, where: str, problems: list[str]) -> type | None:
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(kind, type):
+        return kind
+    cls = None
+    if isinstance(kind, str):
+        with registry.switch_scope_and_registry(None) as scoped:  # the config's default scope, as build() looks
+            cls = scoped.get(kind)
+    if cls is None:
+        problems.append(f"{where}.type={kind!r}: no {registry.name} of that name is registered")
+    return cls
+
+
+# Classes whose **kwargs take nothing more: CheckpointHook hands them to Runner.save_checkpoint beside every one of
+# its parameters, so any option it does not name fails there, at the first save.
+_KWARGS_TAKE_NONE = frozenset({"CheckpointHook"})
+_NOT_OPTIONS = {"type", "priority", "name"}  # taken by the runner or registry, not passed to the class
+
+
+def _component(registry: Any, spec: Any, where: str, problems: list[str]) -> _Component | None:
+    """The component at ``where``, its options checked against its class (None where it cannot be built)."""
+    cls = _build_class(registry, spec, where, problems)
+    if cls is None or not isinstance(spec, dict):
+        return None
+    component = _Component(where, {k: v for k, v in spec.items() if k not in _NOT_OPTIONS}, cls)
+    takes_any = cls.__name__ not in _KWARGS_TAKE_NONE and any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in component.parameters.values()
+    )
+    accepted = sorted(name for name in component.parameters if name != "self")
+    unknown = [] if takes_any else sorted(component.options.keys() - set(accepted))
+    problems += [
+        f"{where}.{name}: {cls.__name__} takes no option {name!r} (it takes {', '.join(accepted) or 'none'})"
+        for name in unknown
+    ]
+    return None if unknown else component  # one that cannot be built writes nothing
+
+
+def _place_problems(component: _Component, places: Iterator[tuple[str, str]], run_dir: str) -> list[str]:
+    """The first of a component's places outside ``run_dir`` (those after it are most often joined under it)."""
+    try:
+        for option, path in places:
+            if not _inside(path, run_dir):
+                return [
+                    f"{component.where}.{option}: {component.cls.__name__} would write {path}, outside the run folder "
+                    f"{run_dir}; a run writes in its own folder only (choose it with output_dir=)"
+                ]
+    except _NotPlaced as error:
+        return [f"{component.where}: {error}"]
+    return []
+
+
+def _given_paths(component: _Component) -> Iterator[tuple[str, str]]:
+    """The path options given to a component cat does not know (relative ones from the working directory)."""
+    for name, value in component.options.items():
+        if _is_path_option(name, value):
+            yield name, os.fspath(value)
+
+
+def _entries(node: Any, where: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict) and "type" in node:
+        yield where, node
+    elif isinstance(node, (list, tuple)):
+        for index, item in enumerate(node):
+            yield from _entries(item, f"{where}[{index}]")
+
+
+def write_problems(mm: Any, run_dir: str) -> list[str]:
+    """What in the runner's final config ``mm`` (its ``default_scope`` registered) writes outside ``run_dir`` or
+    takes options its class does not accept, one line each; empty where nothing does."""
+    from mmengine.registry import HOOKS, METRICS, VISBACKENDS, VISUALIZERS, DefaultScope
+
+    problems: list[str] = []
+    work_dir = os.path.abspath(mm.get("work_dir") or run_dir)
+    if not _inside(work_dir, run_dir) or not _inside(run_dir, work_dir):  # everything else would follow it
+        return [f"mm.work_dir: mmengine writes in the run folder {run_dir} only; choose it with output_dir="]
+    log_dir = os.path.join(work_dir, _STAMP)
+    with DefaultScope.overwrite_default_scope(mm.get("default_scope")):
+        hooks = [(f"mm.default_hooks.{name}", spec) for name, spec in (mm.get("default_hooks") or {}).items() if spec]
+        hooks += list(_entries(list(mm.get("custom_hooks") or []), "mm.custom_hooks"))
+        for where, spec in hooks:
+            if (hook := _component(HOOKS, spec, where, problems)) is not None:
+                places = _HOOK_PLACES.get(hook.cls.__name__)
+                found = places(hook, work_dir, log_dir) if places else _given_paths(hook)
+                problems += _place_problems(hook, found, run_dir)
+        visualizer_spec = mm.get("visualizer")
+        if isinstance(visualizer_spec, dict):
+            visualizer = _component(VISUALIZERS, visualizer_spec, "mm.visualizer", problems)
+            if visualizer is not None:
+                save_dir = os.fspath(visualizer.option("save_dir") or log_dir)
+                if refused := _place_problems(visualizer, iter([("save_dir", save_dir)]), run_dir):
+                    return [*problems, *refused]  # its backends write under it
+                vis_data = os.path.join(save_dir, "vis_data")  # where mmengine's Visualizer puts its backends
+                backends = visualizer_spec.get("vis_backends") or []
+                for where, spec in _entries(list(backends), "mm.visualizer.vis_backends"):
+                    if (backend := _component(VISBACKENDS, spec, where, problems)) is None:
+                        continue
+                    own = os.fspath(backend.option("save_dir") or vis_data)
+                    if backend.cls.__name__ == "LocalVisBackend":
+                        found = _local_backend(backend, own)
+                    elif "save_dir" in backend.parameters:
+                        found = iter([("save_dir", own), *_given_paths(backend)])
+                    else:
+                        found = _given_paths(backend)
+                    problems += _place_problems(backend, found, run_dir)
+        for section in ("val_evaluator", "test_evaluator"):
+            for where, spec in _entries(mm.get(section), f"mm.{section}"):
+                if (metric := _component(METRICS, spec, where, problems)) is not None:
+                    outputs = [(o, os.fspath(v)) for o in _METRIC_OUTPUTS if (v := metric.option(o)) is not None]
+                    problems += _place_problems(metric, iter(outputs), run_dir)
+    return problems
