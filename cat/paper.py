@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["paper_table", "available_tables"]
+__all__ = ["paper_table", "available_tables", "paper_top1"]
 
 
 @cache
@@ -28,3 +28,12 @@ def paper_table(number: int) -> dict[str, Any]:
 def available_tables() -> list[int]:
     """Numbers of the tables held in ``cat/paper_tables.yaml``."""
     return sorted(int(k[len("table") :]) for k in _tables() if k.startswith("table"))
+
+
+def paper_top1(model: str, img_size: int) -> tuple[str, float] | None:
+    """The paper's ImageNet-1K top-1 for ``model`` at ``img_size`` (Table 2's label and number), None where the table
+    prints none for it (another model or size, or a reconstruction's target)."""
+    for row in paper_table(2)["rows"]:
+        if row["model"] == model and row["img_size"] == img_size and "top1" in row.get("paper", {}):
+            return row["label"], float(row["paper"]["top1"])
+    return None

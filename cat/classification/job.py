@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from cat.data import SplitDataset, build_dataset
 from cat.errors import ConfigError
 from cat.models import extract_state_dict, holds_ema_weights, load_checkpoint_file
+from cat.paper import paper_top1
 from cat.runtime import DistEnv, Precision, RunFolder, describe_precision, run_job, typed_job_config
 
 from .checkpoints import recorded_config
@@ -85,6 +86,15 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
             console_text(result),
             result["num_images"],
         )
+        if num_classes == 1000 and (expected := paper_top1(cfg.model.name, cfg.input_size()[0])) is not None:
+            label, top1 = expected
+            folder.log.info(
+                "the paper's ImageNet-1K top-1 for %s at %d²: %.1f%% (Table 2); this eval: %.2f%%",
+                label,
+                cfg.input_size()[0],
+                top1,
+                result["top1"],
+            )
         metrics.update({f"{prefix}{metric.name}": result[metric.name] for metric in EVAL_METRICS})
         metrics.setdefault("num_images", result["num_images"])
     # One name per metric (cat.classification.metrics): eval/<name> in metrics.json, metrics.jsonl and W&B.

@@ -1,4 +1,4 @@
-"""The README's table of backbone feature levels is what the models report (timm's ``feature_info``, built on the
+"""The models page's table of backbone feature levels is what the models report (timm's ``feature_info``, built on the
 meta device), so a neck written from it fits without running code."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ TABLE_HEAD = "| backbone (`model.backbone.name`, `TimmBackbone(model_name=)`) |"
 
 
 def _readme_rows() -> list[tuple[list[str], list[int], list[int]]]:
-    """(model names, channels, strides) of each row of the README's table."""
-    text = (REPO / "README.md").read_text()
+    """(model names, channels, strides) of each row of the models page's table."""
+    text = (REPO / "docs" / "models.md").read_text()
     lines = text[text.index(TABLE_HEAD) :].splitlines()[2:]
     rows = []
     for line in lines:
@@ -35,7 +35,7 @@ ROWS = _readme_rows()
 
 
 @pytest.mark.parametrize(("names", "channels", "strides"), ROWS, ids=[row[0][0] for row in ROWS])
-def test_the_readmes_feature_levels_are_the_models(names, channels, strides):
+def test_the_tabled_feature_levels_are_the_models(names, channels, strides):
     from cat.mm.backbone import backbone_features
 
     for name in names:
@@ -47,7 +47,9 @@ def test_the_readmes_feature_levels_are_the_models(names, channels, strides):
             assert (got_channels, got_strides) == (channels, strides), name
 
 
-def test_the_table_covers_every_dense_backbone_the_presets_use():
+def test_the_table_covers_every_model_cat_registers_and_every_preset_backbone():
+    from cat.models import cat_model_names
+
     covered = {name for names, _, _ in ROWS for name in names}
     used = set()
     for config in [
@@ -56,6 +58,7 @@ def test_the_table_covers_every_dense_backbone_the_presets_use():
     ]:
         used.update(re.findall(r"^\s+name: (\w+)$", config.read_text(), re.M))
     assert used and used <= covered, used - covered
+    assert set(cat_model_names()) <= covered, set(cat_model_names()) - covered
 
 
 def test_the_usual_pretrained_init_cfg_loads_what_pretrained_does(tmp_path):
