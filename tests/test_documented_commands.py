@@ -1,6 +1,7 @@
-"""Every training command the README, the Slurm scripts and the configs' comments show composes to a config
-that passes the trainer's own check (schema, model at its input size, optimizer, transform): a user who
-copies one meets no error that this repository could have caught. Paths the commands name (datasets,
+"""Every command the README, the documentation's pages, the Slurm scripts and the configs' comments show is exercised:
+a training command composes to a config that passes the trainer's own check (schema, model at its input size,
+optimizer, transform), and a tool's command line parses with the tool's own parser: a user who copies one meets no
+error that this repository could have caught. Paths the commands name (datasets,
 checkpoints, output folders) are replaced by ones that exist; a multirun's comma lists are expanded into
 its cells. The sweep presets' own cells are checked in tests/runtime/test_sweeps.py."""
 
@@ -16,7 +17,8 @@ import pytest
 from tests.conftest import REPO, checked_config
 
 # Where commands are shown: the README's bash blocks, and comment lines of the Slurm scripts and configs.
-SOURCES = [REPO / "README.md", *sorted((REPO / "scripts" / "slurm").glob("*.sbatch"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+SOURCES = [*PAGES, *sorted((REPO / "scripts" / "slurm").glob("*.sbatch"))]
 SOURCES += sorted((REPO / "configs").rglob("*.yaml"))
 # A command line (not prose naming a trainer): it starts with python, torchrun, sbatch or bash.
 COMMAND = re.compile(r"^(?:\S*python3?|torchrun|sbatch|bash)\s.*?\btrain_(cls|det|seg)\.py\b(.*)$")
@@ -89,3 +91,54 @@ def test_documented_command_passes_its_check(where, task, overrides, tmp_path):
     (tmp_path / "checkpoint.pth").write_bytes(b"")
     for cell in _cells(overrides, tmp_path):
         checked_config(task, *cell)  # ConfigError names each problem
+
+
+# A tool's command line in a page: python tools/NAME.py ARGS (a tool's path or the shell's && ends it).
+TOOL = re.compile(r"^(?:\S*python3?)\s+tools/(\w+)\.py\b(.*)$")
+
+
+def _tool_commands() -> list[tuple[str, str, list[str]]]:
+    """(where, tool, arguments) of every tool command the pages show."""
+    found = []
+    for path in PAGES:
+        for number, line in _shown_lines(path):
+            for part in line.split("&&"):
+                match = TOOL.match(part.strip())
+                if match is not None:
+                    words = shlex.split(match.group(2), comments=True)
+                    found.append((f"{path.relative_to(REPO)}:{number}", match.group(1), words))
+    return found
+
+
+TOOL_COMMANDS = _tool_commands()
+
+
+class _Parsed(Exception):
+    """Raised where the tool's parser returns: its arguments parsed, and nothing of the tool ran."""
+
+
+def test_the_tool_commands_are_found():
+    assert {"predict", "benchmark", "make_tables", "make_toy_coco", "flops"} <= {t for _, t, _ in TOOL_COMMANDS}
+
+
+@pytest.mark.parametrize(("where", "tool", "arguments"), TOOL_COMMANDS, ids=[c[0] for c in TOOL_COMMANDS])
+def test_documented_tool_command_parses(where, tool, arguments, monkeypatch, capsys):
+    """The tool's own argparse parser takes the arguments as shown (run as ``__main__`` up to its parser)."""
+    import argparse
+    import runpy
+    import sys
+
+    import torch
+
+    if "cuda" in arguments and not torch.cuda.is_available():
+        pytest.skip("a CUDA command: its --device is checked against the machine's devices")
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [f"{tool}.py", *arguments])
+    with pytest.raises(_Parsed):
+        runpy.run_path(str(REPO / "tools" / f"{tool}.py"), run_name="__main__")

@@ -70,7 +70,9 @@ def circulant_attention(
     """Circulant (BCCB) attention over a 2-D token grid, in O(N log N).
 
     Args:
-        q, k, v: real tensors shaped (B, H, W, C), the tokens laid out on their H x W grid.
+        q: the queries, a real tensor shaped (B, H, W, C): the tokens laid out on their H x W grid.
+        k: the keys, shaped as ``q``.
+        v: the values, shaped as ``q``.
         head_dim: channels per head; C must be divisible by it. ``1`` (per-channel attention) is
             what the released CA-DeiT uses.
         scale: multiplies the logits. ``None`` means ``1 / sqrt(N * head_dim)`` with N = H*W, the
@@ -78,7 +80,8 @@ def circulant_attention(
             be passed explicitly. Any float is accepted.
         fft_backend: how the 2-D DFTs run (:mod:`cat.ops.dft`): ``'fft'`` (torch.fft), ``'separable'``
             (two GEMMs per transform), ``'matmul'`` (one dense GEMM: ONNX-exportable), or ``'auto'``
-            (:func:`cat.ops.policy.backend_for`: separable on CUDA under half-precision autocast, else fft).
+            (:func:`cat.ops.policy.backend_for`: fft, unless ``tools/gpu_check.py`` recorded the separable DFT as
+            faster on this card under half-precision autocast).
 
     For each batch item and head, with offsets d on the H x W torus (``+`` modulo (H, W)):
         logits[d] = scale * sum_i <q_i, k_{i+d}>      (QK^T projected onto the BCCB subspace, times N)

@@ -631,3 +631,28 @@ def test_the_tools_read_a_run_written_before_the_metrics_were_renamed(run_tool, 
         (cell / name).write_bytes((RUN_BEFORE_RENAME / name).read_bytes())
     summary = run_tool("make_tables", str(tmp_path / "sweep"))
     assert f"{old['best_top1']:.2f}" in summary and "1 finished" in summary, summary
+
+
+def test_predict_prints_the_models_top5_with_imagenets_names(run_tool, tmp_path):
+    """tools/predict.py: the README's image -> prediction line, here with a checkpoint instead of the download: the
+    classes printed are the model's own top-5 under timm's evaluation transform, named by ImageNet-1K's labels."""
+    from timm.data import ImageNetInfo, create_transform, resolve_data_config
+
+    import cat
+
+    torch.manual_seed(0)
+    model = cat.create_model("ca_deit_tiny", depth=2).eval()
+    torch.save({"model": model.state_dict()}, tmp_path / "weights.pth")
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8)).save(image)
+    text = run_tool(
+        "predict", str(image), "--model", "ca_deit_tiny", "--model-arg", "depth=2", "--checkpoint",
+        str(tmp_path / "weights.pth"),
+    )  # fmt: skip
+    lines = text.strip().splitlines()
+    batch = create_transform(**resolve_data_config({}, model=model))(Image.open(image).convert("RGB"))[None]
+    with torch.no_grad():
+        expected = model(batch).softmax(-1)[0].topk(5)
+    names = ImageNetInfo()
+    assert [line.split("%  ", 1)[1] for line in lines] == [names.index_to_description(i) for i in expected.indices]
+    assert lines[0].startswith(f"1. {100 * expected.values[0].item():6.2f}%")

@@ -1,0 +1,153 @@
+"""The documentation cannot drift from the code: the README leads to each task within its first 300 lines, the tables
+that restate the code are the code's (tests/doc_tables.py renders them), every qualified name a page gives exists,
+no page tells the history of its numbers, and the site builds with MkDocs in strict mode, which a broken link or
+anchor fails."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.doc_tables import paper_rows_table, zoo_table
+
+README = REPO / "README.md"
+PAGES = [README, REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
+TOP_PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # docs/perf/ holds the dated logs: history by design
+
+
+def test_the_readme_leads_to_each_task_within_its_first_300_lines():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, len(lines)
+    head = "\n".join(lines[:300])
+    tasks = {
+        "try a model": "tools/predict.py photo.jpg --model ca_deit_small --pretrained",
+        "train CA-DeiT-S on ImageNet on 8 GPUs": "torchrun --nproc_per_node=8 train_cls.py experiment=ca_deit_s",
+        "evaluate a released checkpoint": "train_cls.py experiment=ca_deit_s mode=eval",
+        "Mask R-CNN with a CA-Swin backbone": "train_det.py experiment=mask_rcnn_ca_swin_t_1x",
+        "circulant attention in one's own timm model": "cat.convert(model)",
+        "submit to Slurm": "sbatch --partition=gpu --account=my_lab scripts/slurm/single_node.sbatch",
+    }
+    missing = [task for task, command in tasks.items() if command not in head]
+    assert not missing, missing
+
+
+def test_the_readmes_python_runs_as_written():
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert code is not None
+    namespace: dict = {}
+    exec(compile(code.group(1), "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    assert tuple(namespace["y"].shape) == (2, 196, 192)
+
+
+def test_the_model_zoo_is_the_codes():
+    assert zoo_table() in README.read_text()
+
+
+@pytest.mark.parametrize("number", [3, 4, 5])
+def test_the_reproducing_pages_tables_are_the_papers(number):
+    assert paper_rows_table(number) in (REPO / "docs" / "reproducing.md").read_text()
+
+
+def test_the_models_pages_parameter_counts_are_the_models():
+    import cat
+    from cat.models import on_meta
+
+    text = (REPO / "docs" / "models.md").read_text()
+    rows = re.findall(r"^\| `(\w+)`(?: \(timm\))? \| ([\d,]+) \| ([\d.]+) \|", text, re.M)
+    assert len(rows) >= 6
+    for name, params, _ in rows:
+        with on_meta():
+            model = cat.create_model(name)
+        assert sum(p.numel() for p in model.parameters()) == int(params.replace(",", "")), name
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[split:]:
+                found = getattr(found, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _logger_names() -> set[str]:
+    """The loggers cat names (``cat.train``...): a page may name them too."""
+    text = "\n".join(p.read_text() for p in (REPO / "cat").rglob("*.py"))
+    return set(re.findall(r'"(cat\.\w+)"', text))
+
+
+def test_every_qualified_name_a_page_gives_exists():
+    """``cat.ops.X`` in any page, the dated logs and the changelog included, is in the package as named."""
+    loggers = _logger_names()
+    stale = []
+    for page in PAGES:
+        for name in re.findall(r"`(cat(?:\.[A-Za-z_]\w*)+)", page.read_text()):
+            if name not in loggers and not _resolves(name):
+                stale.append(f"{page.relative_to(REPO)}: {name}")
+    assert not stale, stale
+    assert not _resolves("cat.ops.fused.GROUP_FLOATS") and not _resolves("cat.ops.LEAN_AUTO_MIN_FLOATS")
+
+
+# How timing history reads: the wording of earlier measurements, days and cuts, issue numbers.
+HISTORY = re.compile(
+    r"earlier (the same|that) day|before the last cut|the last cut|issue \d+|issue's note|re-?measured"
+    r"|over the last \w+ (such )?clones|on 20\d\d-\d\d-\d\d:",
+    re.I,
+)
+
+
+@pytest.mark.parametrize("page", TOP_PAGES, ids=[str(p.relative_to(REPO)) for p in TOP_PAGES])
+def test_no_page_tells_the_history_of_its_numbers(page):
+    assert not HISTORY.findall(page.read_text())
+
+
+def _site(tmp_path: Path) -> Path:
+    """A copy of the documentation, its config pointed at this checkout's package, to build in ``tmp_path``."""
+    pytest.importorskip("mkdocs", reason="MkDocs not installed (bash scripts/setup_env.sh --dev)")
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    config["plugins"][1]["mkdocstrings"]["handlers"]["python"]["paths"] = [str(REPO)]
+    config["site_dir"] = str(tmp_path / "site")
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    return tmp_path / "mkdocs.yml"
+
+
+def _build(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_the_site_builds_strictly_and_a_broken_link_or_anchor_fails_it(tmp_path):
+    config = _site(tmp_path)
+    built = _build(config)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
+    assert "circulant_attention" in (tmp_path / "site" / "api" / "index.html").read_text()
+    for planted, named in (
+        ("[the zoo](zoo.md)", "zoo.md"),
+        ("[levels](models.md#no-such-section)", "no-such-section"),
+    ):
+        page = tmp_path / "docs" / "install.md"
+        page.write_text((REPO / "docs" / "install.md").read_text() + f"\nSee {planted}.\n")
+        broken = _build(config)
+        assert broken.returncode != 0 and named in broken.stderr, broken.stderr[-3000:]
