@@ -19,7 +19,7 @@ import cat
 from cat.models import backbone_state_dict, load_backbone_checkpoint, on_meta
 from cat.ops import BackendPolicy, LeanPolicy, configure_attention
 
-from .safe_load import local_checkpoint
+from .fetch import local_checkpoint
 
 __all__ = ["TimmBackbone", "register_backbones", "backbone_features", "check_pretrained"]
 

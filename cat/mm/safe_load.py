@@ -23,7 +23,6 @@ import pickle
 import re
 from collections.abc import Callable
 from typing import Any, cast
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -33,11 +32,12 @@ from cat.models import (
     CheckpointMismatchError,
     LoadReport,
     UnsafeCheckpointError,
-    check_name_hash,
     extract_state_dict,
     load_checkpoint_file,
 )
 from cat.runtime.io import atomic_write_bytes
+
+from .fetch import REMOTE_PREFIXES, local_checkpoint
 
 __all__ = [
     "ATOMIC_BACKEND",
@@ -48,7 +48,6 @@ __all__ = [
     "install_safe_checkpoint_io",
     "load_from_safe_local",
     "load_from_safe_remote",
-    "local_checkpoint",
     "mmengine_safe_globals",
     "refuse_object_arrays",
     "sanitize_mm_checkpoint",
@@ -194,59 +193,6 @@ def refuse_object_arrays(checkpoint: Any, path: str) -> None:
             pending += list(vars(item).values())  # the message hub's HistoryBuffers
 
 
-def _resolve_remote(filename: str) -> str:
-    """The URL (or, for a local ``open-mmlab`` table entry, the path) a scheme name stands for,
-    through mmengine's own tables."""
-    from mmengine.runner import checkpoint as mm_checkpoint
-
-    if filename.startswith(("http://", "https://")):
-        return filename
-    scheme, _, name = filename.partition("://")
-    if scheme in ("torchvision", "modelzoo"):
-        table = mm_checkpoint.get_torchvision_models()
-    elif scheme in ("open-mmlab", "openmmlab"):
-        name = mm_checkpoint.get_deprecated_model_names().get(name, name)
-        table = mm_checkpoint.get_external_models()
-    else:  # mmcls
-        table = mm_checkpoint.get_mmcls_models()
-    if name not in table:
-        raise CheckpointError(f"checkpoint {filename}: mmengine's {scheme}:// table has no model named {name!r}")
-    location = table[name]
-    if location.startswith(("http://", "https://")):
-        return location
-    return os.path.join(mm_checkpoint._get_mmengine_home(), location)
-
-
-def _cached_download(url: str) -> str:
-    """The file for ``url`` in torch's hub cache (where torch and mmengine keep downloads),
-    downloaded first if it is not there; the download itself runs no code."""
-    name = os.path.basename(urlparse(url).path)
-    if not name:
-        raise CheckpointError(f"checkpoint {url}: the URL names no file")
-    path = os.path.join(torch.hub.get_dir(), "checkpoints", name)
-    if not os.path.isfile(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            torch.hub.download_url_to_file(url, path, progress=False)
-        except OSError as error:  # URLError, HTTPError and socket errors are OSErrors
-            raise CheckpointError(
-                f"checkpoint {url}: download failed ({error}); download it and pass its path"
-            ) from None
-    return path
-
-
-def local_checkpoint(filename: str) -> str:
-    """The local file a checkpoint name stands for, as mmengine would fetch it: a path as it is; a URL or a
-    model-zoo name (``https://``, ``torchvision://``, ``open-mmlab://``...) downloaded into (or found in) torch's hub
-    cache, its torch.hub-style name's hash checked. Reading it is the safe loader's."""
-    if not filename.startswith(_REMOTE_PREFIXES):
-        return filename
-    location = _resolve_remote(filename)
-    path = _cached_download(location) if location.startswith(("http://", "https://")) else location
-    check_name_hash(path)
-    return path
-
-
 def load_from_safe_remote(filename: str, map_location: Any = None) -> Any:
     """mmengine's URL and model-zoo schemes, replaced: fetch (or find in the cache), check the hash a
     torch.hub-style name declares, then read it like a local file."""
@@ -319,9 +265,6 @@ def _refuse_scheme(prefix: str) -> Callable[..., Any]:
     return refuse
 
 
-_REMOTE_PREFIXES = ("http://", "https://", "torchvision://", "modelzoo://", "open-mmlab://", "openmmlab://", "mmcls://")
-
-
 def install_safe_checkpoint_io() -> None:
     """Route every mmengine checkpoint read through :func:`load_from_safe_local` (local) or
     :func:`load_from_safe_remote` (URLs and model zoos), refuse the other schemes, and register the
@@ -341,10 +284,10 @@ def install_safe_checkpoint_io() -> None:
 
     # mmengine logs "Loads checkpoint by <the loader's name after 'load_from_'> backend": "safe_local", "safe_remote".
     CheckpointLoader.register_scheme(prefixes="", loader=load_from_safe_local, force=True)
-    CheckpointLoader.register_scheme(prefixes=_REMOTE_PREFIXES, loader=load_from_safe_remote, force=True)
+    CheckpointLoader.register_scheme(prefixes=REMOTE_PREFIXES, loader=load_from_safe_remote, force=True)
     # Every other scheme mmengine (or a plugin) registered, e.g. pavi:// and s3://, reads through
     # code cat cannot vouch for: refused by name. The table is private; a test checks the result.
     for prefix in list(CheckpointLoader._schemes):
-        if prefix not in ("", *_REMOTE_PREFIXES):
+        if prefix not in ("", *REMOTE_PREFIXES):
             CheckpointLoader.register_scheme(prefixes=prefix, loader=_refuse_scheme(prefix), force=True)
     register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
