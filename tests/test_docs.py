@@ -151,3 +151,16 @@ def test_the_site_builds_strictly_and_a_broken_link_or_anchor_fails_it(tmp_path)
         page.write_text((REPO / "docs" / "install.md").read_text() + f"\nSee {planted}.\n")
         broken = _build(config)
         assert broken.returncode != 0 and named in broken.stderr, broken.stderr[-3000:]
+
+
+def test_the_classification_pages_record_keys_are_the_metrics():
+    """Every evaluation metric (declared once, ``EVAL_METRICS``) is in the page's table of a run's records, under
+    each split that records it."""
+    from cat.classification.metrics import EVAL_METRICS
+
+    text = (REPO / "docs" / "classification.md").read_text()
+    table = "\n".join(line for line in text.splitlines() if line.startswith("| `metrics.json"))
+    missing = [
+        f"{split}/{m.name}" for m in EVAL_METRICS for split in ("val", "eval") if f"`{split}/{m.name}`" not in table
+    ]
+    assert not missing, missing
