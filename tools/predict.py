@@ -23,7 +23,8 @@ from timm.data import ImageNetInfo, create_transform, resolve_data_config
 import cat
 from cat.errors import ConfigError
 from cat.runtime import report_user_errors
-from cat.toolkit.images import load_images
+from cat.toolkit.cli import int_between
+from cat.toolkit.images import load_images, sample_images
 from cat.toolkit.models import add_model_arguments, model_from_args
 
 
@@ -34,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pretrained", action="store_true", help="the authors' released weights (downloaded once; CA-DeiT only)"
     )
-    parser.add_argument("--top", type=int, default=5, choices=range(1, 21), metavar="K", help="classes to print")
+    parser.add_argument("--top", type=int_between(1, 20), default=5, metavar="K", help="classes to print (1-20)")
     return parser
 
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         model = cat.create_model(args.model or args.default_model, pretrained=True).eval()
     else:
         model = model_from_args(args)
-    (image,) = load_images(args.image, 1) if args.image else load_images(None, 3)[2:3]  # 'chelsea'
+    (image,) = load_images(args.image, 1) if args.image else sample_images(("chelsea",))
     config = resolve_data_config({}, model=model)
     batch = create_transform(**config)(Image.fromarray(image)).unsqueeze(0)
     with torch.inference_mode():

@@ -174,10 +174,36 @@ def _entries(node: Any, where: str) -> Iterator[tuple[str, Any]]:
             yield from _entries(item, f"{where}[{index}]")
 
 
+def _visualizer_problems(spec: Any, log_dir: str, run_dir: str) -> list[str]:
+    """The visualizer's place (by default the run's log folder) and each backend's: its ``save_dir`` defaults to
+    ``vis_data`` under the visualizer's, as mmengine's ``Visualizer`` sets it."""
+    from mmengine.registry import VISBACKENDS, VISUALIZERS
+
+    problems: list[str] = []
+    if not isinstance(spec, dict) or (visualizer := _component(VISUALIZERS, spec, "mm.visualizer", problems)) is None:
+        return problems
+    save_dir = os.fspath(visualizer.option("save_dir") or log_dir)
+    if refused := _place_problems(visualizer, iter([("save_dir", save_dir)]), run_dir):
+        return refused  # its backends write under it
+    vis_data = os.path.join(save_dir, "vis_data")
+    for where, backend_spec in _entries(list(spec.get("vis_backends") or []), "mm.visualizer.vis_backends"):
+        if (backend := _component(VISBACKENDS, backend_spec, where, problems)) is None:
+            continue
+        own = os.fspath(backend.option("save_dir") or vis_data)
+        if backend.cls.__name__ == "LocalVisBackend":
+            found = _local_backend(backend, own)
+        elif "save_dir" in backend.parameters:
+            found = iter([("save_dir", own), *_given_paths(backend)])
+        else:
+            found = _given_paths(backend)
+        problems += _place_problems(backend, found, run_dir)
+    return problems
+
+
 def write_problems(mm: Any, run_dir: str) -> list[str]:
     """What in the runner's final config ``mm`` (its ``default_scope`` registered) writes outside ``run_dir`` or
     takes options its class does not accept, one line each; empty where nothing does."""
-    from mmengine.registry import HOOKS, METRICS, VISBACKENDS, VISUALIZERS, DefaultScope
+    from mmengine.registry import HOOKS, METRICS, DefaultScope
 
     problems: list[str] = []
     work_dir = os.path.abspath(mm.get("work_dir") or run_dir)
@@ -192,26 +218,7 @@ def write_problems(mm: Any, run_dir: str) -> list[str]:
                 places = _HOOK_PLACES.get(hook.cls.__name__)
                 found = places(hook, work_dir, log_dir) if places else _given_paths(hook)
                 problems += _place_problems(hook, found, run_dir)
-        visualizer_spec = mm.get("visualizer")
-        if isinstance(visualizer_spec, dict):
-            visualizer = _component(VISUALIZERS, visualizer_spec, "mm.visualizer", problems)
-            if visualizer is not None:
-                save_dir = os.fspath(visualizer.option("save_dir") or log_dir)
-                if refused := _place_problems(visualizer, iter([("save_dir", save_dir)]), run_dir):
-                    return [*problems, *refused]  # its backends write under it
-                vis_data = os.path.join(save_dir, "vis_data")  # where mmengine's Visualizer puts its backends
-                backends = visualizer_spec.get("vis_backends") or []
-                for where, spec in _entries(list(backends), "mm.visualizer.vis_backends"):
-                    if (backend := _component(VISBACKENDS, spec, where, problems)) is None:
-                        continue
-                    own = os.fspath(backend.option("save_dir") or vis_data)
-                    if backend.cls.__name__ == "LocalVisBackend":
-                        found = _local_backend(backend, own)
-                    elif "save_dir" in backend.parameters:
-                        found = iter([("save_dir", own), *_given_paths(backend)])
-                    else:
-                        found = _given_paths(backend)
-                    problems += _place_problems(backend, found, run_dir)
+        problems += _visualizer_problems(mm.get("visualizer"), log_dir, run_dir)
         for section in ("val_evaluator", "test_evaluator"):
             for where, spec in _entries(mm.get(section), f"mm.{section}"):
                 if (metric := _component(METRICS, spec, where, problems)) is not None:

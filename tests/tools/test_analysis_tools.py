@@ -656,3 +656,12 @@ def test_predict_prints_the_models_top5_with_imagenets_names(run_tool, tmp_path)
     names = ImageNetInfo()
     assert [line.split("%  ", 1)[1] for line in lines] == [names.index_to_description(i) for i in expected.indices]
     assert lines[0].startswith(f"1. {100 * expected.values[0].item():6.2f}%")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x89PNG\r\n\x1a\n" + b"\0" * 64, b"not an image at all"])
+def test_predict_refuses_a_broken_image_in_one_line_naming_it(run_tool, tmp_path, content):
+    image = tmp_path / "photo.png"
+    image.write_bytes(content)
+    err = run_tool("predict", str(image), "--model", "ca_deit_tiny", "--model-arg", "depth=1", expect=2, stderr=True)
+    assert err.strip().splitlines()[-1].startswith(f"error: {image}: not a readable image"), err[-500:]
+    assert image.read_bytes() == content
