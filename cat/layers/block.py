@@ -21,9 +21,10 @@ LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)
 register_notrace_module(CirculantAttention)
 
 
-def centre_tap(shape: tuple[int, ...]) -> Tensor:
-    """A float64 depthwise kernel (C, 1, 3, 3) that passes its input through: 1 at the centre, 0 elsewhere."""
-    kernel = torch.zeros(shape, dtype=torch.float64)
+def centre_tap(shape: tuple[int, ...], device: torch.device | None = None) -> Tensor:
+    """A float64 depthwise kernel (C, 1, 3, 3) on ``device`` that passes its input through: 1 at the centre, 0
+    elsewhere."""
+    kernel = torch.zeros(shape, dtype=torch.float64, device=device)
     kernel[..., 1, 1] = 1.0
     return kernel
 

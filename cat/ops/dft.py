@@ -47,17 +47,17 @@ def check_dft_backend(backend: object) -> DFTBackend:
     raise ValueError(f"fft_backend must be one of {', '.join(map(repr, DFT_BACKENDS))}; got {backend!r}")
 
 
-def _turns(n: int, m: int, period: int) -> Tensor:
+def _turns(n: int, m: int, period: int, device: torch.device | None = None) -> Tensor:
     """(n, m) phases 2 pi (i j mod period) / period in float64, reduced before scaling so they are exact."""
-    i = torch.arange(n, dtype=torch.float64)[:, None]
-    j = torch.arange(m, dtype=torch.float64)[None, :]
+    i = torch.arange(n, dtype=torch.float64, device=device)[:, None]
+    j = torch.arange(m, dtype=torch.float64, device=device)[None, :]
     return 2 * math.pi * torch.remainder(i * j, period) / period
 
 
-def half_spectrum_weights(width: int) -> Tensor:
+def half_spectrum_weights(width: int, device: torch.device | None = None) -> Tensor:
     """(width//2+1,) float64: how often each stored column kx of a half spectrum counts in the full one: twice,
     except kx = 0 and (even W) kx = W/2, which have no mirror image."""
-    weight = torch.full((width // 2 + 1,), 2.0, dtype=torch.float64)
+    weight = torch.full((width // 2 + 1,), 2.0, dtype=torch.float64, device=device)
     weight[0] = 1.0
     if width % 2 == 0:
         weight[-1] = 1.0
@@ -69,41 +69,45 @@ def _interleave(re: Tensor, im: Tensor, dim: int) -> Tensor:
     return torch.stack((re, im), dim=dim + 1).flatten(dim, dim + 1)
 
 
-def _build(kind: str, hw: tuple[int, int], orthonormal: bool, factor: float) -> Tensor:
+def _build(
+    kind: str, hw: tuple[int, int], orthonormal: bool, factor: float, device: torch.device | None = None
+) -> Tensor:
     """The float64 matrix ``kind`` of the grid ``hw`` (the layouts are those :func:`rfft2` and :func:`irfft2` use),
     times ``factor``; ``orthonormal``: scaled by 1/sqrt(n) for a forward transform along an axis of n, sqrt(n) for an
     inverse one."""
-    matrix = _unscaled(kind, hw) * factor
+    matrix = _unscaled(kind, hw, device) * factor
     if orthonormal:
         n = {"rows": hw[0], "inverse_rows": hw[0], "columns": hw[1], "inverse_columns": hw[1]}.get(kind, hw[0] * hw[1])
         matrix = matrix * (n**0.5 if kind.startswith("inverse") else n**-0.5)
     return matrix
 
 
-def _unscaled(kind: str, hw: tuple[int, int]) -> Tensor:
+def _unscaled(kind: str, hw: tuple[int, int], device: torch.device | None) -> Tensor:
     H, W = hw
     Wf = W // 2 + 1
     if kind == "rows":  # (2H, H) @ (H, W): row 2k = cos, 2k+1 = -sin of 2 pi k n / H: the full DFT along H
-        phase = _turns(H, H, H)
+        phase = _turns(H, H, H, device)
         return _interleave(torch.cos(phase), -torch.sin(phase), 0)
     if kind == "columns":  # (H, 2W) @ (2W, 2 Wf): [P_re | P_im] to (re, im) pairs of the half DFT along W
-        phase = _turns(W, Wf, W)
+        phase = _turns(W, Wf, W, device)
         cos, sin = torch.cos(phase), torch.sin(phase)
         return torch.cat([_interleave(cos, -sin, 1), _interleave(sin, cos, 1)], dim=0)
     if kind == "inverse_columns":  # (H, 2 Wf) @ (2 Wf, 2W): (re, im) pairs to [T1 | T2], weighted by column
-        phase = _turns(Wf, W, W)
-        weight = half_spectrum_weights(W)[:, None] / W
+        phase = _turns(Wf, W, W, device)
+        weight = half_spectrum_weights(W, device)[:, None] / W
         cos, sin = weight * torch.cos(phase), weight * torch.sin(phase)
         return torch.cat([_interleave(cos, -sin, 0), _interleave(sin, cos, 0)], dim=1)
     if kind == "inverse_rows":  # (H, 2H) @ (2H, W): cos T1 - sin T2 over ky, 1 / H
-        phase = _turns(H, H, H)
+        phase = _turns(H, H, H, device)
         return _interleave(torch.cos(phase), -torch.sin(phase), 1) / H
     if kind == "dense":  # (N, 2 H Wf): x_flat @ it = the flattened pairs of rfft2(x)
-        phase = (_turns(H, H, H).reshape(H, 1, H, 1) + _turns(W, Wf, W).reshape(1, W, 1, Wf)).reshape(H * W, H * Wf)
+        rows, columns = _turns(H, H, H, device), _turns(W, Wf, W, device)
+        phase = (rows.reshape(H, 1, H, 1) + columns.reshape(1, W, 1, Wf)).reshape(H * W, H * Wf)
         return _interleave(torch.cos(phase), -torch.sin(phase), 1)
     if kind == "inverse_dense":  # (2 H Wf, N): pairs_flat @ it = irfft2 of a Hermitian spectrum
-        phase = (_turns(H, H, H).reshape(H, 1, H, 1) + _turns(Wf, W, W).reshape(1, Wf, 1, W)).reshape(H * Wf, H * W)
-        weight = half_spectrum_weights(W).repeat(H)[:, None] / (H * W)
+        rows, columns = _turns(H, H, H, device), _turns(Wf, W, W, device)
+        phase = (rows.reshape(H, 1, H, 1) + columns.reshape(1, Wf, 1, W)).reshape(H * Wf, H * W)
+        weight = half_spectrum_weights(W, device).repeat(H)[:, None] / (H * W)
         return _interleave(weight * torch.cos(phase), -weight * torch.sin(phase), 0)
     raise AssertionError(kind)
 
@@ -113,15 +117,16 @@ def _unscaled(kind: str, hw: tuple[int, int]) -> Tensor:
 @lru_cache(maxsize=128)
 @torch.inference_mode(False)
 def _cached(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return build(*key).to(dtype=dtype, device=device)
+    return build(*key, device=device).to(dtype)
 
 
 def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``build(*key)`` (a float64 tensor) in ``dtype`` on ``device``, made once per key; while torch.export or
-    torch.compile traces it is made in the graph (a cached one would be that trace's fake tensor, and every later
-    eager call would get it)."""
+    """``build(*key, device=device)`` (a float64 tensor made on ``device``) in ``dtype``, made once per key; while
+    torch.export or torch.compile traces it is made in the graph (a cached one would be that trace's fake tensor, and
+    every later eager call would get it), on the device it meets, so a graph traced for a GPU holds no host tensor and
+    no copy to the device (each copy would make the host wait for the GPU)."""
     if torch.compiler.is_compiling():
-        return build(*key).to(dtype=dtype, device=device)
+        return build(*key, device=device).to(dtype)
     return _cached(build, key, dtype, device)
 
 
