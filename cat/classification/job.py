@@ -74,11 +74,12 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     }
     folder.write_config(cfg)  # once the weights loaded: the record holds only what ran
     folder.log.info("%s", describe_precision(cfg.amp, env.device))
-    folder.log.info("%s", compile_plan(cfg, env.device).line())
+    plan = compile_plan(cfg, env.device)
+    folder.log.info("%s", plan.line())
     loader = val_loader(cfg, _val_set(cfg, env) if dataset is None else dataset, env)
     metrics: dict[str, Any] = {}
     for prefix, model in models.items():
-        result = evaluate(compiled(cfg, model, env.device), loader, env, precision)
+        result = evaluate(compiled(plan, model), loader, env, precision)
         folder.log.info(
             "eval %s%s: %s on %d images",
             checkpoint,
@@ -122,8 +123,9 @@ def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, An
     )
     folder.write_config(cfg)
     folder.log.info("%s", describe_precision(cfg.amp, env.device))
-    folder.log.info("%s", compile_plan(cfg, env.device).line())
-    model = compiled(cfg, model, env.device)
+    plan = compile_plan(cfg, env.device)
+    folder.log.info("%s", plan.line())
+    model = compiled(plan, model)
     metrics = measure_throughput(
         model, cfg.throughput.batch_size, hw, precision, cfg.throughput.warmup, cfg.throughput.iters
     )

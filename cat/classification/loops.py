@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ from .state import TrainState
 
 __all__ = [
     "TrainOptions",
+    "StepCheck",
+    "StepChecks",
+    "skips_on_device",
+    "allocate_grads",
     "forward_step",
     "backward_step",
     "gradient_sync",
@@ -103,15 +108,78 @@ def forward_step(model: nn.Module, images: Tensor, targets: Tensor, opts: TrainO
         return opts.criterion(model(images), targets), images.shape[0]
 
 
-def agree_on_step(loss: Tensor, opts: TrainOptions) -> tuple[bool, bool]:
-    """Whether the losses (a tensor of any shape) are finite on every rank, and whether any rank was
-    asked to stop: one tiny all-reduce, so all ranks leave the loop together."""
-    flags = torch.tensor(
-        [0.0 if torch.isfinite(loss.detach()).all() else 1.0, float(opts.stop_requested())],
-        device=opts.precision.device,
-    )
-    all_reduce_sum(flags)
-    return bool(flags[0] == 0), bool(flags[1] > 0)
+@dataclass
+class StepCheck:
+    """What one step found, as the host reads it: a non-finite loss or gradient on any rank, a stop asked for on any
+    rank, and the step's loss and place (for the message)."""
+
+    flags: Tensor  # [non-finite, stop] summed over ranks; on the host behind ``ready`` when deferred on CUDA
+    ready: Any  # the CUDA event recorded after the copy to the host, or None
+    skip: Tensor | None  # deferred: 1 where the update is to be skipped, else 0 (0-dim, on the device)
+    loss: Tensor
+    where: str  # "epoch E, step S (global step G)", 1-based as logged
+    stop: bool  # this process was asked to stop
+
+
+class StepChecks:
+    """Each step's verdicts, read by the host at once or one step late.
+
+    Every step sums two flags over the ranks on the device (one tiny all-reduce): its losses or gradients are not all
+    finite, and a stop was asked for. ``deferred`` (an optimizer that skips a step on a device flag, as torch's fused
+    Adam takes ``found_inf``): the step's update is skipped on the device if it is non-finite, the flags travel to
+    pinned host memory behind a CUDA event, and the host reads them during the next step, waiting for that event
+    only, never for the whole queue: it stays a step ahead of the GPU, which is what CUDA graphs are for. Else the
+    host reads them before the optimizer steps (on a CPU, where nothing runs ahead, that costs nothing)."""
+
+    def __init__(self, deferred: bool = False, distributed: bool = False) -> None:
+        self.deferred, self.distributed = deferred, distributed
+        self.pending: StepCheck | None = None
+
+    def check(self, state: TrainState, losses: Tensor, loss: Tensor, stop: bool, where: str) -> StepCheck:
+        """The flags of a step whose micro-batches gave ``losses`` (gradients accumulated), on their way to the host."""
+        flags = torch.zeros(2, device=losses.device)
+        flags[0] = (~torch.isfinite(losses)).any()
+        grads = [p.grad for p in state.model.parameters() if p.grad is not None]
+        if grads and not state.scaler.is_enabled():  # fp16's scaler checks its scaled gradients itself
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, flags[0:1], torch.ones(1, device=flags.device))
+        if self.distributed:
+            flags[1].fill_(float(stop))  # a kernel with the value as its argument: no copy from the host
+            all_reduce_sum(flags)
+        skip = flags[0].clamp(max=1.0) if self.deferred else None
+        ready = None
+        if self.deferred and flags.device.type == "cuda":
+            host = torch.empty(2, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            flags = host
+        return StepCheck(flags, ready, skip, loss, where, stop)
+
+    def settle(self, check: StepCheck) -> bool:
+        """Whether ``check``'s step asked to stop (on any rank); a NonFiniteLossError if it was not finite, its update
+        not applied."""
+        if self.deferred:  # a copy in host memory, written once this event is reached: no wait for the queue
+            if check.ready is not None:
+                check.ready.synchronize()
+            non_finite, stop = check.flags.tolist()
+        else:  # the device's values, read now (on a GPU, a wait for everything queued)
+            non_finite, stop = check.flags[0].item(), check.flags[1].item()
+        if non_finite:
+            loss = check.loss.item()
+            what = f"loss ({loss})" if not math.isfinite(loss) else f"gradients (loss {loss:.4g})"
+            raise NonFiniteLossError(f"non-finite {what} at {check.where}; the last good checkpoint is kept")
+        return stop > 0 if self.distributed else check.stop
+
+    def earlier(self) -> bool:
+        """Settle the pending step (deferred; the epoch's last at its end): whether it asked to stop."""
+        pending, self.pending = self.pending, None
+        return pending is not None and self.settle(pending)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` skips a step on a device flag, so the host need not read one first: torch's fused Adam
+    and AdamW take ``found_inf``."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def backward_step(state: TrainState, loss: Tensor, share: float) -> None:
@@ -122,18 +190,35 @@ def backward_step(state: TrainState, loss: Tensor, share: float) -> None:
 def gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
     """Around a micro-batch's forward and backward: ``sync=False`` keeps DDP from all-reducing its
     gradients (the inner micro-batches of an accumulated step; DDP decides in the forward)."""
-    return model.no_sync() if isinstance(model, DistributedDataParallel) and not sync else contextlib.nullcontext()
+    ddp = getattr(model, "_orig_mod", model)  # a compiled DDP module is DDP underneath
+    return ddp.no_sync() if isinstance(ddp, DistributedDataParallel) and not sync else contextlib.nullcontext()
 
 
-def optimizer_step(state: TrainState, clip_grad: float | None) -> None:
-    """One optimizer step on the accumulated gradients (clipped), then clear them."""
+def optimizer_step(state: TrainState, clip_grad: float | None, found_inf: Tensor | None = None) -> None:
+    """One optimizer step on the accumulated gradients (clipped), skipped on the device where ``found_inf`` (a 0-dim
+    float, 0 or 1) is 1; then clear them (in place where ``state.stable_grads``)."""
     optimizer, scaler = state.optimizer, state.scaler
     if clip_grad is not None:
         scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(state.train_model.parameters(), clip_grad)
-    scaler.step(optimizer)
+    if found_inf is not None and not scaler.is_enabled():
+        optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # what torch's fused Adam reads
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    else:
+        scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not state.stable_grads)
+
+
+def allocate_grads(state: TrainState) -> None:
+    """Gradient buffers for every trainable parameter that has none, zeroed (:attr:`TrainState.stable_grads`): made
+    here, outside any CUDA graph, so the backward adds into them instead of handing over its own outputs."""
+    for param in state.model.parameters():
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
 
 
 @dataclass
@@ -143,12 +228,22 @@ class StepResult:
     stop: bool  # some rank was asked to stop: leave after this step
 
 
-def train_step(state: TrainState, micro_batches: Sequence[tuple[Tensor, Tensor]], opts: TrainOptions) -> StepResult:
+def train_step(
+    state: TrainState,
+    micro_batches: Sequence[tuple[Tensor, Tensor]],
+    opts: TrainOptions,
+    checks: StepChecks | None = None,
+) -> StepResult:
     """One optimizer step of ``state`` on its micro-batches (their gradients averaged, as one batch of
     them all would give), and everything that advances with it (the step counters, the EMA, the
-    per-step schedule). A non-finite loss on any rank stops every rank before the weights change; a
-    stop request is honoured only here, after a whole step, so a resume never splits one."""
+    per-step schedule). A non-finite loss or gradient on any rank stops every rank with the weights as the last
+    finite step left them (:class:`StepChecks`: at once, or a step late with the bad update skipped on the device);
+    a stop request is honoured only here, after a whole step, so a resume never splits one."""
+    checks = checks if checks is not None else StepChecks()
     update = state.global_step(opts.steps_per_epoch)
+    where = f"epoch {state.epoch + 1}, step {state.step_in_epoch + 1} (global step {update + 1})"
+    if state.stable_grads:
+        allocate_grads(state)
     losses, sizes = [], []
     for index, (images, targets) in enumerate(micro_batches):
         with gradient_sync(state.train_model, sync=index == len(micro_batches) - 1):
@@ -156,19 +251,26 @@ def train_step(state: TrainState, micro_batches: Sequence[tuple[Tensor, Tensor]]
             backward_step(state, loss, 1 / len(micro_batches))
         losses.append(loss.detach())
         sizes.append(batch)
-    loss = torch.stack(losses) @ torch.tensor(sizes, dtype=losses[0].dtype, device=losses[0].device) / sum(sizes)
-    finite, stop = agree_on_step(torch.stack(losses), opts)
-    if not finite:
-        raise NonFiniteLossError(
-            f"non-finite loss ({loss.item()}) at epoch {state.epoch + 1}, step {state.step_in_epoch + 1} "
-            f"(global step {update + 1}); the last good checkpoint is kept"
-        )
-    optimizer_step(state, opts.clip_grad)
+    total = sum(sizes)
+    # Weighted by Python numbers: a tensor of the sizes would be a copy to the device, which waits for it.
+    if len(losses) == 1:
+        loss = losses[0]
+    else:
+        loss = torch.stack([part * (size / total) for part, size in zip(losses, sizes, strict=True)]).sum()
+    check = checks.check(state, torch.stack(losses), loss, opts.stop_requested(), where)
+    if checks.deferred:  # the step before this one is read now; this one, during the next
+        earlier = checks.earlier()
+        stop = earlier if checks.distributed else check.stop
+        optimizer_step(state, opts.clip_grad, found_inf=check.skip)
+        checks.pending = check
+    else:
+        stop = checks.settle(check)
+        optimizer_step(state, opts.clip_grad)
     state.step_in_epoch += 1
     if state.ema is not None:
         state.ema.update(state.train_model, step=update + 1)
     state.scheduler.step_update(num_updates=update + 1)
-    return StepResult(loss, sum(sizes), stop)
+    return StepResult(loss, total, stop)
 
 
 def optimizer_steps(
@@ -229,6 +331,7 @@ def train_one_epoch(
     )
     grace = STOP_WAIT_GRACE_S["one process" if env.world_size == 1 else "several"]
     remaining = opts.steps_per_epoch - state.step_in_epoch
+    checks = StepChecks(deferred=skips_on_device(state.optimizer), distributed=env.world_size > 1)
     batches = batches_until_stopped(batches, grace)
     if meter is not None:
         meter.start_pass()
@@ -238,7 +341,7 @@ def train_one_epoch(
             step_number = state.global_step(opts.steps_per_epoch) + 1  # 1-based, as metrics.jsonl counts
             if profiler is not None:
                 profiler.before_step(step_number)
-            step = train_step(state, micro_batches, opts)
+            step = train_step(state, micro_batches, opts, checks)
             if profiler is not None:
                 profiler.after_step(step_number)
             if meter is not None:
@@ -265,14 +368,15 @@ def train_one_epoch(
                 break
     except StopWhileWaiting as stopped:
         if env.world_size > 1:  # its peers may be inside a step's collectives: nothing can be saved together
-            progress.close()
             raise UserError(
                 f"rank {env.rank}: stopped by {stopped} (a read is stuck?); leaving without saving: the last "
                 "checkpoint stands"
             ) from None
         log.warning("stop requested: %s; the wait is abandoned, the finished steps saved", stopped)
         interrupted = True
-    progress.close()
+    finally:
+        progress.close()
+    interrupted = checks.earlier() or interrupted  # the last step's verdict (deferred), before anything is saved
     elapsed = carried.seconds + time.perf_counter() - start
     mine = EpochProgress(loss_sum=loss_sum.item(), images=seen, seconds=elapsed)
     totals = all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64, device=env.device)]))

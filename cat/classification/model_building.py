@@ -20,13 +20,22 @@ from cat.models import (
     model_kwargs,
 )
 from cat.ops import CirculantAttention, configure_attention, describe
+from cat.ops.policy import lean_decisions
 from cat.runtime import DistEnv, Precision, amp_dtype, resolve_amp
 from cat.runtime.resume import resumes
 
 from .checkpoints import LAST, recorded_config, recorded_model_keys
 from .schema import ClsConfig, ClsModelConfig
 
-__all__ = ["build_model", "model_differences", "build_train_model", "CompilePlan", "compile_plan", "compiled"]
+__all__ = [
+    "build_model",
+    "model_differences",
+    "build_train_model",
+    "CompilePlan",
+    "compile_plan",
+    "compiled",
+    "lean_blocks",
+]
 
 
 def build_model(
@@ -133,6 +142,10 @@ def build_train_model(cfg: ClsConfig, env: DistEnv, num_classes: int) -> nn.Modu
     return Precision.from_config(cfg.amp, env.device, cfg.channels_last).model(model)
 
 
+# torch.compile's modes that replay the step as CUDA graphs.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 @dataclass(frozen=True)
 class CompilePlan:
     """How a run compiles its model (:func:`compile_plan`): ``mode`` None is eager."""
@@ -140,6 +153,8 @@ class CompilePlan:
     mode: str | None
     fullgraph: bool
     why: str
+    stable_grads: bool = False  # gradients accumulate in buffers allocated once and cleared in place
+    compile_ddp: bool = False  # the DDP-wrapped module is compiled (dynamo's DDP optimizer splits it at buckets)
 
     def line(self) -> str:
         """The log line that says it."""
@@ -149,11 +164,14 @@ class CompilePlan:
         return f"compiled (torch.compile, mode {self.mode}, {graph}): {self.why}"
 
 
-def compile_plan(cfg: ClsConfig, device: torch.device) -> CompilePlan:
+def compile_plan(cfg: ClsConfig, device: torch.device, world_size: int = 1, lean_blocks: int = 0) -> CompilePlan:
     """Whether and how a run on ``device`` compiles its model: ``compile=auto`` compiles on CUDA, where an eager
     step of a small model costs what its operators cost the host to issue, and stays eager on a CPU, where
     compiling costs more than it saves; ``compile_mode=auto`` replays the step as CUDA graphs on CUDA. Lean
-    circulant attention (``model.lean_attention=true``) runs outside the graph, so fullgraph is relaxed for it."""
+    circulant attention runs outside the graph, so fullgraph is relaxed for it: ``model.lean_attention=true``, or
+    ``auto`` where ``lean_blocks`` blocks go lean by the memory rule (:func:`lean_blocks`). Under CUDA graphs,
+    accumulated gradients live in stable buffers; with ``world_size`` > 1 the DDP module is compiled, so that
+    dynamo's DDP optimizer splits the graph at gradient buckets and their all-reduces overlap the backward."""
     if cfg.compile == "auto":
         if device.type != "cuda":
             return CompilePlan(None, False, f"compile=auto on {device.type} (compiles on CUDA only)")
@@ -170,15 +188,53 @@ def compile_plan(cfg: ClsConfig, device: torch.device) -> CompilePlan:
     if fullgraph and cfg.model.lean_attention is True:
         fullgraph = False
         why += "; fullgraph relaxed: lean_attention=true runs the lean function outside the graph"
-    return CompilePlan(mode, fullgraph, why)
+    elif fullgraph and lean_blocks:
+        fullgraph = False
+        why += (
+            f"; fullgraph relaxed: lean_attention=auto takes the lean function for {lean_blocks} attention blocks "
+            "(their stored spectra would pass the memory budget), which run outside the graph"
+        )
+    stable_grads = mode in CUDA_GRAPH_MODES and cfg.accum_steps > 1
+    if stable_grads:
+        why += (
+            f"; accum_steps={cfg.accum_steps} under CUDA graphs: gradients accumulate in buffers allocated once and "
+            "cleared in place (a CUDA graph's output kept as .grad would be overwritten by the next replay)"
+        )
+    compile_ddp = world_size > 1
+    if compile_ddp:
+        fullgraph = False
+        why += (
+            f"; {world_size} processes: the DDP module is compiled, so the graph splits at gradient buckets and each "
+            "bucket's all-reduce overlaps the rest of the backward (DDP's own forward runs between graphs)"
+        )
+    return CompilePlan(mode, fullgraph, why, stable_grads, compile_ddp)
 
 
-def compiled(cfg: ClsConfig, model: nn.Module, device: torch.device) -> nn.Module:
-    """``model`` under torch.compile as :func:`compile_plan` says, else ``model`` itself."""
-    plan = compile_plan(cfg, device)
+def compiled(plan: CompilePlan, model: nn.Module) -> nn.Module:
+    """``model`` under torch.compile as ``plan`` says, else ``model`` itself."""
     if plan.mode is None:
         return model
     return cast(nn.Module, torch.compile(model, mode=plan.mode, fullgraph=plan.fullgraph))
+
+
+def lean_blocks(model: nn.Module, batch: tuple[int, ...], precision: Precision) -> int:
+    """How many attention blocks of ``model`` take the lean function (:func:`cat.ops.policy.lean_for`) in a training
+    forward of images shaped ``batch`` under ``precision``: one forward on tensors without data, which computes
+    nothing (in eval mode without gradients, so no running statistic moves: the choice reads only sizes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    training = model.training
+    try:
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            lean_decisions() as decisions,
+            precision.autocast(),
+            torch.no_grad(),
+        ):
+            model.eval()(torch.empty(batch, device=precision.device))
+    finally:
+        model.train(training)
+    return sum(decision.lean for decision in decisions)
 
 
 def attention_plan(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> str | None:

@@ -33,6 +33,8 @@ class TrainState:
     best_top1: float | None = None
     wall_time_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    # Gradients accumulate in buffers allocated once and cleared in place (a CUDA-graph step's accumulation).
+    stable_grads: bool = False
     train_model: nn.Module = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,10 +65,17 @@ class TrainState:
         hyper-parameters (lr, weight decay, betas) from the current config; the scheduler is not
         restored: it is a pure function of the step, rebuilt from the current config."""
         self.model.load_state_dict(state["model"])
-        hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, current in zip(self.optimizer.param_groups, hyperparameters, strict=True):
-            group.update(current)
+        saved = state["optimizer"]
+        groups = saved["param_groups"]
+        if len(groups) == len(self.optimizer.param_groups):  # else torch's own error says so
+            # The current settings loaded with the moments: torch places a fused or capturable step's counts on the
+            # parameters' device by the groups it loads (a CPU checkpoint's would stay on the CPU, beside a CUDA
+            # run's fused AdamW).
+            groups = [
+                {**{k: v for k, v in current.items() if k != "params"}, "params": group["params"]}
+                for group, current in zip(groups, self.optimizer.param_groups, strict=True)
+            ]
+        self.optimizer.load_state_dict({**saved, "param_groups": groups})
         self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None:
             self.ema.module.load_state_dict(extract_state_dict(state, "the checkpoint", use_ema=True))

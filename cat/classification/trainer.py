@@ -36,7 +36,7 @@ from .data_loading import build_train_data
 from .loops import EpochProgress, EpochResult, NonFiniteLossError, train_one_epoch
 from .meters import build_profile_window, build_step_meter
 from .metrics import BEST, EMA, console_text, evaluate, split_names
-from .model_building import attention_plan, build_train_model, compile_plan, compiled
+from .model_building import CompilePlan, attention_plan, build_train_model, compile_plan, compiled, lean_blocks
 from .optimization import build_train_options, build_train_state
 from .schema import ClsConfig
 from .state import TrainState
@@ -173,13 +173,14 @@ def _check_finite(state: TrainState, checkpoints: _Checkpoints, val_loss: float 
         )
 
 
-def _wrap_for_training(cfg: ClsConfig, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
-    train_model = compiled(cfg, model, env.device)
-    if env.distributed:
-        train_model = DistributedDataParallel(
-            train_model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
-        )
-    return train_model
+def _wrap_for_training(plan: CompilePlan, env: DistEnv, model: torch.nn.Module) -> torch.nn.Module:
+    """What the loop calls: ``model`` in DDP where several processes train, compiled as ``plan`` says. The DDP module
+    is compiled, not wrapped around a compiled one: a compiled backward is one function whose gradients are all ready
+    at its end, and only dynamo's DDP optimizer, which sees the DDP module, splits it at the gradient buckets."""
+    if not env.distributed:
+        return compiled(plan, model)
+    ddp = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+    return compiled(plan, ddp)
 
 
 def _summary(state: TrainState, **extra: Any) -> dict[str, Any]:
@@ -221,6 +222,18 @@ class Trainer:
         )
         self.precision = self.opts.precision
         self.checkpoints = _Checkpoints(cfg, env, folder)
+        self.plan = self._compile_plan()
+        self.state.stable_grads = self.plan.stable_grads
+
+    def _compile_plan(self) -> CompilePlan:
+        """How the model compiles: with ``model.lean_attention=auto`` the blocks that would go lean at this batch are
+        found first (a forward on tensors without data), since those run outside the graph."""
+        cfg, env = self.cfg, self.env
+        plan = compile_plan(cfg, env.device, env.world_size)
+        if plan.mode is None or cfg.model.lean_attention != "auto":
+            return plan
+        batch = (cfg.batch_size, 3, *cfg.input_size())
+        return compile_plan(cfg, env.device, env.world_size, lean_blocks(self.state.model, batch, self.precision))
 
     def fit(self) -> dict[str, Any]:
         try:
@@ -232,9 +245,9 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         cfg, state, data, checkpoints, log = self.cfg, self.state, self.data, self.checkpoints, self.folder.log
         log.info("%s", describe_precision(cfg.amp, self.env.device))
-        log.info("%s", compile_plan(cfg, self.env.device).line())
+        log.info("%s", self.plan.line())
         point = self._resume()
-        state.train_model = _wrap_for_training(cfg, self.env, state.model)
+        state.train_model = _wrap_for_training(self.plan, self.env, state.model)
         log.info(
             "model %s: %.2fM params; %d train / %d val images, %d classes; global batch %d, lr %.2e, %d steps/epoch",
             cfg.model.name,

@@ -3,8 +3,9 @@
 Two choices per block, both from what was measured (docs/perf.md, "Kernels per step and the auto policy"):
   the backward's inputs  stored spectra (faster on every device measured: 1.0-1.3x on a CPU, and on an H200 the lean
                          function's launches cost 4-6x), unless a model of :data:`AUTO_DEPTH` such blocks would keep
-                         more than the memory budget, then the lean function (least memory). Under torch.compile,
-                         stored: the graph keeps what it keeps, and ``lean=True`` is the way to trade time for memory.
+                         more than the memory budget, then the lean function (least memory). The same rule under
+                         torch.compile, where a lean block runs outside the graph (:func:`lean_decisions` tells a
+                         run before it compiles whether any will, so it can allow the graph breaks).
   the DFT backend        ``fft`` (cuFFT, pocketfft/MKL in float32): the fewest operators and bytes per step (no casts
                          around the transforms, no GEMM pairs). Under half-precision autocast on a GPU, what that card
                          measured instead, where ``tools/gpu_check.py`` has timed a training step with cuFFT in
@@ -16,8 +17,11 @@ device's free memory when it is first asked for: CUDA's free memory, or the CPU'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +40,8 @@ __all__ = [
     "default_budget_bytes",
     "budget_bytes",
     "lean_for",
+    "LeanDecision",
+    "lean_decisions",
     "compute_dtype",
     "backend_for",
     "measured_choices_path",
@@ -105,13 +111,37 @@ def budget_bytes(memory_mb: int | None, device: torch.device) -> int:
     return memory_mb * 2**20 if memory_mb is not None else default_budget_bytes(str(device))
 
 
+@dataclass(frozen=True)
+class LeanDecision:
+    """One block's choice (:func:`lean_for`): what its stored path would keep, the budget, and whether it goes lean."""
+
+    stored_bytes: int
+    budget: int
+    lean: bool
+
+
+_decisions: list[LeanDecision] | None = None
+
+
+@contextlib.contextmanager
+def lean_decisions() -> Iterator[list[LeanDecision]]:
+    """The choices :func:`lean_for` makes while the context is open, in call order: a forward run inside (on tensors
+    without data, say) tells which blocks of a model would go lean at that batch."""
+    global _decisions
+    outer, _decisions = _decisions, []
+    try:
+        yield _decisions
+    finally:
+        _decisions = outer
+
+
 def lean_for(lean: LeanPolicy, stored_bytes: int, budget: int) -> bool:
-    """Whether a block whose stored path would keep ``stored_bytes`` trains through the lean function."""
-    if lean != "auto":
-        return bool(lean)
-    if torch.compiler.is_compiling():
-        return False
-    return stored_bytes * AUTO_DEPTH > budget
+    """Whether a block whose stored path would keep ``stored_bytes`` trains through the lean function: ``lean``, or for
+    'auto' whether a model of :data:`AUTO_DEPTH` such blocks would keep more than ``budget`` (eager or compiled)."""
+    chosen = bool(lean) if lean != "auto" else stored_bytes * AUTO_DEPTH > budget
+    if _decisions is not None and not torch.compiler.is_compiling():
+        _decisions.append(LeanDecision(stored_bytes, budget, chosen))
+    return chosen
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -30,17 +30,30 @@ def autocast_for(device: torch.device | str, enabled: bool, dtype: str | None) -
     return torch.autocast(device_type, dtype=amp_dtype(dtype))
 
 
-def _bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return True  # CPU autocast takes bfloat16 on every CPU torch runs on (emulated where the ISA lacks it)
+# The first compute capability with bf16 arithmetic (Ampere): below it CUDA emulates bf16 at float32 speed (and
+# torch.cuda.is_bf16_supported() still says yes), and Inductor does not compile bf16.
+BF16_CAPABILITY = (8, 0)
+
+
+def _bf16_reason(device: torch.device) -> tuple[bool, str]:
+    """Whether autocast on ``device`` computes in bf16 by default, and why."""
+    if device.type != "cuda":  # CPU autocast takes bfloat16 on every CPU torch runs on
+        return True, f"bf16 on {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= BF16_CAPABILITY:
+        return True, f"bf16: compute capability {major}.{minor} has bf16 arithmetic"
+    return False, (
+        f"fp16: compute capability {major}.{minor} has no bf16 arithmetic (from "
+        f"{BF16_CAPABILITY[0]}.{BF16_CAPABILITY[1]}: bf16 would be emulated at float32 speed)"
+    )
 
 
 def resolve_amp(amp: AmpConfig, device: torch.device) -> tuple[bool, str, str]:
     """Whether a run on ``device`` computes under autocast, in which dtype (``"bf16"``/``"fp16"``), and why, from
     ``amp.enabled`` and ``amp.dtype`` (either may be ``"auto"``): auto is autocast on CUDA, as the released recipes
     train (``--amp``), and float32 on a CPU, whose autocast is slower than its float32 for these models; the dtype
-    auto is bf16 where the device supports it, else fp16."""
+    auto is bf16 where the device computes in it (a GPU of compute capability 8.0 or more, a CPU), else fp16, with
+    a gradient scaler."""
     if amp.enabled == "auto":
         enabled = device.type == "cuda"
         why = f"amp.enabled=auto on {device.type}"
@@ -48,9 +61,10 @@ def resolve_amp(amp: AmpConfig, device: torch.device) -> tuple[bool, str, str]:
         enabled, why = bool(amp.enabled), f"amp.enabled={str(amp.enabled).lower()}"
     dtype = amp.dtype
     if dtype == "auto":
-        dtype = "bf16" if _bf16_supported(device) else "fp16"
+        bf16, reason = _bf16_reason(device)
+        dtype = "bf16" if bf16 else "fp16"
         if enabled:
-            why += f", amp.dtype=auto: {'bf16 supported' if dtype == 'bf16' else 'no bf16 on this GPU'}"
+            why += f", amp.dtype=auto: {reason}"
     return enabled, dtype, why
 
 

@@ -15,8 +15,14 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"H100 80GB HBM3|H100 SXM|H200", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
     (r"A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
     (r"L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.1, "fp16": 362.1}),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
     (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    # GeForce cards: half precision with float32 accumulation (what torch's GEMMs ask for) runs at half their rate.
+    (r"RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
+    (r"RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
     (r"V100-SXM2", {"fp32": 15.7, "fp16": 125.0}),
+    (r"V100-PCIE", {"fp32": 14.0, "fp16": 112.0}),
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
 )
 
 

@@ -199,3 +199,75 @@ def test_logging_every_interval_at_the_global_step():
     opts = TrainOptions(steps_per_epoch=4, log_interval=2, log_fn=lambda m, s: logged.append((s, sorted(m))))
     train_one_epoch(state, data, DistEnv(), opts)
     assert logged == [(6, ["train/loss_step", "train/lr"]), (8, ["train/loss_step", "train/lr"])]
+
+
+def _fused_state(steps: int, seed: int = 0) -> TrainState:
+    """A state whose AdamW is fused (CPU has the kernel too): it skips a step on a device flag, as a CUDA run's does."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    sched, _ = create_scheduler_v2(opt, num_epochs=2, warmup_epochs=0, step_on_epochs=False, updates_per_epoch=steps)
+    return TrainState(model, opt, sched, torch.amp.GradScaler("cpu", enabled=False))
+
+
+def test_a_step_whose_optimizer_takes_a_device_flag_reads_nothing_of_the_device():
+    """With fused AdamW the loop reads no device value in a step (no .item(), no bool() of a step tensor: each is a
+    wait for the GPU on CUDA): it reads a host copy of the step before's flags. An optimizer without the flag has its
+    step's flags read before it steps."""
+    from cat.classification.loops import StepChecks, skips_on_device
+    from cat.toolkit.dispatch import KernelCounter
+
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(4)]
+    reads = {}
+    for name, state in (("fused", _fused_state(4)), ("plain", _tiny_state(4))):
+        checks = StepChecks(deferred=skips_on_device(state.optimizer))
+        train_step(state, [data[0]], TrainOptions(steps_per_epoch=4), checks)  # the first step, outside the count
+        with KernelCounter() as counter:
+            for batch in data[1:]:
+                train_step(state, [batch], TrainOptions(steps_per_epoch=4), checks)
+        reads[name] = counter.counts["aten._local_scalar_dense"] + counter.counts["aten.is_nonzero"]
+    assert reads == {"fused": 0, "plain": 6}  # plain: the two flags of each of the 3 steps
+
+
+@pytest.mark.parametrize("bad", ["loss", "gradients"])
+def test_a_non_finite_step_is_skipped_on_the_device_and_named_a_step_late(bad):
+    """Deferred checks: step 3's non-finite loss (or a finite loss whose gradients overflow) is skipped by the fused
+    step and raised during step 4, naming step 3; the weights are step 2's, as a run that read at once leaves them."""
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(6)]
+
+    class Bad(nn.Module):
+        calls = 0
+
+        def forward(self, logits, targets):
+            Bad.calls += 1
+            loss = nn.functional.cross_entropy(logits, targets)
+            return loss * float("nan") if Bad.calls == 3 else loss
+
+    class Overflow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    class BadGradients(nn.Module):
+        calls = 0
+
+        def forward(self, logits, targets):
+            BadGradients.calls += 1
+            out = Overflow.apply(logits) if BadGradients.calls == 3 else logits
+            return nn.functional.cross_entropy(out, targets)
+
+    criterion = Bad() if bad == "loss" else BadGradients()
+    states = {}
+    for name, state in (("deferred", _fused_state(6)), ("at once", _fused_state(6))):
+        state.optimizer._step_supports_amp_scaling = name == "deferred"  # the one difference: when the host reads
+        with pytest.raises(NonFiniteLossError, match=rf"non-finite {bad}.*epoch 1, step 3 \(global step 3\)"):
+            train_one_epoch(state, data, DistEnv(), TrainOptions(criterion=criterion, steps_per_epoch=6))
+        criterion.calls = 0
+        type(criterion).calls = 0
+        states[name] = state
+    for a, b in zip(states["deferred"].model.parameters(), states["at once"].model.parameters(), strict=True):
+        assert torch.isfinite(a).all() and torch.equal(a, b)

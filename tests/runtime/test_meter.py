@@ -132,6 +132,21 @@ def test_gpu_peaks_are_listed_or_null():
     assert peak_of_device_name("NVIDIA H100 PCIe", "bf16") == 756.0
     assert peak_of_device_name("NVIDIA A10", "bf16") == 125.0 and peak_of_device_name("NVIDIA A100-SXM4-80GB", "bf16")
     assert peak_of_device_name("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 on a V100
+    # Every card the docs name has a peak for what a run computes in on it (no null MFU on a common card).
+    for name, dtype in [
+        ("Tesla V100-SXM2-32GB", "fp16"),
+        ("Tesla V100-PCIE-16GB", "fp16"),
+        ("Tesla T4", "fp16"),
+        ("NVIDIA A100-SXM4-80GB", "bf16"),
+        ("NVIDIA H100 80GB HBM3", "bf16"),
+        ("NVIDIA H200", "bf16"),
+        ("NVIDIA L4", "bf16"),
+        ("NVIDIA L40S", "bf16"),
+        ("NVIDIA GeForce RTX 3090", "bf16"),
+        ("NVIDIA GeForce RTX 4090", "bf16"),
+    ]:
+        assert peak_of_device_name(name, dtype) is not None, name
+    assert peak_of_device_name("NVIDIA L4", "bf16") != peak_of_device_name("NVIDIA L40S", "bf16")
     assert peak_of_device_name("NVIDIA GeForce GTX 1080", "fp32") is None  # not listed: null, never a guess
     assert peak_tflops(torch.device("cpu"), "fp32") is None
 
