@@ -30,6 +30,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .precision import autocast_state, fft_dtype, no_autocast
 
@@ -124,10 +125,14 @@ def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, devic
     """``build(*key, device=device)`` (a float64 tensor made on ``device``) in ``dtype``, made once per key; while
     torch.export or torch.compile traces it is made in the graph (a cached one would be that trace's fake tensor, and
     every later eager call would get it), on the device it meets, so a graph traced for a GPU holds no host tensor and
-    no copy to the device (each copy would make the host wait for the GPU)."""
+    no copy to the device (each copy would make the host wait for the GPU). Made once and real under a fake-tensor
+    mode too."""
     if torch.compiler.is_compiling():
         return build(*key, device=device).to(dtype)
-    return _cached(build, key, dtype, device)
+    # Made real, also under a fake-tensor mode (a forward that only reads sizes): a fake one cached would be every
+    # later call's; a real one is a valid input there.
+    with unset_fake_temporarily():
+        return _cached(build, key, dtype, device)
 
 
 def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device, factor: float = 1.0) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-__all__ = ["FakeCudaStep", "fake_cuda_step", "host_nodes"]
+__all__ = ["FakeCudaStep", "fake_cuda_module", "fake_cuda_step", "host_nodes"]
 
 
 @dataclass
@@ -31,7 +31,7 @@ class FakeCudaStep:
     output: object
 
 
-def _fake_cuda(model: nn.Module, mode: object) -> None:
+def fake_cuda_module(model: nn.Module, mode: object) -> None:
     """Every parameter and buffer of ``model`` replaced by a fake CUDA tensor of its size and dtype, in place."""
     for module in model.modules():
         for name, param in list(module._parameters.items()):
@@ -71,7 +71,7 @@ def fake_cuda_step(
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        _fake_cuda(model, mode)
+        fake_cuda_module(model, mode)
         images = torch.randn(batch, device="cuda")
         labels = torch.randint(0, targets, (batch[0],), device="cuda")
     torch._dynamo.reset()

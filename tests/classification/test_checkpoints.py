@@ -36,3 +36,33 @@ def test_training_run_in_a_glob_named_folder(tmp_path):
     out = tmp_path / "run?"
     run(compose_config("cls", *TINY_CLS, "epochs=3", f"output_dir='{out}'"))
     assert victim.exists() and (out / "last.pth").is_file() and len(epoch_snapshots(str(out))) == 1
+
+
+def test_a_cpu_checkpoint_resumed_by_a_cuda_run_gives_fused_adamw_its_steps_on_the_device():
+    """torch places a fused (or capturable) AdamW's step counts by the groups it loads: a checkpoint of a CPU run's
+    plain AdamW would leave them on the host beside a CUDA run's fused one. The resumed state loads with the current
+    settings, so they land on the parameters' device (fake CUDA tensors: no GPU needed)."""
+    import torch
+    from timm.scheduler import create_scheduler_v2
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cat.classification.state import TrainState
+    from cat.toolkit.fake_cuda import fake_cuda_module
+
+    def state_of(model: torch.nn.Module, **kwargs) -> TrainState:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, **kwargs)
+        schedule, _ = create_scheduler_v2(optimizer, sched="constant", num_epochs=1, updates_per_epoch=2)
+        return TrainState(model, optimizer, schedule, torch.amp.GradScaler("cpu", enabled=False))
+
+    cpu = state_of(torch.nn.Linear(4, 3))
+    cpu.model(torch.randn(2, 4)).sum().backward()
+    cpu.optimizer.step()
+    saved = cpu.state_dict()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        model = torch.nn.Linear(4, 3)
+        fake_cuda_module(model, mode)
+        cuda = state_of(model, fused=True)
+        cuda.load_state_dict(saved)
+    steps = [entry["step"] for entry in cuda.optimizer.state.values()]
+    assert len(steps) == 2 and all(step.device.type == "cuda" for step in steps)
+    assert cuda.optimizer.param_groups[0]["fused"] is True

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import cat
-from cat.classification.model_building import compile_plan
+from cat.classification.model_building import compile_plan, compiled
 from cat.classification.optimization import step_kwargs
 from cat.ops import set_lean_attention
 from tests.conftest import typed_cls
@@ -104,3 +104,160 @@ def test_a_trained_plan_is_what_the_config_record_says():
     cfg = typed_cls("compile=true")
     changed = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lean_attention=True))
     assert compile_plan(changed, CPU).fullgraph is False and compile_plan(cfg, CPU).fullgraph is True
+
+
+def test_accumulation_under_cuda_graphs_keeps_its_gradients_in_stable_buffers():
+    """Under CUDA graphs a kept .grad would be a graph's output that the next replay overwrites (torch's own error:
+    "accessing gradient tensor output of CUDAGraphs that has been overwritten"): with accum_steps >= 2 the plan keeps
+    the gradients in buffers allocated once and cleared in place, and says so."""
+    cuda_graphs = plan("accum_steps=2", device=CUDA)
+    assert cuda_graphs.mode == "reduce-overhead" and cuda_graphs.stable_grads
+    assert "accum_steps=2 under CUDA graphs: gradients accumulate in buffers allocated once" in cuda_graphs.line()
+    assert not plan(device=CUDA).stable_grads  # one micro-batch: the optimizer reads the outputs before the replay
+    assert not plan("accum_steps=2", "compile_mode=default", device=CUDA).stable_grads
+    assert plan("compile=true", "compile_mode=max-autotune", "accum_steps=4").stable_grads
+
+
+def test_several_processes_compile_the_ddp_module_so_its_buckets_split_the_graph():
+    several = compile_plan(typed_cls("compile=true"), CPU, world_size=2)
+    assert several.compile_ddp and several.fullgraph is False
+    assert "the DDP module is compiled, so the graph splits at gradient buckets" in several.line()
+    assert not compile_plan(typed_cls("compile=true"), CPU).compile_ddp
+
+
+def test_lean_auto_follows_the_memory_rule_when_compiled():
+    """At a budget where the rule says lean, a compiled forward takes the lean function (outside the graph, as
+    eagerly), the probe finds every block, and the plan relaxes fullgraph and says why; at a roomy budget, none."""
+    from cat.classification.model_building import lean_blocks
+    from cat.ops import set_attention_memory
+    from cat.runtime import Precision
+
+    model = build("ca_deit_tiny")
+    x = torch.randn(4, 3, 32, 32)
+    for memory_mb, lean in ((1, True), (4096, False)):
+        set_attention_memory(model, memory_mb)
+        blocks = lean_blocks(model, tuple(x.shape), Precision(CPU))
+        assert blocks == (2 if lean else 0)
+        assert model.training  # the probe leaves the model as it found it, its constants real
+        assert torch.isfinite(model(x)).all()
+        explanation = torch._dynamo.explain(model)(x)
+        reasons = " ".join(str(reason) for reason in explanation.break_reasons)
+        assert ("torch.compiler.disable" in reasons) is lean
+        torch._dynamo.reset()
+        relaxed = compile_plan(typed_cls("compile=true"), CPU, lean_blocks=blocks)
+        assert relaxed.fullgraph is not lean
+        assert ("lean_attention=auto takes the lean function for 2 attention blocks" in relaxed.line()) is lean
+
+
+@pytest.mark.slow  # Inductor compiles a forward and a backward
+def test_accumulated_compiled_steps_train_as_eager_in_stable_buffers():
+    """Three optimizer steps of two micro-batches each, compiled in the CUDA-graph mode the plan keeps stable
+    gradients for (on a CPU, Inductor runs it without CUDA graphs): the gradients stay the same buffers across
+    micro-batches and steps, and the losses are the eager run's."""
+    from timm.scheduler import create_scheduler_v2
+
+    from cat.classification.loops import TrainOptions, train_step
+    from cat.classification.state import TrainState
+
+    cfg = typed_cls("compile=true", "compile_mode=reduce-overhead", "accum_steps=2")
+    compiled_plan = compile_plan(cfg, CPU)
+    assert compiled_plan.stable_grads
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 3, 32, 32), torch.randint(0, 5, (4,))) for _ in range(6)]
+    losses, pointers = {}, set()
+    for label in ("eager", "compiled"):
+        model = build("ca_deit_tiny")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        schedule, _ = create_scheduler_v2(optimizer, sched="constant", num_epochs=1, updates_per_epoch=3)
+        state = TrainState(model, optimizer, schedule, torch.amp.GradScaler("cpu", enabled=False))
+        if label == "compiled":
+            state.train_model = compiled(compiled_plan, model)
+            state.stable_grads = compiled_plan.stable_grads
+        steps = []
+        for step in range(3):
+            micro = batches[2 * step : 2 * step + 2]
+            steps.append(train_step(state, micro, TrainOptions(steps_per_epoch=3, accum_steps=2)).loss.item())
+            if label == "compiled":
+                pointers.add(tuple(p.grad.data_ptr() for p in model.parameters()))
+        losses[label] = steps
+    torch._dynamo.reset()
+    assert len(pointers) == 1  # the same buffers after every step
+    assert losses["eager"][2] < losses["eager"][0]
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4, abs=1e-5)
+
+
+def _ddp_rank(rank: int, store: str, out: str) -> None:
+    """One of two gloo processes: three DDP steps eagerly, then three of the same model compiled as a run compiles it
+    with two processes (:func:`cat.classification.trainer._wrap_for_training`), AOTAutograd's graphs counted."""
+    import json
+    import unittest.mock
+
+    import torch.distributed as dist
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.nn.parallel import DistributedDataParallel
+
+    from cat.classification.trainer import _wrap_for_training
+    from cat.runtime.dist import DistEnv
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    backward_graphs = []
+
+    def kept(graph, inputs):
+        return make_boxed_func(graph.forward)
+
+    def counted(graph, inputs):
+        backward_graphs.append(graph)
+        return make_boxed_func(graph.forward)
+
+    # AOTAutograd's graphs run as traced (Inductor's numerics are test_a_compiled_training_step_...'s business).
+    backend = aot_autograd(fw_compiler=kept, bw_compiler=counted)
+    real_compile = torch.compile
+    env = DistEnv(rank=rank, world_size=2)
+    plan = compile_plan(typed_cls("compile=true"), CPU, world_size=2)
+    torch.manual_seed(1)
+    batches = [(torch.randn(4, 3, 32, 32), torch.randint(0, 5, (4,)))] * 3  # one batch: the loss must fall
+    losses = {}
+    for label in ("eager", "compiled"):
+        torch.manual_seed(0)  # 1.0 M parameters (4 MB): four buckets of 1 MB
+        model = timm.create_model("ca_deit_tiny", img_size=32, depth=2, patch_size=8, num_classes=5)
+        if label == "eager":
+            forward = DistributedDataParallel(model, bucket_cap_mb=1)
+        else:
+            with unittest.mock.patch.object(
+                torch,
+                "compile",
+                lambda module, mode, fullgraph: real_compile(module, backend=backend, fullgraph=fullgraph),
+            ):
+                forward = _wrap_for_training(plan, env, model)
+            forward._orig_mod.bucket_bytes_cap = 1 << 20  # what DDP(bucket_cap_mb=1) sets, read at the first call
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses[label] = []
+        for images, targets in batches:
+            images = images + rank  # each rank its own batch: the all-reduce must matter
+            loss = F.cross_entropy(forward(images), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[label].append(loss.item())
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"losses": losses, "backward_graphs": len(backward_graphs)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes, each tracing a DDP-split graph
+def test_two_process_compiled_ddp_splits_at_buckets_and_trains_as_eager(tmp_path):
+    """compile=true with two processes: the DDP module is compiled, dynamo's DDP optimizer splits it at the gradient
+    buckets (several backward graphs, one per bucket, each bucket's all-reduce free to start as its graph ends), and
+    three steps give eager DDP's losses."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "out.json"
+    mp.spawn(_ddp_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    result = json.loads(out.read_text())
+    assert result["backward_graphs"] > 1
+    assert result["losses"]["eager"][2] < result["losses"]["eager"][0]
+    assert result["losses"]["compiled"] == pytest.approx(result["losses"]["eager"], rel=1e-4, abs=1e-5)
