@@ -31,27 +31,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import cat  # noqa: F401  (registers cat's models with timm)
-from cat.flops import model_cost
 from cat.paper import paper_table
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.runtime.io import atomic_write_text, refuse_planted
-from cat.toolkit import device_name, interleaved_medians, save_figure
+from cat.toolkit import device_name, interleaved_medians
 from cat.toolkit.cli import float_between, int_between, output_folder
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
+from cat.toolkit.fig4 import MODELS, gflops, plot
 from cat.toolkit.timing import median_quartiles
-from cat.toolkit.variants import build_variant, split_variant, train_step_fns
+from cat.toolkit.variants import build_variant, train_step_fns
 
-MODELS = {
-    "CA-DeiT-T": "ca_deit_tiny",
-    "DeiT-T (SDPA)": "deit_tiny_patch16_224",
-    "DeiT-T (matmul)": "deit_tiny_patch16_224+matmul",
-}
 FAMILIES = ("DeiT-T", "DeiT-S", "DeiT-B", "CA-DeiT-T", "CA-DeiT-S", "CA-DeiT-B")  # labels of Table 2's rows
 # Images per step at 224^2 on each device kind; larger resolutions keep the tokens per step (never below 1).
 BATCH_224 = {"cuda": 64, "cpu": 8}
@@ -166,51 +160,6 @@ def host_cost(pairs: int, min_block_s: float) -> dict[str, dict[str, float]]:
         return result
     finally:
         torch.set_num_threads(threads)
-
-
-def gflops(spec: str, res: int) -> float:
-    return model_cost(split_variant(spec)[0], (res, res))[1] / 1e9
-
-
-def plot(result: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = bool(result["families"])
-    fig, axes = plt.subplots(1, 4 if families else 2, figsize=(18 if families else 9, 3.8))
-    ax_flops, ax_fps = axes[:2]
-    res = result["resolutions"]
-    for label in MODELS:
-        if label != "DeiT-T (matmul)":  # the same FLOPs as SDPA's
-            ax_flops.plot(res, [result["gflops"][label][str(r)] for r in res], "o-", label=label)
-    for dtype, rows in result["speed"].items():
-        style = "o-" if dtype == "fp32" else "s--"
-        for label in MODELS:
-            ax_fps.plot(res, [rows[str(r)][label]["infer_img_s"] for r in res], style, label=f"{label} {dtype}")
-    last = str(res[-1])
-    for dtype, rows in result["speed"].items():  # CA-DeiT-T's speed-up over the paper's baseline, at the largest
-        ratio = rows[last]["CA-DeiT-T"]["infer_img_s"] / rows[last]["DeiT-T (matmul)"]["infer_img_s"]
-        ax_fps.annotate(f"{ratio:.1f}x ({dtype})", (res[-1], rows[last]["CA-DeiT-T"]["infer_img_s"]), fontsize=8)
-    ax_flops.set(xlabel="resolution", ylabel="GFLOPs", yscale="log", title="(a) FLOPs")
-    ax_fps.set(xlabel="resolution", ylabel="images / s", yscale="log", title=f"(b) inference, {result['device']}")
-    trade_offs = zip(axes[2:], ("infer_img_s", "train_img_s"), ("(c) inference", "(d) training"), strict=False)
-    for ax, key, title in trade_offs:
-        for family, marker in (("DeiT", "o"), ("CA-DeiT", "s")):
-            rows = [r for r in result["families"] if r["label"].rsplit("-", 1)[0] == family]
-            ax.plot([r[key] for r in rows], [r["top1"] for r in rows], f"{marker}-", label=family)
-            for r in rows:
-                ax.annotate(r["label"].rsplit("-", 1)[1], (r[key], r["top1"]), fontsize=8)
-        ax.set(
-            xlabel=f"images / s at {result['families_res']}² ({result['families_dtype']})",
-            ylabel="ImageNet top-1 (paper)",
-            title=title,
-        )
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    save_figure(fig, out, "fig4_efficiency", dpi=120)
 
 
 @report_user_errors

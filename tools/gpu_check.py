@@ -9,6 +9,8 @@ listed as skipped, the most telling cases measured first). Writes ``gpu_check.js
 
     python tools/gpu_check.py --out results/        # on a CUDA machine
 
+0. The default training step as a run makes it (compiled with CUDA graphs, bf16, fused AdamW), with accum_steps 1
+   and 2: its time, host synchronisations per step, and what torch logged about CUDA graphs (skipped, partitioned).
 1. Correctness: ``circulant_attention`` and ``CirculantAttention`` under ``torch.autocast`` with fp16 and bf16 on
    square, non-square and non-power-of-two grids, the module's input gradient too, and a whole CA-DeiT-T, with each
    DFT (``fft``: cuFFT in float32; ``separable``: GEMMs in the autocast dtype).
@@ -25,9 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,10 +44,8 @@ from cat.ops import CirculantAttention, circulant_attention, set_fft_backend
 from cat.ops.policy import record_measured_backend
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import interleaved_medians, positive_int
+from cat.toolkit.fig4 import MODELS, gflops, plot
 from cat.toolkit.variants import build_variant, train_step_fns
-
-sys.path.insert(0, str(Path(__file__).parent))
-from benchmark import gflops, plot  # noqa: E402  (tools/benchmark.py: Fig. 4's FLOPs and its figure)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -125,11 +128,6 @@ def correctness(device: str, fft_backend: str = "auto") -> list[dict[str, object
     return rows
 
 
-MODELS = {
-    "CA-DeiT-T": "ca_deit_tiny",
-    "DeiT-T (SDPA)": "deit_tiny_patch16_224",
-    "DeiT-T (matmul)": "deit_tiny_patch16_224+matmul",
-}
 # (what, resolution, batch), in the order of their priority within a compile mode.
 CASES = (("train", 224, 64), ("infer", 1536, 1), ("train", 1024, 2), ("infer", 224, 8))
 COMPILED_CASES = (("train", 224, 64), ("infer", 1536, 1))  # the targets' cases: compiled where the budget allows
@@ -220,6 +218,101 @@ def speed(device: str, rounds: int, deadline: float) -> tuple[list[dict[str, obj
     return rows, skipped
 
 
+def run_config(*overrides: str):
+    """The classification config ``train_cls.py`` runs with ``overrides`` (its defaults: compile=auto,
+    compile_mode=auto, amp=auto, fused AdamW on CUDA), typed as a run hands it to its components."""
+    from hydra import compose, initialize_config_dir
+
+    from cat.runtime.schema import schema_of, typed_config
+
+    configs = Path(__file__).resolve().parent.parent / "configs" / "cls"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        return typed_config(compose(config_name="config", overrides=list(overrides)), schema_of("cls"))
+
+
+class _Captured(logging.Handler):
+    """torch's log lines about CUDA graphs (skipped, partitioned), as they are emitted."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "cudagraph" in message.lower() or "cuda graph" in message.lower():
+            self.lines.append(message)
+
+
+def default_steps(device: str, steps: int = 6) -> list[dict[str, object]]:
+    """CA-DeiT-T's training step at 224^2 as a user's run makes it, for ``accum_steps`` 1 and 2 (64 images a step):
+    the run's compile plan (compiled, CUDA graphs), bf16 autocast, fused AdamW, stable gradient buffers where the plan
+    keeps them, the loop's own step with its checks a step late. Reports the median step time, whether CUDA graphs
+    were skipped or partitioned (torch's log and counters) and the host reads per step (sync debug mode)."""
+    from timm.scheduler import create_scheduler_v2
+    from torch._dynamo.utils import counters
+
+    from cat.classification.loops import StepChecks, TrainOptions, skips_on_device, train_step
+    from cat.classification.model_building import compile_plan, compiled
+    from cat.classification.optimization import step_kwargs
+    from cat.classification.state import TrainState
+    from cat.runtime import Precision
+
+    rows = []
+    for accum in (1, 2):
+        cfg = run_config(f"accum_steps={accum}")
+        plan = compile_plan(cfg, torch.device(device))
+        precision = Precision.from_config(cfg.amp, torch.device(device))
+        model = build_variant("ca_deit_tiny", 224, device, {})
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **step_kwargs("adamw", torch.device(device), {}))
+        schedule, _ = create_scheduler_v2(optimizer, sched="constant", num_epochs=1, updates_per_epoch=steps)
+        state = TrainState(model, optimizer, schedule, precision.grad_scaler())
+        state.train_model, state.stable_grads = compiled(plan, model), plan.stable_grads
+        opts = TrainOptions(precision=precision, steps_per_epoch=steps * 2, accum_steps=accum)
+        checks = StepChecks(deferred=skips_on_device(optimizer))
+        batch = 64 // accum
+        micro = [(torch.randn(batch, 3, 224, 224), torch.randint(0, 1000, (batch,))) for _ in range(accum)]
+        captured = _Captured()
+        torch_log = logging.getLogger("torch")
+        torch_log.addHandler(captured)
+        counters.clear()
+        try:
+            for _ in range(3):  # compilation and the CUDA graphs' recording
+                train_step(state, micro, opts, checks)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+            times = []
+            with warnings.catch_warnings(record=True) as syncs:
+                warnings.simplefilter("always")
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    train_step(state, micro, opts, checks)
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - start)
+            torch.cuda.set_sync_debug_mode("default")
+            checks.earlier()
+        finally:
+            torch_log.removeHandler(captured)
+        inductor = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k or "partition" in k}
+        row = {
+            "accum_steps": accum,
+            "plan": plan.line(),
+            "precision": f"{precision.dtype} autocast" if precision.amp else "float32",
+            "step_ms": statistics.median(times) * 1e3,
+            "host_syncs_per_step": sum("synchroniz" in str(w.message) for w in syncs) / steps,
+            "cudagraph_log": captured.lines[:20],
+            "inductor_counters": inductor,
+            "graphs": counters["stats"].get("unique_graphs", 0),
+        }
+        rows.append(row)
+        print(
+            f"default step, accum_steps={accum}: {row['step_ms']:.2f} ms, {row['host_syncs_per_step']:.1f} host "
+            f"syncs a step, CUDA-graph lines {len(captured.lines)}, counters {inductor}",
+            flush=True,
+        )
+        torch._dynamo.reset()
+    return rows
+
+
 def figure(rows: list[dict[str, object]], out: Path, card: str) -> None:
     """Fig. 4 (a, b) from the eager inference rows: FLOPs and images/s over resolution."""
     infer = [r for r in rows if r["what"] == "infer" and r["mode"] == "eager"]
@@ -271,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_bench:
         torch.backends.cuda.matmul.allow_tf32 = True  # as a run's default amp.tf32=true
         torch.backends.cudnn.allow_tf32 = True
+        result["default_steps"] = default_steps("cuda")
         result["dft_choice"] = dft_choice("cuda", card, args.rounds)
         result["speed"], result["skipped"] = speed("cuda", args.rounds, started + args.budget_s)
         figure(result["speed"], out, card)

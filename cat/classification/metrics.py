@@ -12,6 +12,7 @@ epoch's log line and every record follow the table. Runs written before these na
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,12 +72,22 @@ BEST, EMA = "best_top1", "ema_top1"
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], env: DistEnv, precision: Precision
+    model: nn.Module,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    env: DistEnv,
+    precision: Precision,
+    steady_s: list[float] | None = None,
 ) -> dict[str, float]:
-    """Each of :data:`EVAL_METRICS` over the whole split, summed across ranks, by name, and ``num_images``."""
+    """Each of :data:`EVAL_METRICS` over the whole split, summed across ranks, by name, and ``num_images``.
+    ``steady_s``: gets what the evaluation takes once warm, its batches after the first timed and scaled to all of
+    them (a compiled model compiles its evaluation graph in the first)."""
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=env.device)  # the metrics, the images
+    started, after_first, batches = time.perf_counter(), 0.0, 0
     for images, targets in progress_bar(loader, "eval", env.is_main):
+        batches += 1
+        if batches == 2:
+            after_first = time.perf_counter()
         images = precision.inputs(images)
         targets = targets.to(env.device, non_blocking=True)
         with precision.autocast():
@@ -85,6 +96,9 @@ def evaluate(
         count = torch.tensor(float(len(targets)), dtype=torch.float64, device=env.device)
         totals += torch.stack([*(metric.batch_total(logits, targets) for metric in EVAL_METRICS), count])
     all_reduce_sum(totals)
+    if steady_s is not None:
+        ended = time.perf_counter()
+        steady_s.append((ended - after_first) * batches / (batches - 1) if batches > 1 else ended - started)
     images = totals[-1].clamp(min=1)
     values = {
         metric.name: (metric.scale * total / images).item()

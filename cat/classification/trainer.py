@@ -350,14 +350,14 @@ class Trainer:
     def _end_epoch(self, result: EpochResult, started: float) -> None:
         """Evaluate, refuse anything non-finite, advance to the next epoch, save, log."""
         state, data, env = self.state, self.data, self.env
-        evaluating = time.perf_counter()
-        metrics = evaluate(state.train_model, data.val_loader, env, self.precision)
+        steady: list[float] = []  # each evaluation's time once warm: a compiled model's first compiles its graph
+        metrics = evaluate(state.train_model, data.val_loader, env, self.precision, steady)
         del metrics["num_images"]
         _check_finite(state, self.checkpoints, metrics["loss"])
         if state.ema is not None:
-            metrics[EMA] = evaluate(state.ema.module, data.val_loader, env, self.precision)["top1"]
-        if self.opts.meter is not None:  # the time left counts the evaluations to come at this one's time
-            self.opts.meter.eval_done(time.perf_counter() - evaluating)
+            metrics[EMA] = evaluate(state.ema.module, data.val_loader, env, self.precision, steady)["top1"]
+        if self.opts.meter is not None:  # the time left counts the evaluations to come at this one's warm time
+            self.opts.meter.eval_done(sum(steady))
         is_best = state.best_top1 is None or metrics["top1"] > state.best_top1
         state.best_top1 = metrics["top1"] if is_best else state.best_top1
         state.wall_time_s += time.perf_counter() - started

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from cat.errors import OutputError, UserError
@@ -23,7 +24,7 @@ from .preemption import Stopped, StopSignals
 from .rng import seed_everything
 from .schema import config_record, config_yaml
 
-__all__ = ["run_job", "JobBody"]
+__all__ = ["run_job", "JobBody", "release_compiled"]
 
 
 JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
@@ -80,9 +81,19 @@ def run_job(cfg: JobConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[st
             folder.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            release_compiled()
     if metrics.get("preempted"):
         signals.hand_back()
     return metrics
+
+
+def release_compiled() -> None:
+    """What a compiled run leaves in its process, released: dynamo's caches and compiled code, and the CUDA graphs'
+    memory pool (torch.compiler.reset), then the allocator's cache. A multirun's next cell (the same process under
+    Hydra's basic launcher) then compiles its own model from a clean compiler and starts with the GPU's memory free."""
+    torch.compiler.reset()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _collective_failure(error: RuntimeError) -> bool:

@@ -271,3 +271,31 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_named_a_step_late(bad):
         states[name] = state
     for a, b in zip(states["deferred"].model.parameters(), states["at once"].model.parameters(), strict=True):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_an_evaluation_is_priced_warm_for_the_time_left():
+    """The ETA prices the evaluations to come at a warm one's time: the first batch of an evaluation (where a compiled
+    model compiles its graph) is left out and the rest scaled to every batch."""
+    import time
+
+    from cat.classification.metrics import evaluate
+    from cat.runtime import Precision
+
+    class CompilesFirst(nn.Module):
+        calls = 0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(12, 3)
+
+        def forward(self, x):
+            CompilesFirst.calls += 1
+            time.sleep(0.5 if CompilesFirst.calls == 1 else 0.01)
+            return self.linear(x.flatten(1))
+
+    data = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(5)]
+    steady: list[float] = []
+    started = time.perf_counter()
+    evaluate(CompilesFirst(), data, DistEnv(), Precision(torch.device("cpu")), steady)
+    whole = time.perf_counter() - started
+    assert len(steady) == 1 and 0.04 <= steady[0] < 0.3 < whole

@@ -217,3 +217,26 @@ def test_a_rank_left_waiting_for_a_lost_peer_says_so_in_the_run_log(tmp_path):
     record = (tmp_path / "run" / "log.txt").read_text()
     assert "rank 0 of 2: a collective failed, another rank stopped answering" in record, out[-2000:]
     assert "dist_timeout_s=3" in record and "Timed out waiting" in record
+
+
+def test_a_job_releases_what_it_compiled_so_the_next_cell_starts_clean(tmp_path):
+    """Hydra's basic launcher runs a multirun's cells in one process: each job resets the compiler as it ends (its
+    compiled code and the CUDA graphs' pool), so a function the cell compiled is compiled afresh by the next."""
+    import torch
+
+    compilations = []
+
+    def counting(graph, inputs):
+        compilations.append(graph)
+        return graph.forward
+
+    doubled = torch.compile(lambda x: x * 2, backend=counting)
+
+    def body(env, folder):
+        doubled(torch.ones(3))
+        doubled(torch.ones(3))  # the same shapes: no recompilation within the cell
+        return {"top1": 1.0}
+
+    for cell in ("a", "b"):
+        run_job(typed_config("cls", *TINY_CLS, f"output_dir={tmp_path / cell}"), body)
+    assert len(compilations) == 2
