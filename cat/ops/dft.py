@@ -24,13 +24,12 @@ the factor into a cached matrix, so a scaled transform costs no operator more th
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Literal
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .precision import autocast_state, fft_dtype, no_autocast
 
@@ -113,26 +112,37 @@ def _unscaled(kind: str, hw: tuple[int, int], device: torch.device | None) -> Te
     raise AssertionError(kind)
 
 
-# Cached across calls, so built outside inference mode: a tensor made under torch.inference_mode() could not be used
-# later by a forward that autograd records.
-@lru_cache(maxsize=128)
-@torch.inference_mode(False)
-def _cached(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return build(*key, device=device).to(dtype)
+# Made once per key (the most recent 128 kept), outside inference mode: a tensor made under torch.inference_mode()
+# could not be used later by a forward that autograd records.
+_constants: OrderedDict[tuple, Tensor] = OrderedDict()
+_KEPT = 128
+
+
+def _fake_mode_active() -> bool:
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``build(*key, device=device)`` (a float64 tensor made on ``device``) in ``dtype``, made once per key; while
-    torch.export or torch.compile traces it is made in the graph (a cached one would be that trace's fake tensor, and
+    """``build(*key, device=device)`` (a float64 tensor made on ``device``) in ``dtype``, made once per key. While
+    torch.export or torch.compile traces, it is made in the graph (a cached one would be that trace's fake tensor, and
     every later eager call would get it), on the device it meets, so a graph traced for a GPU holds no host tensor and
-    no copy to the device (each copy would make the host wait for the GPU). Made once and real under a fake-tensor
-    mode too."""
+    no copy to the device (each copy would make the host wait for the GPU). Under a fake-tensor mode (a forward that
+    only reads sizes) a cached one is used, and one made there is not kept."""
     if torch.compiler.is_compiling():
         return build(*key, device=device).to(dtype)
-    # Made real, also under a fake-tensor mode (a forward that only reads sizes): a fake one cached would be every
-    # later call's; a real one is a valid input there.
-    with unset_fake_temporarily():
-        return _cached(build, key, dtype, device)
+    entry = (build, key, dtype, device)
+    made = _constants.get(entry)
+    if made is not None:
+        _constants.move_to_end(entry)
+        return made
+    if _fake_mode_active():
+        return build(*key, device=device).to(dtype)
+    with torch.inference_mode(False):
+        made = build(*key, device=device).to(dtype)
+    _constants[entry] = made
+    if len(_constants) > _KEPT:
+        _constants.popitem(last=False)
+    return made
 
 
 def _matrix(kind: str, hw: tuple[int, int], dtype: torch.dtype, device: torch.device, factor: float = 1.0) -> Tensor:
