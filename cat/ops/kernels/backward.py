@@ -1,0 +1,107 @@
+"""Circulant attention's backward as one kernel: it recomputes what the forward did not keep, from q, k, v and the
+forward's log-sum-exp per head, as flash attention's backward does, and writes the gradients of q, k and v.
+
+What a program holds: one head of one image (:mod:`.forward`), with the gradient g of its output. In the forward,
+logits_d = scale sum_i q_i k_{i+d}, w = softmax(logits), out_i = sum_d w_d v_{i+d}; so, with G = DFT(g):
+
+    pass 1, each channel c:  L += conj(DFT q_c) DFT k_c;  Gw += conj(G_c) DFT v_c         (24 GEMMs a channel)
+    logits = scale IDFT(L);  w = exp(logits - lse)                 (the forward's weights, recomputed)
+    g_w = IDFT(Gw)           (dL/dw_d = sum_c sum_i g_i v_{i+d})
+    g_l = w (g_w - sum_d w_d g_w,d)                                (the softmax's backward, float32)
+    Wf, Lf = DFT(w), DFT(g_l)
+    pass 2, each channel c:  g_v = IDFT(G_c Wf)                    (sum_i g_i w_{j-i})
+                             g_q = scale IDFT(conj(Lf) DFT k_c)    (sum_d g_l,d k_{i+d})
+                             g_k = scale IDFT(Lf DFT q_c)          (sum_d g_l,d q_{j-d})     (48 GEMMs a channel)
+
+Nothing of size N x N or any spectrum goes to memory: each gradient is written once, in the inputs' layout.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+from .tiles import forward_dft, inverse_dft, map_offsets, tile_sum
+
+
+def circulant_backward_kernel(
+    g_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    lse_ptr,
+    gq_ptr,
+    gk_ptr,
+    gv_ptr,
+    H,
+    W,
+    heads,
+    scale,
+    stride_gb,
+    stride_gn,
+    stride_gc,
+    stride_qb,
+    stride_qn,
+    stride_qc,
+    stride_kb,
+    stride_kn,
+    stride_kc,
+    stride_vb,
+    stride_vn,
+    stride_vc,
+    stride_ob,
+    stride_on,
+    stride_oc,
+    BH: tl.constexpr,
+    BW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    program = tl.program_id(0)
+    b = program // heads
+    head = program % heads
+    n_inv = 1.0 / (H * W)
+    g_offsets, mask = map_offsets(H, W, BH, BW, stride_gn)
+    q_offsets, _ = map_offsets(H, W, BH, BW, stride_qn)
+    k_offsets, _ = map_offsets(H, W, BH, BW, stride_kn)
+    v_offsets, _ = map_offsets(H, W, BH, BW, stride_vn)
+    o_offsets, _ = map_offsets(H, W, BH, BW, stride_on)
+    first = head * HEAD_DIM
+    lr = tl.full((BH, BW), 0.0, tl.float32)
+    li = tl.full((BH, BW), 0.0, tl.float32)
+    gwr = tl.full((BH, BW), 0.0, tl.float32)
+    gwi = tl.full((BH, BW), 0.0, tl.float32)
+    for c in range(first, first + HEAD_DIM):
+        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
+        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
+        lr += qr * kr + qi * ki
+        li += qr * ki - qi * kr
+        g = tl.load(g_ptr + b * stride_gb + c * stride_gc + g_offsets, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + b * stride_vb + c * stride_vc + v_offsets, mask=mask, other=0.0).to(tl.float32)
+        gr, gi = forward_dft(g, H, W, BH, BW, PRECISION)
+        vr, vi = forward_dft(v, H, W, BH, BW, PRECISION)
+        gwr += gr * vr + gi * vi
+        gwi += gr * vi - gi * vr
+    logits = inverse_dft(lr, li, H, W, BH, BW, n_inv, PRECISION) * scale
+    lse = tl.load(lse_ptr + program)
+    w = tl.where(mask, tl.exp(logits - lse), 0.0)
+    g_w = inverse_dft(gwr, gwi, H, W, BH, BW, n_inv, PRECISION)
+    inner = tile_sum(w * g_w)
+    g_l = tl.where(mask, w * (g_w - inner), 0.0)
+    wr, wi = forward_dft(w, H, W, BH, BW, PRECISION)
+    glr, gli = forward_dft(g_l, H, W, BH, BW, PRECISION)
+    for c in range(first, first + HEAD_DIM):
+        g = tl.load(g_ptr + b * stride_gb + c * stride_gc + g_offsets, mask=mask, other=0.0).to(tl.float32)
+        gr, gi = forward_dft(g, H, W, BH, BW, PRECISION)
+        g_v = inverse_dft(gr * wr - gi * wi, gr * wi + gi * wr, H, W, BH, BW, n_inv, PRECISION)
+        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
+        g_q = inverse_dft(glr * kr + gli * ki, glr * ki - gli * kr, H, W, BH, BW, n_inv * scale, PRECISION)
+        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
+        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
+        g_k = inverse_dft(glr * qr - gli * qi, glr * qi + gli * qr, H, W, BH, BW, n_inv * scale, PRECISION)
+        at = b * stride_ob + c * stride_oc + o_offsets
+        tl.store(gq_ptr + at, g_q.to(gq_ptr.dtype.element_ty), mask=mask)
+        tl.store(gk_ptr + at, g_k.to(gk_ptr.dtype.element_ty), mask=mask)
+        tl.store(gv_ptr + at, g_v.to(gv_ptr.dtype.element_ty), mask=mask)

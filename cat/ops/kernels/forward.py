@@ -1,0 +1,77 @@
+"""Circulant attention's forward as one kernel: q, k, v read once, the output and one log-sum-exp per head written.
+
+What a program holds: one head of one image, its maps on the H x W grid as BH x BW tiles (:mod:`.tiles`), all in
+registers and never written out: the spectrum of the logits summed over the head's channels, the logits, the
+softmax weights and their spectrum, and one channel's spectra at a time.
+
+    for each channel c of the head:   Q, K = DFT(q_c), DFT(k_c);   L += conj(Q) K        (12 GEMMs a channel)
+    logits = scale * IDFT(L)          (the circular cross-correlation sum_i q_i k_{i+d}, 6 GEMMs)
+    w = softmax(logits) over the N = H W offsets, in float32; lse = its log-sum-exp (stored: (B, heads))
+    Wf = DFT(w)                       (6 GEMMs)
+    for each channel c:               out_c = IDFT(conj(Wf) DFT(v_c))   (out_i = sum_d w_d v_{i+d}, 12 GEMMs)
+
+Tokens are read where they lie, (B, N, C) with any strides (the qkv projection's chunks), each map's entries
+``stride_n`` apart; the accumulation and the softmax are in float32 whatever the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+from .tiles import forward_dft, inverse_dft, map_offsets, softmax_of
+
+
+def circulant_forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    H,
+    W,
+    heads,
+    scale,
+    stride_qb,
+    stride_qn,
+    stride_qc,
+    stride_kb,
+    stride_kn,
+    stride_kc,
+    stride_vb,
+    stride_vn,
+    stride_vc,
+    stride_ob,
+    stride_on,
+    stride_oc,
+    BH: tl.constexpr,
+    BW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    program = tl.program_id(0)
+    b = program // heads
+    head = program % heads
+    n_inv = 1.0 / (H * W)
+    q_offsets, mask = map_offsets(H, W, BH, BW, stride_qn)
+    k_offsets, _ = map_offsets(H, W, BH, BW, stride_kn)
+    v_offsets, _ = map_offsets(H, W, BH, BW, stride_vn)
+    o_offsets, _ = map_offsets(H, W, BH, BW, stride_on)
+    first = head * HEAD_DIM
+    lr = tl.full((BH, BW), 0.0, tl.float32)
+    li = tl.full((BH, BW), 0.0, tl.float32)
+    for c in range(first, first + HEAD_DIM):
+        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
+        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
+        lr += qr * kr + qi * ki
+        li += qr * ki - qi * kr
+    logits = inverse_dft(lr, li, H, W, BH, BW, n_inv, PRECISION) * scale
+    w, lse = softmax_of(logits, mask)
+    tl.store(lse_ptr + program, lse)
+    wr, wi = forward_dft(w, H, W, BH, BW, PRECISION)
+    for c in range(first, first + HEAD_DIM):
+        v = tl.load(v_ptr + b * stride_vb + c * stride_vc + v_offsets, mask=mask, other=0.0).to(tl.float32)
+        vr, vi = forward_dft(v, H, W, BH, BW, PRECISION)
+        out = inverse_dft(wr * vr + wi * vi, wr * vi - wi * vr, H, W, BH, BW, n_inv, PRECISION)
+        tl.store(out_ptr + b * stride_ob + c * stride_oc + o_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
