@@ -96,7 +96,13 @@ def build_model(
             raise ConfigError(
                 f"model.grad_checkpointing=true: {model_cfg.name} does not support it ({error})"
             ) from None
-    return configure_attention(model, model_cfg.lean_attention, model_cfg.fft_backend, model_cfg.attention_memory_mb)
+    return configure_attention(
+        model,
+        model_cfg.lean_attention,
+        model_cfg.fft_backend,
+        model_cfg.attention_memory_mb,
+        model_cfg.attention_kernel,
+    )
 
 
 def _convert(model: nn.Module, settings: dict[str, Any]) -> None:
@@ -244,5 +250,9 @@ def attention_plan(cfg: ClsConfig, env: DistEnv, model: nn.Module) -> str | None
         return None
     enabled, amp_name, _ = resolve_amp(cfg.amp, env.device)
     dtype = amp_dtype(amp_name) if enabled else next(model.parameters()).dtype
-    plan = describe(env.device, dtype, cfg.model.lean_attention, cfg.model.fft_backend, cfg.model.attention_memory_mb)
+    model_cfg = cfg.model
+    plan = describe(
+        env.device, dtype, model_cfg.lean_attention, model_cfg.fft_backend, model_cfg.attention_memory_mb,
+        model_cfg.attention_kernel,
+    )  # fmt: skip
     return plan + ("; compiled" if compile_plan(cfg, env.device).mode is not None else "")

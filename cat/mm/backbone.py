@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 import cat
 from cat.models import backbone_state_dict, load_backbone_checkpoint, on_meta
-from cat.ops import BackendPolicy, LeanPolicy, configure_attention
+from cat.ops import BackendPolicy, KernelPolicy, LeanPolicy, configure_attention
 
 from .fetch import local_checkpoint
 
@@ -42,6 +42,7 @@ class TimmBackbone(BaseModule):
             only its input (``True``: the least memory), or by device and memory (``'auto'``;
             :func:`cat.ops.set_lean_attention`).
         fft_backend: how circulant attention's DFTs run (:func:`cat.ops.set_fft_backend`).
+        attention_kernel: whether it runs as Triton kernels (:func:`cat.ops.set_attention_kernel`).
         attention_memory_mb: circulant attention's memory budget in MiB (:func:`cat.ops.set_attention_memory`;
             None: a share of the device's free memory).
         grad_checkpointing: recompute each block's activations in the backward (timm's
@@ -64,6 +65,7 @@ class TimmBackbone(BaseModule):
         lean_attention: LeanPolicy = "auto",
         fft_backend: BackendPolicy = "auto",
         attention_memory_mb: int | None = None,
+        attention_kernel: KernelPolicy = "auto",
         grad_checkpointing: bool = False,
         init_cfg: dict | None = None,
     ) -> None:
@@ -71,7 +73,7 @@ class TimmBackbone(BaseModule):
         super().__init__(init_cfg=init_cfg)
         # A timm model: its feature API (feature_info, forward_intermediates, pruning) is timm's, not nn.Module's.
         model: Any = cat.create_model(model_name, num_classes=0, **(model_kwargs or {}))
-        self.model: Any = configure_attention(model, lean_attention, fft_backend, attention_memory_mb)
+        self.model: Any = configure_attention(model, lean_attention, fft_backend, attention_memory_mb, attention_kernel)
         if grad_checkpointing:
             model.set_grad_checkpointing(True)
         self.out_indices = tuple(out_indices)

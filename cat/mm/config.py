@@ -130,6 +130,7 @@ def backbone_cfg(model: MMModelConfig, strict_pretrained: bool = False) -> tuple
         "lean_attention": model.backbone.lean_attention,
         "fft_backend": model.backbone.fft_backend,
         "attention_memory_mb": model.backbone.attention_memory_mb,
+        "attention_kernel": model.backbone.attention_kernel,
         "grad_checkpointing": model.backbone.grad_checkpointing,
         "pretrained": model.pretrained,
         "strict_pretrained": strict_pretrained,

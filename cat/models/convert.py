@@ -28,7 +28,7 @@ from timm.models.vision_transformer import Attention as VitAttention
 from torch import Tensor, nn
 
 from cat.ops.circulant import FFTBackend, circulant_attention_layer
-from cat.ops.policy import LeanPolicy, check_lean
+from cat.ops.policy import KernelPolicy, LeanPolicy, check_lean
 from cat.ops.prefix import prefix_attention
 
 __all__ = ["convert", "PluginCirculantAttention", "GATE_IDENTITY_BIAS"]
@@ -75,6 +75,7 @@ class PluginCirculantAttention(nn.Module):
         self.last_weights: Tensor | None = None
         self.fft_backend: FFTBackend = "auto"  # as CirculantAttention's (cat.ops.set_fft_backend sets it)
         self.memory_mb: int | None = None  # as CirculantAttention's (cat.ops.set_attention_memory sets it)
+        self.attention_kernel: KernelPolicy = "auto"  # as CirculantAttention's (cat.ops.set_attention_kernel sets it)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_prefix_tokens={self.num_prefix_tokens}, lean={self.lean}"
@@ -112,6 +113,7 @@ class PluginCirculantAttention(nn.Module):
             False,
             qkv_bias,
             prefix,
+            self.attention_kernel,
         )
         if self.keep_weights:
             self.last_weights = weights.detach()

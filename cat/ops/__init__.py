@@ -6,15 +6,17 @@ from .circulant import (
     circulant_attention,
     circulant_attention_flops,
     configure_attention,
+    set_attention_kernel,
     set_attention_memory,
     set_fft_backend,
     set_lean_attention,
 )
-from .policy import BackendPolicy, LeanPolicy, describe
+from .policy import BackendPolicy, KernelPolicy, LeanPolicy, describe
 from .spectral import attend_spectra
 
 __all__ = [
     "BackendPolicy",
+    "KernelPolicy",
     "LeanPolicy",
     "circulant_attention",
     "attend_spectra",
@@ -23,6 +25,7 @@ __all__ = [
     "circulant_attention_flops",
     "configure_attention",
     "describe",
+    "set_attention_kernel",
     "set_attention_memory",
     "set_fft_backend",
     "set_lean_attention",

@@ -37,12 +37,15 @@ from .fused import (
 )
 from .policy import (
     BackendPolicy,
+    KernelPolicy,
     LeanPolicy,
     backend_for,
     budget_bytes,
     check_backend,
+    check_kernel,
     check_lean,
     compute_dtype,
+    kernel_for,
     lean_for,
 )
 from .precision import fft_dtype, fft_itemsize
@@ -125,8 +128,10 @@ class CirculantAttention(nn.Module):
     recomputing the rest in the backward in channel groups sized by the memory budget (the least
     memory), ``'auto'`` (default) by device and size (:mod:`cat.ops.policy`). ``memory_mb`` is that
     budget in MiB (None: a share of the device's free memory; :func:`cat.ops.set_attention_memory`).
-    ``fft_backend`` chooses the DFTs (:func:`circulant_attention`); :func:`set_lean_attention` and
-    :func:`set_fft_backend` set a whole model.
+    ``fft_backend`` chooses the DFTs (:func:`circulant_attention`); ``attention_kernel`` whether the attention runs
+    as one Triton kernel each way ('triton', :mod:`cat.ops.kernels`), the ATen path above ('aten') or, 'auto', the
+    kernels on CUDA where the grid fits on chip (:func:`cat.ops.policy.kernel_for`). :func:`set_lean_attention`,
+    :func:`set_fft_backend` and :func:`set_attention_kernel` set a whole model.
     With ``keep_weights = True`` each forward stores its attention weights (the equivalent global
     convolution kernel per head) in ``last_weights``, shaped (B, heads, H, W).
 
@@ -146,6 +151,7 @@ class CirculantAttention(nn.Module):
         pack_spectrum: bool = False,
         lean: LeanPolicy = "auto",
         memory_mb: int | None = None,
+        attention_kernel: KernelPolicy = "auto",
     ) -> None:
         super().__init__()
         _check_head_dim(dim, head_dim)
@@ -159,6 +165,7 @@ class CirculantAttention(nn.Module):
         self.pack_spectrum = pack_spectrum
         self.lean = check_lean(lean)
         self.memory_mb = memory_mb
+        self.attention_kernel = check_kernel(attention_kernel)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
@@ -170,7 +177,7 @@ class CirculantAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, head_dim={self.head_dim}, reweight={self.reweight!r}, "
-            f"fft_backend={self.fft_backend!r}, lean={self.lean}"
+            f"fft_backend={self.fft_backend!r}, lean={self.lean}, attention_kernel={self.attention_kernel!r}"
         )
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
@@ -197,6 +204,7 @@ class CirculantAttention(nn.Module):
             self.pack_spectrum,
             None,  # no qkv bias, no prefix tokens (TorchScript takes no defaults of an ignored function)
             None,
+            self.attention_kernel,
         )
         if self.keep_weights and not torch.jit.is_scripting():
             self.last_weights = weights.detach()
@@ -225,6 +233,7 @@ def circulant_attention_layer(
     pack_spectrum: bool,
     qkv_bias: Tensor | None = None,
     prefix: Tensor | None = None,
+    attention_kernel: str = "auto",  # KernelPolicy (TorchScript reads no Literal)
 ) -> tuple[Tensor, Tensor]:
     """:class:`CirculantAttention`'s computation on its weights: the output (B, N, C) before the
     dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights``).
@@ -247,18 +256,37 @@ def circulant_attention_layer(
     if H * W != N:
         raise ValueError(f"hw={tuple(hw)} gives {H * W} tokens but x has N={N}")
     policy = check_backend(fft_backend)
+    exporting = torch.compiler.is_exporting()
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, qkv_weight, gate_weight, proj_weight, prefix)
+    )
+    attend: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
     if policy in ("auto", "fft") and torch.jit.is_tracing() and not keep_weights:
-        gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
         # From Python numbers: the tracer's sizes are tensors, whose power would round the scale to float32.
         traced_scale = (int(N) * head_dim) ** -0.5 if scale is None else float(scale)
-        traced = _traced_layer(
-            x, hw, qkv_weight, gate, proj_weight, proj_bias, qkv_bias, head_dim, traced_scale, reweight, prefix
-        )
-        return traced, x.new_empty(0)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            maps = (t.reshape(B, H, W, C) for t in (q, k, v))
+            return traced_circulant_attention(*maps, head_dim, traced_scale).reshape(B, N, C)
+
+    elif (
+        not keep_weights
+        and not exporting
+        and kernel_for(check_kernel(attention_kernel), x.device, hw, training, compute_dtype(x))
+    ):
+        from .kernels import circulant_kernel
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return circulant_kernel(q, k, v, (H, W), head_dim, scale)
+
+    if attend is not None:
+        gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
+        out = _token_layer(x, qkv_weight, gate, proj_weight, proj_bias, qkv_bias, reweight, prefix, attend)
+        return out, x.new_empty(0)
     # None (the released scale) stays None: the orthonormal transforms apply it, with no arithmetic on N, which is
     # symbolic under torch.export (any resolution).
     backend = backend_for(policy, x.device, compute_dtype(x))
-    if reweight == "pre" or torch.compiler.is_exporting():
+    if reweight == "pre" or exporting:
         # Through autograd: v is gated before the attention, or an exported program, which takes plain operators.
         return _autograd_layer(
             x, hw, qkv_weight, gate_weight, gate_bias, proj_weight, proj_bias, head_dim, scale, reweight, backend,
@@ -346,27 +374,25 @@ def _traced_circulant_attention_shape(q: Tensor, k: Tensor, v: Tensor, head_dim:
     return q.new_empty(q.shape, dtype=torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype))
 
 
-def _traced_layer(
+def _token_layer(
     x: Tensor,
-    hw: tuple[int, int],
     qkv_weight: Tensor,
     gate: Tensor | None,
     proj_weight: Tensor,
     proj_bias: Tensor,
     qkv_bias: Tensor | None,
-    head_dim: int,
-    scale: float,
     reweight: str,
     prefix: Tensor | None,
+    attend: Callable[[Tensor, Tensor, Tensor], Tensor],
 ) -> Tensor:
-    """:func:`circulant_attention_layer`'s output as a trace records it: q, k and v projected in token space (the
-    whole qkv bias applied: q's and k's parts do not act), then ``cat::circulant_attention``."""
-    B, T, C = x.shape
+    """:func:`circulant_attention_layer`'s output with q, k and v projected in token space (the whole qkv bias
+    applied: q's and k's parts do not act) and attended by ``attend`` (B, N, C each): ``cat::circulant_attention``
+    (a trace) or the Triton kernels."""
     P = 0 if prefix is None else prefix.shape[1]
-    q, k, v = F.linear(x[:, P:], qkv_weight, qkv_bias).view(B, *hw, 3 * C).chunk(3, dim=-1)
+    q, k, v = F.linear(x[:, P:], qkv_weight, qkv_bias).chunk(3, dim=-1)
     if reweight == "pre" and gate is not None:  # no prefix here (refused above)
-        v = v * gate.view(B, *hw, C)
-    y = traced_circulant_attention(q, k, v, head_dim, scale).reshape(B, T - P, C)
+        v = v * gate
+    y = attend(q, k, v)
     if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post" and gate is not None:
@@ -422,6 +448,17 @@ def set_fft_backend(model: nn.Module, backend: FFTBackend) -> nn.Module:
     return model
 
 
+def set_attention_kernel(model: nn.Module, kernel: KernelPolicy) -> nn.Module:
+    """Run every :class:`CirculantAttention` in ``model`` (and ``cat.convert``'s attention) through the Triton kernels
+    (``'triton'``: wherever Triton runs, its interpreter on a CPU included), the ATen path (``'aten'``), or by device
+    and grid (``'auto'``: :func:`cat.ops.policy.kernel_for`); returns ``model``."""
+    check_kernel(kernel)
+    for module in model.modules():
+        if isinstance(module, CirculantAttention) or hasattr(module, "attention_kernel"):
+            cast(Any, module).attention_kernel = kernel  # cat.convert's attention too
+    return model
+
+
 def set_lean_attention(model: nn.Module, lean: LeanPolicy) -> nn.Module:
     """Train every :class:`CirculantAttention` in ``model`` through the lean function (``True``: less memory), with
     its spectra stored (``False``: faster steps, more memory), or by device and size (``'auto'``:
@@ -446,8 +483,14 @@ def set_attention_memory(model: nn.Module, memory_mb: int | None) -> nn.Module:
 
 
 def configure_attention(
-    model: nn.Module, lean: LeanPolicy, fft_backend: FFTBackend, memory_mb: int | None
+    model: nn.Module,
+    lean: LeanPolicy,
+    fft_backend: FFTBackend,
+    memory_mb: int | None,
+    kernel: KernelPolicy = "auto",
 ) -> nn.Module:
-    """:func:`set_lean_attention`, :func:`set_fft_backend` and :func:`set_attention_memory` at once (the
-    ``model.lean_attention``, ``model.fft_backend`` and ``model.attention_memory_mb`` keys); returns ``model``."""
-    return set_attention_memory(set_fft_backend(set_lean_attention(model, lean), fft_backend), memory_mb)
+    """:func:`set_lean_attention`, :func:`set_fft_backend`, :func:`set_attention_memory` and
+    :func:`set_attention_kernel` at once (the ``model.lean_attention``, ``model.fft_backend``,
+    ``model.attention_memory_mb`` and ``model.attention_kernel`` keys); returns ``model``."""
+    set_attention_memory(set_fft_backend(set_lean_attention(model, lean), fft_backend), memory_mb)
+    return set_attention_kernel(model, kernel)

@@ -48,10 +48,23 @@ __all__ = [
     "measured_backend",
     "record_measured_backend",
     "describe",
+    "KernelPolicy",
+    "KERNEL_POLICIES",
+    "check_kernel",
+    "kernel_for",
+    "measured_kernel",
+    "record_measured_kernel",
 ]
 
 LeanPolicy = bool | Literal["auto"]
 BackendPolicy = Literal["auto", "fft", "separable", "matmul"]
+KernelPolicy = Literal["auto", "triton", "aten"]
+KERNEL_POLICIES: tuple[KernelPolicy, ...] = ("auto", "triton", "aten")
+# The largest grid tile ``auto`` gives the kernels (cat.ops.kernels.launch.tile_of): 16 x 16 when training (its
+# backward holds about twenty such tiles: at 32 x 32 they spill registers), 32 x 32 for inference on the tensor cores
+# (TF32: half-precision inputs, or float32 with amp.tf32; exact float32 GEMMs spill there). Past them the ATen path.
+KERNEL_TRAINING_TILE = 16
+KERNEL_INFERENCE_TILE = 32
 
 # ``auto`` keeps a block's spectra while a model of this many such blocks (CA-Swin-B has 24) would keep at most the
 # memory budget.
@@ -74,6 +87,14 @@ def check_backend(backend: object) -> BackendPolicy:
     if backend == "auto":
         return "auto"
     return check_dft_backend(backend)
+
+
+def check_kernel(kernel: object) -> KernelPolicy:
+    """``kernel`` if it is an attention kernel policy: 'auto', 'triton' (the Triton kernels wherever Triton runs, its
+    interpreter on a CPU included) or 'aten' (the ATen path, :mod:`cat.ops.fused`)."""
+    if kernel in KERNEL_POLICIES:
+        return kernel
+    raise ValueError(f"attention_kernel must be one of {', '.join(map(repr, KERNEL_POLICIES))}; got {kernel!r}")
 
 
 def _free_bytes(device: torch.device) -> int | None:
@@ -169,10 +190,14 @@ def _read_choices(path: Path) -> dict[str, dict[str, str]]:
     if not isinstance(data, dict):
         return {}
     return {
-        card: {dtype: name for dtype, name in choices.items() if name in ("fft", "separable")}
+        card: {what: name for what, name in choices.items() if name in _CHOICES.get(what, ("fft", "separable"))}
         for card, choices in data.items()
         if isinstance(card, str) and isinstance(choices, dict)
     }
+
+
+# What each record's key may hold: a dtype's DFT, or the attention's kernel ("kernel").
+_CHOICES = {"kernel": ("triton", "aten")}
 
 
 _measured: dict[str, str | None] = {}
@@ -185,23 +210,70 @@ def measured_backend(device: str, dtype: str) -> str | None:
     'float16'), or None where that card has not been measured."""
     key = f"{device}/{dtype}"
     if key not in _measured:
-        card = torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else device
-        _measured[key] = _read_choices(measured_choices_path()).get(card, {}).get(dtype)
+        _measured[key] = _read_choices(measured_choices_path()).get(_card(device), {}).get(dtype)
     return _measured[key]
 
 
 def record_measured_backend(card: str, dtype: str, backend: DFTBackend) -> Path:
     """Record that ``card`` measured ``backend`` faster in ``dtype`` (what :func:`measured_backend` reads), beside
     the other cards' choices; the file is replaced whole (a temporary file renamed over it)."""
+    return _record(card, dtype, check_dft_backend(backend))
+
+
+def _record(card: str, what: str, choice: str) -> Path:
     path = measured_choices_path()
     choices = _read_choices(path)
-    choices.setdefault(card, {})[dtype] = check_dft_backend(backend)
+    choices.setdefault(card, {})[what] = choice
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(temporary, path)
     _measured.clear()
     return path
+
+
+def _card(device: str) -> str:
+    return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else device
+
+
+# Read once per card, and as a constant by torch.compile (a file read cannot be traced).
+@torch.compiler.assume_constant_result
+def measured_kernel(device: str) -> str | None:
+    """What ``tools/gpu_check.py`` measured faster on the CUDA ``device`` for circulant attention: 'triton' (the
+    kernels) or 'aten', or None where that card has not been measured."""
+    key = f"{device}/kernel"
+    if key not in _measured:
+        _measured[key] = _read_choices(measured_choices_path()).get(_card(device), {}).get("kernel")
+    return _measured[key]
+
+
+def record_measured_kernel(card: str, kernel: Literal["triton", "aten"]) -> Path:
+    """Record that ``card`` measured ``kernel`` faster (what :func:`measured_kernel` reads), as
+    :func:`record_measured_backend` records a DFT."""
+    return _record(card, "kernel", kernel)
+
+
+def kernel_for(
+    kernel: KernelPolicy, device: torch.device, hw: tuple[int, int], training: bool, dtype: torch.dtype
+) -> bool:
+    """Whether circulant attention on ``device`` over the grid ``hw``, computing in ``dtype``, runs through the
+    Triton kernels: 'triton' always, 'aten' never; 'auto' on CUDA where the grid's tile fits on chip
+    (:data:`KERNEL_TRAINING_TILE`, :data:`KERNEL_INFERENCE_TILE`), unless ``tools/gpu_check.py`` measured ATen faster
+    on the card, or the kernels failed their check against ATen on its first use in this process
+    (:mod:`cat.ops.kernels.check`). A CPU keeps the ATen path."""
+    if kernel != "auto":
+        return kernel == "triton"
+    if device.type != "cuda":
+        return False
+    from .kernels.launch import gemm_precision, tile_of
+
+    tensor_cores = gemm_precision(dtype, device) == "tf32"
+    limit = KERNEL_INFERENCE_TILE if not training and tensor_cores else KERNEL_TRAINING_TILE
+    if max(tile_of(hw[0]), tile_of(hw[1])) > limit or measured_kernel(str(device)) == "aten":
+        return False
+    from .kernels.check import kernels_work
+
+    return kernels_work(str(device))
 
 
 def backend_for(backend: BackendPolicy, device: torch.device, dtype: torch.dtype) -> DFTBackend:
@@ -217,7 +289,12 @@ def backend_for(backend: BackendPolicy, device: torch.device, dtype: torch.dtype
 
 
 def describe(
-    device: torch.device, dtype: torch.dtype, lean: LeanPolicy, backend: BackendPolicy, memory_mb: int | None
+    device: torch.device,
+    dtype: torch.dtype,
+    lean: LeanPolicy,
+    backend: BackendPolicy,
+    memory_mb: int | None,
+    kernel: KernelPolicy = "auto",
 ) -> str:
     """One line: what a block takes on ``device`` when computing in ``dtype`` (autocast's, or the model's), and why."""
     budget = budget_bytes(memory_mb, device)
@@ -242,4 +319,15 @@ def describe(
     else:
         why = "torch.fft in float32" + ("; GEMM DFTs were measured slower on CPUs" if device.type == "cpu" else "")
     dft = f"{chosen} DFTs ({why})"
-    return f"circulant attention on {device.type} in {str(dtype).removeprefix('torch.')}: {path}; {dft}"
+    if kernel == "auto":
+        kernels = (
+            f"the Triton kernels for grids up to {KERNEL_TRAINING_TILE}x{KERNEL_TRAINING_TILE} in training and "
+            f"{KERNEL_INFERENCE_TILE}x{KERNEL_INFERENCE_TILE} in inference, else the ATen path (attention_kernel=auto)"
+            if device.type == "cuda"
+            else "the ATen path (attention_kernel=auto: the Triton kernels on CUDA)"
+        )
+    else:
+        kernels = "the Triton kernels" if kernel == "triton" else "the ATen path"
+        kernels += f" (attention_kernel={kernel})"
+    where = f"circulant attention on {device.type} in {str(dtype).removeprefix('torch.')}"
+    return f"{where}: {kernels}; on the ATen path, {path}; {dft}"

@@ -70,6 +70,14 @@ class NetworkConfig:
         resume=FREE,  # the same math, computed another way
         absent_means="auto",
     )
+    attention_kernel: Literal["auto", "triton", "aten"] = key(
+        "how circulant attention runs: triton (one Triton kernel each way, its interpreter on a CPU), aten (torch's "
+        "operators: the DFTs, the softmax and the products one after another), auto (triton on CUDA where the grid "
+        "fits on chip, unless tools/gpu_check.py measured aten faster there or the kernels fail their first check; "
+        "cat.ops.policy.kernel_for)",
+        resume=FREE,  # the same math, computed another way
+        absent_means="auto",
+    )
     attention_memory_mb: int | None = key(
         "MiB circulant attention may use: the lean function's working set per block, and what auto lets a "
         "24-block model's stored spectra take; null: a quarter of the device's free memory at the first step",

@@ -23,7 +23,9 @@ MODELS = {
     "cat_tiny": ("cat_tiny", {"depths": (1, 1, 1, 1)}, 64),
     "converted": ("deit_tiny_patch16_224", {"img_size": 32, "depth": 2}, 32),
 }
+# (bf16 autocast, DFT backend or the Triton kernels, lean): the kernels are one custom operator each way.
 SETTINGS = [(amp, backend, lean) for amp in (0, 1) for backend in ("fft", "separable", "matmul") for lean in (0, 1)]
+SETTINGS += [(amp, "triton", 0) for amp in (0, 1)]
 # Traced lean, a model's graphs are its stored graphs less the attention (the lean function runs uncompiled): the other
 # families are traced stored, which covers every operator their lean graphs hold.
 STORED = [setting for setting in SETTINGS if not setting[2]]
@@ -48,12 +50,17 @@ def test_a_compiled_cuda_training_step_holds_no_host_tensor_and_no_copy(name):
         if name == "converted":
             cat.convert(model)
         # A fixed memory budget: a fake CUDA device has no free memory to read.
-        configure_attention(model, bool(lean), backend, 1024)
+        if backend == "triton":
+            configure_attention(model, False, "auto", 1024, "triton")
+        else:
+            configure_attention(model, bool(lean), backend, 1024, "aten")
         traced = fake_cuda_step(model, training_step(bool(amp)), (2, 3, res, res), 5, fullgraph=not lean)
         assert traced.graphs and traced.output.device.type == "cuda"
-        # The attention is traced in, its fused function's backward included (unless lean: run uncompiled).
+        # The attention is traced in: the fused function's backward included (unless lean: run uncompiled), or the
+        # kernels' operator.
         bodies = [n for n in traced.nodes if n.op == "get_attr" and str(n.target).startswith("bwd_body")]
-        assert bodies or lean, (amp, backend, lean)
+        kernels = [n for n in traced.nodes if "circulant_kernel_forward" in str(n.target)]
+        assert bool(kernels) if backend == "triton" else bodies or lean, (amp, backend, lean)
         found[(amp, backend, lean)] = host_nodes(traced.nodes)
     assert all(not nodes for nodes in found.values()), {k: v[:3] for k, v in found.items() if v}
 

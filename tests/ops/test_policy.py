@@ -91,8 +91,13 @@ def test_the_budget_is_a_share_of_free_memory_unless_set():
 
 def test_the_start_line_says_what_is_taken_and_why(choices):
     line = describe(CPU, torch.float32, "auto", "auto", 512)
-    assert line.startswith("circulant attention on cpu in float32: stored spectra while a 24-block model's")
+    assert line.startswith(
+        "circulant attention on cpu in float32: the ATen path (attention_kernel=auto: the Triton kernels on CUDA); "
+        "on the ATen path, stored spectra while a 24-block model's"
+    )
     assert "0.5 GiB, 512 MiB" in line and "fft DFTs (torch.fft in float32; GEMM DFTs were measured slower" in line
     gpu = describe(CUDA, torch.bfloat16, True, "auto", 1024)
     assert "the lean function (lean_attention=true)" in gpu and "fft DFTs (torch.fft in float32, the fewest" in gpu
     assert "this GPU has not measured the separable GEMMs (tools/gpu_check.py)" in gpu
+    assert "the Triton kernels for grids up to 16x16 in training and 32x32 in inference" in gpu
+    assert "the Triton kernels (attention_kernel=triton)" in describe(CPU, torch.float32, "auto", "auto", 512, "triton")

@@ -263,6 +263,10 @@ CASES = {
         _overrides("model.fft_backend=cufft"),
         "model.fft_backend='cufft': expected one of auto, fft, separable, matmul",
     ),
+    "attention_kernel_cuda": (
+        _overrides("model.attention_kernel=cuda"),
+        "model.attention_kernel='cuda': expected one of auto, triton, aten",
+    ),
     "attention_memory_zero": (
         _overrides("model.attention_memory_mb=0"),
         "model.attention_memory_mb=0: expected an integer >= 1",

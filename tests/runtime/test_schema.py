@@ -68,7 +68,10 @@ def test_every_dataset_option_conforms(data):
         ("data.img_size=[3,4]", "data.img_size=[3, 4]: expected an integer >= 1"),
         ("logger.wandb.tags=[1]", "logger.wandb.tags=[1]: expected a list of strings"),
         ("model.kwargs=3", "model.kwargs=3: expected a mapping"),
-        ("+model.bogus=1", "model.bogus: not a key of this config (known here: attention_memory_mb, convert"),
+        (
+            "+model.bogus=1",
+            "model.bogus: not a key of this config (known here: attention_kernel, attention_memory_mb, convert",
+        ),
         ("~throughput.iters", "throughput.iters: missing from the config"),
         ("amp=3", "amp=3: expected a section of keys (mixed precision)"),
         ("name=${nowhere}", "Interpolation key 'nowhere' not found"),

@@ -30,6 +30,7 @@ __all__ = [
     "kernels",
     "circulant_kernel",
     "compiled_for",
+    "gemm_precision",
 ]
 
 # The smallest tile tl.dot takes, and the largest side the kernels hold on chip (cat.ops.policy routes larger grids
@@ -62,6 +63,12 @@ def num_warps_for(bh: int, bw: int) -> int:
     return {16 * 16: 4, 32 * 32: 8}.get(bh * bw, 16) if bh * bw <= 32 * 32 else 16
 
 
+def _options(bh: int, bw: int) -> dict[str, int]:
+    """Triton's launch options: the warps, and every register a thread may have (ptxas otherwise settles at 128
+    for the forward's exact-float32 GEMMs, and spills)."""
+    return {"num_warps": num_warps_for(bh, bw), "maxnreg": 255}
+
+
 def _rebound(fn: Callable, namespace: dict[str, Any]) -> Callable:
     return types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
 
@@ -85,7 +92,7 @@ def kernels(interpreted: bool) -> dict[str, Any]:
     return made
 
 
-def _precision(dtype: torch.dtype, device: torch.device) -> str:
+def gemm_precision(dtype: torch.dtype, device: torch.device) -> str:
     """The GEMMs' precision: TF32 tensor cores for half-precision inputs (more mantissa than they have) and for
     float32 where the run allows TF32 (``amp.tf32``); exact float32 otherwise."""
     if dtype in (torch.float16, torch.bfloat16):
@@ -99,7 +106,7 @@ def _launch(
 ) -> None:
     bh, bw = tile_of(hw[0]), tile_of(hw[1])
     kernel = kernels(device.type != "cuda")[name]
-    options = {"num_warps": num_warps_for(bh, bw)} if device.type == "cuda" else {}
+    options = _options(bh, bw) if device.type == "cuda" else {}
     kernel[(grid,)](*args, BH=bh, BW=bw, HEAD_DIM=head_dim, PRECISION=precision, **options)
 
 
@@ -178,7 +185,7 @@ def circulant_kernel(
     scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    return kernel_forward(q, k, v, H, W, head_dim, scale, _precision(dtype, q.device))[0]
+    return kernel_forward(q, k, v, H, W, head_dim, scale, gemm_precision(dtype, q.device))[0]
 
 
 def compiled_for(
@@ -206,5 +213,4 @@ def compiled_for(
     bh, bw = tile_of(hw[0]), tile_of(hw[1])
     constants = {"BH": bh, "BW": bw, "HEAD_DIM": head_dim, "PRECISION": precision}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    options = {"num_warps": num_warps_for(bh, bw)}
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=_options(bh, bw))

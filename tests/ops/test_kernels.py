@@ -1,0 +1,209 @@
+"""Circulant attention's Triton kernels (cat.ops.kernels), run by Triton's interpreter on this CPU against the ATen
+path and a float64 reference, and compiled ahead of time for the CUDA cards ``auto`` gives them to."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import pytest
+import timm
+import torch
+
+import cat
+from cat.ops import circulant_attention, set_attention_kernel
+from cat.ops.kernels import check, launch
+from cat.ops.kernels.launch import circulant_kernel, covers, kernel_forward, tile_of
+from cat.ops.policy import KERNEL_INFERENCE_TILE, KERNEL_TRAINING_TILE, kernel_for
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def reference(q, k, v, hw, head_dim, scale=None):
+    """The ATen path in float64 on tokens (B, N, C)."""
+    B, N, C = q.shape
+    maps = (t.double().reshape(B, *hw, C) for t in (q, k, v))
+    return circulant_attention(*maps, head_dim=head_dim, scale=scale).reshape(B, N, C)
+
+
+def relative(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize(
+    "hw, channels, head_dim",
+    [((4, 6), 4, 1), ((7, 10), 4, 2), ((14, 14), 3, 1), ((24, 24), 2, 1), ((28, 28), 2, 2), ((56, 56), 1, 1)],
+)
+def test_the_kernels_compute_the_operator_and_its_gradients_in_float32(hw, channels, head_dim):
+    """Forward and the three input gradients within 1e-5 of float64 (exact float32 GEMMs), on square, non-square and
+    non-power-of-two grids, per channel and in heads; q, k, v as the chunks of one projection (strided)."""
+    torch.manual_seed(0)
+    B, N = 2, hw[0] * hw[1]
+    qkv = torch.randn(B, N, 3 * channels, requires_grad=True)
+    q, k, v = qkv.chunk(3, dim=-1)
+    out = circulant_kernel(q, k, v, hw, head_dim)
+    g = torch.randn_like(out)
+    (g_kernel,) = torch.autograd.grad(out, qkv, g)
+    ref = reference(q, k, v, hw, head_dim)
+    (g_ref,) = torch.autograd.grad(ref, qkv, g.double())
+    assert out.dtype == torch.float32 and out.shape == (B, N, channels)
+    assert relative(out, ref) < 1e-5
+    for part, part_ref in zip(g_kernel.chunk(3, -1), g_ref.chunk(3, -1), strict=True):
+        assert relative(part, part_ref) < 1e-5
+
+
+def test_a_64_by_64_grid_and_an_explicit_scale():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 64 * 64, 1) for _ in range(3))
+    assert relative(circulant_kernel(q, k, v, (64, 64), 1, 0.01), reference(q, k, v, (64, 64), 1, 0.01)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_accumulate_in_float32(dtype):
+    """bf16 and fp16 inputs: the result in their dtype, within the tolerance tools/gpu_check.py holds the ATen path to
+    under autocast (1e-2 for outputs, 5e-2 for gradients), against float64 on the same rounded inputs."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 14 * 14, 4).to(dtype).requires_grad_() for _ in range(3))
+    out = circulant_kernel(q, k, v, (14, 14), 1)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    ref = reference(q, k, v, (14, 14), 1)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), g.double())
+    assert out.dtype == dtype and relative(out, ref) < 1e-2
+    assert all(relative(a, b) < 5e-2 for a, b in zip(grads, grads_ref, strict=True))
+
+
+def test_the_operators_are_registered_with_fake_implementations_and_autograd():
+    """torch.library's own check of the forward operator: its fake implementation, its schema and autograd formula
+    agree with what it computes (torch.compile then keeps it one opaque node)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 2, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(kernel_forward, (q, k, v, 3, 4, 1, 12**-0.5, "ieee"))
+
+
+MODELS = {
+    "ca_deit_tiny": ("ca_deit_tiny", {"img_size": 32, "depth": 2, "embed_dim": 16, "patch_size": 4}),
+    "head_dim_4": ("ca_deit_tiny", {"img_size": 32, "depth": 1, "embed_dim": 16, "patch_size": 4, "head_dim": 4}),
+    "converted": ("deit_tiny_patch16_224", {"img_size": 32, "depth": 1, "embed_dim": 24, "patch_size": 8}),
+    "ca_pvt_tiny": ("ca_pvt_tiny", {"depths": (1, 1, 1, 1), "embed_dims": (8, 16, 40, 64)}),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_model_through_the_kernels_gives_the_aten_path_logits_and_gradients(name):
+    """Whole models with attention_kernel=triton against aten: CA-DeiT, grouped heads, a converted ViT (class token
+    and qkv bias: the prefix tokens and the bias pass around the kernels) and CA-PVT (a class token in its last
+    stage, circulant blocks in the first two)."""
+    timm_name, kwargs = MODELS[name]
+    torch.manual_seed(0)
+    model = timm.create_model(timm_name, num_classes=5, **kwargs)
+    if name == "converted":
+        cat.convert(model)
+    model.eval()  # no stochastic depth: both paths see the same network (gradients flow all the same)
+    x = torch.randn(2, 3, 32, 32) if name != "ca_pvt_tiny" else torch.randn(2, 3, 64, 64)
+    results = {}
+    for kernel in ("aten", "triton"):
+        set_attention_kernel(model, kernel)
+        model.zero_grad(set_to_none=True)
+        logits = model(x)
+        logits.square().sum().backward()
+        results[kernel] = (logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    (aten_logits, aten_grads), (kernel_logits, kernel_grads) = results["aten"], results["triton"]
+    torch.testing.assert_close(kernel_logits, aten_logits, rtol=1e-5, atol=1e-5)
+    assert len(kernel_grads) == len(aten_grads)
+    for a, b in zip(kernel_grads, aten_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_released_ca_deit_through_the_kernels_gives_its_logits(official_ca_deit):
+    """The authors' checkpoint fixture: the kernels' logits equal the release's within 1e-5 (float32)."""
+    from tests.models.test_deit import FIXTURE_ARGS
+
+    model = cat.create_model("ca_deit_tiny", checkpoint=official_ca_deit / "small_p8_64.pth", **FIXTURE_ARGS).eval()
+    set_attention_kernel(model, "triton")
+    io = torch.load(official_ca_deit / "small_p8_64.io.pth", weights_only=True)
+    with torch.no_grad():
+        logits = model(io["input"])
+    torch.testing.assert_close(logits, io["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_takes_the_kernels_on_cuda_for_the_grids_they_hold(monkeypatch):
+    """The rule (cat.ops.policy.kernel_for), decided without a GPU: a CPU keeps ATen; on CUDA the kernels train grids
+    whose tile is at most 16 and infer up to 32; 'triton' and 'aten' are obeyed anywhere; a card measured faster on
+    ATen, or whose kernels failed their check, keeps ATen."""
+    monkeypatch.setitem(check._verdicts, "cuda", True)
+    monkeypatch.setattr("cat.ops.policy.measured_kernel", lambda device: None)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert (KERNEL_TRAINING_TILE, KERNEL_INFERENCE_TILE) == (16, 32)
+    assert not kernel_for("auto", CPU, (14, 14), True, bf16)
+    assert kernel_for("auto", CUDA, (14, 14), True, bf16) and kernel_for("auto", CUDA, (7, 10), True, fp32)
+    assert not kernel_for("auto", CUDA, (24, 24), True, bf16) and kernel_for("auto", CUDA, (24, 24), False, bf16)
+    assert not kernel_for("auto", CUDA, (24, 24), False, fp32)  # exact float32 GEMMs: 16 x 16 tiles only
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert kernel_for("auto", CUDA, (24, 24), False, fp32)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert not kernel_for("auto", CUDA, (64, 64), False, bf16) and not kernel_for("auto", CUDA, (56, 56), True, bf16)
+    assert kernel_for("triton", CPU, (64, 64), True, fp32) and not kernel_for("aten", CUDA, (14, 14), True, bf16)
+    monkeypatch.setitem(check._verdicts, "cuda", False)
+    assert not kernel_for("auto", CUDA, (14, 14), True, bf16)
+    monkeypatch.setitem(check._verdicts, "cuda", True)
+    monkeypatch.setattr("cat.ops.policy.measured_kernel", lambda device: "aten")
+    assert not kernel_for("auto", CUDA, (14, 14), True, bf16)
+    assert [tile_of(s) for s in (7, 14, 16, 17, 24, 56, 64)] == [16, 16, 16, 32, 32, 64, 64]
+    assert covers((64, 64)) and not covers((65, 8))
+
+
+def test_the_first_use_check_falls_back_in_one_line_on_an_error_or_a_mismatch(monkeypatch, caplog):
+    """The check passes for the kernels as they are (here through the interpreter); a kernel that raises or computes
+    something else is turned off for the process with one warning naming the card and the reason."""
+    assert check.compare_with_aten(CPU) < 1e-5
+    assert check.kernels_work("cpu")
+    for device, failure in (("cpu:1", RuntimeError("ptxas fatal: out of registers")), ("cpu:2", 0.5)):
+
+        def broken(device, failure=failure):
+            if isinstance(failure, Exception):
+                raise failure
+            return failure
+
+        monkeypatch.setattr(check, "compare_with_aten", broken)
+        with caplog.at_level(logging.WARNING, logger="cat"):
+            assert not check.kernels_work(device)
+    lines = [r.getMessage() for r in caplog.records if "Triton kernels are off" in r.getMessage()]
+    assert len(lines) == 2
+    assert "RuntimeError: ptxas fatal: out of registers" in lines[0] and "relative error 5.0e-01" in lines[1]
+    assert all("the ATen path runs instead" in line for line in lines)
+
+
+# What auto hands the kernels at 224^2 (CA-DeiT: 14 x 14, trained and inferred, in each dtype and GEMM precision a
+# run can give them), 384^2 (24 x 24, inferred on the tensor cores) and 1024^2 (64 x 64: none, the ATen path).
+PRECISIONS = ((torch.float32, "ieee"), (torch.float32, "tf32"), (torch.bfloat16, "tf32"), (torch.float16, "tf32"))
+AOT_CASES = [(name, (14, 14), *p) for name in ("forward", "backward") for p in PRECISIONS]
+AOT_CASES += [("forward", (24, 24), *p) for p in PRECISIONS if p[1] == "tf32"]
+SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}  # the most a block may use (A100, H100)
+
+
+@pytest.mark.slow  # Triton's compiler and ptxas: about two seconds a case
+@pytest.mark.parametrize("capability", [80, 90])
+def test_every_configuration_auto_picks_compiles_for_the_cards_without_spills(capability, tmp_path):
+    """Compiled ahead of time for sm_80 and sm_90 with no GPU present: each configuration builds, ptxas reports no
+    register spill, and its shared memory fits the card; at 1024^2 auto takes the ATen path (no configuration)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    assert not kernel_for("auto", CUDA, (64, 64), False, torch.bfloat16)
+    ptxas = get_ptxas(capability).path
+    for name, hw, dtype, precision in AOT_CASES:
+        kernel = launch.compiled_for(f"circulant_{name}_kernel", hw, dtype, capability, precision)
+        ptx = tmp_path / f"{name}.ptx"
+        ptx.write_text(kernel.asm["ptx"])
+        arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
+        report = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={arch}", str(ptx), "-o", str(tmp_path / "out.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        case = (name, hw, dtype, precision)
+        assert "0 bytes spill stores, 0 bytes spill loads" in report, (case, report)
+        assert kernel.metadata.shared <= SHARED_MEMORY[capability], (case, kernel.metadata.shared)
