@@ -260,13 +260,13 @@ def circulant_attention_layer(
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, qkv_weight, gate_weight, proj_weight, prefix)
     )
-    attend: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    attend: Callable[[Tensor], Tensor] | None = None
     if policy in ("auto", "fft") and torch.jit.is_tracing() and not keep_weights:
         # From Python numbers: the tracer's sizes are tensors, whose power would round the scale to float32.
         traced_scale = (int(N) * head_dim) ** -0.5 if scale is None else float(scale)
 
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            maps = (t.reshape(B, H, W, C) for t in (q, k, v))
+        def attend(qkv: Tensor) -> Tensor:
+            maps = (t.reshape(B, H, W, C) for t in qkv.chunk(3, dim=-1))
             return traced_circulant_attention(*maps, head_dim, traced_scale).reshape(B, N, C)
 
     elif (
@@ -274,15 +274,15 @@ def circulant_attention_layer(
         and not exporting
         and kernel_for(check_kernel(attention_kernel), x.device, hw, training, compute_dtype(x))
     ):
-        from .kernels import circulant_kernel
+        from .kernels import circulant_kernel_qkv
 
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return circulant_kernel(q, k, v, (H, W), head_dim, scale)
+        def attend(qkv: Tensor) -> Tensor:
+            return circulant_kernel_qkv(qkv, (H, W), head_dim, scale)
 
     if attend is not None:
         gate = F.silu(F.linear(x, gate_weight, gate_bias)) if gate_weight is not None else None
         out = _token_layer(x, qkv_weight, gate, proj_weight, proj_bias, qkv_bias, reweight, prefix, attend)
-        return out, x.new_empty(0)
+        return out, out.narrow(0, 0, 0)  # no weights: an empty view, no operator
     # None (the released scale) stays None: the orthonormal transforms apply it, with no arithmetic on N, which is
     # symbolic under torch.export (any resolution).
     backend = backend_for(policy, x.device, compute_dtype(x))
@@ -383,16 +383,17 @@ def _token_layer(
     qkv_bias: Tensor | None,
     reweight: str,
     prefix: Tensor | None,
-    attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+    attend: Callable[[Tensor], Tensor],
 ) -> Tensor:
-    """:func:`circulant_attention_layer`'s output with q, k and v projected in token space (the whole qkv bias
-    applied: q's and k's parts do not act) and attended by ``attend`` (B, N, C each): ``cat::circulant_attention``
-    (a trace) or the Triton kernels."""
+    """:func:`circulant_attention_layer`'s output with q, k and v projected in token space, as one tensor (B, N, 3C)
+    (the whole qkv bias applied: q's and k's parts do not act) and attended by ``attend`` (to (B, N, C)):
+    ``cat::circulant_attention`` (a trace) or the Triton kernels."""
     P = 0 if prefix is None else prefix.shape[1]
-    q, k, v = F.linear(x[:, P:], qkv_weight, qkv_bias).chunk(3, dim=-1)
+    qkv = F.linear(x[:, P:] if P else x, qkv_weight, qkv_bias)
     if reweight == "pre" and gate is not None:  # no prefix here (refused above)
-        v = v * gate
-    y = attend(q, k, v)
+        C = qkv.shape[-1] // 3
+        qkv = torch.cat([qkv[..., : 2 * C], qkv[..., 2 * C :] * gate], dim=-1)
+    y = attend(qkv)
     if prefix is not None and P:
         y = torch.cat([prefix.to(y.dtype), y], dim=1)
     if reweight == "post" and gate is not None:

@@ -77,8 +77,8 @@ def test_the_operators_are_registered_with_fake_implementations_and_autograd():
     """torch.library's own check of the forward operator: its fake implementation, its schema and autograd formula
     agree with what it computes (torch.compile then keeps it one opaque node)."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 12, 2, requires_grad=True) for _ in range(3))
-    torch.library.opcheck(kernel_forward, (q, k, v, 3, 4, 1, 12**-0.5, "ieee"))
+    qkv = torch.randn(1, 12, 6, requires_grad=True)
+    torch.library.opcheck(kernel_forward, (qkv, 3, 4, 1, 12**-0.5, "ieee"))
 
 
 MODELS = {

@@ -13,7 +13,8 @@ logits_d = scale sum_i q_i k_{i+d}, w = softmax(logits), out_i = sum_d w_d v_{i+
                              g_q = scale IDFT(conj(Lf) DFT k_c)    (sum_d g_l,d k_{i+d})
                              g_k = scale IDFT(Lf DFT q_c)          (sum_d g_l,d q_{j-d})     (48 GEMMs a channel)
 
-Nothing of size N x N or any spectrum goes to memory: each gradient is written once, in the inputs' layout.
+Nothing of size N x N or any spectrum goes to memory: each gradient is written once, into the gradient of the qkv
+projection's output (B, N, 3C), as soon as it is made (fewer tiles live at once).
 """
 
 from __future__ import annotations
@@ -25,29 +26,20 @@ from .tiles import forward_dft, inverse_dft, map_offsets, tile_sum
 
 def circulant_backward_kernel(
     g_ptr,
-    q_ptr,
-    k_ptr,
-    v_ptr,
+    qkv_ptr,
     lse_ptr,
-    gq_ptr,
-    gk_ptr,
-    gv_ptr,
+    grad_ptr,
     H,
     W,
     heads,
+    C,
     scale,
     stride_gb,
     stride_gn,
     stride_gc,
-    stride_qb,
-    stride_qn,
-    stride_qc,
-    stride_kb,
-    stride_kn,
-    stride_kc,
-    stride_vb,
-    stride_vn,
-    stride_vc,
+    stride_b,
+    stride_n,
+    stride_c,
     stride_ob,
     stride_on,
     stride_oc,
@@ -61,24 +53,25 @@ def circulant_backward_kernel(
     head = program % heads
     n_inv = 1.0 / (H * W)
     g_offsets, mask = map_offsets(H, W, BH, BW, stride_gn)
-    q_offsets, _ = map_offsets(H, W, BH, BW, stride_qn)
-    k_offsets, _ = map_offsets(H, W, BH, BW, stride_kn)
-    v_offsets, _ = map_offsets(H, W, BH, BW, stride_vn)
+    offsets, _ = map_offsets(H, W, BH, BW, stride_n)
     o_offsets, _ = map_offsets(H, W, BH, BW, stride_on)
+    base = qkv_ptr + b * stride_b + offsets
+    g_base = g_ptr + b * stride_gb + g_offsets
+    out_base = grad_ptr + b * stride_ob + o_offsets
     first = head * HEAD_DIM
     lr = tl.full((BH, BW), 0.0, tl.float32)
     li = tl.full((BH, BW), 0.0, tl.float32)
     gwr = tl.full((BH, BW), 0.0, tl.float32)
     gwi = tl.full((BH, BW), 0.0, tl.float32)
     for c in range(first, first + HEAD_DIM):
-        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
         kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
         lr += qr * kr + qi * ki
         li += qr * ki - qi * kr
-        g = tl.load(g_ptr + b * stride_gb + c * stride_gc + g_offsets, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + b * stride_vb + c * stride_vc + v_offsets, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_base + c * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(base + (2 * C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         gr, gi = forward_dft(g, H, W, BH, BW, PRECISION)
         vr, vi = forward_dft(v, H, W, BH, BW, PRECISION)
         gwr += gr * vr + gi * vi
@@ -91,17 +84,17 @@ def circulant_backward_kernel(
     g_l = tl.where(mask, w * (g_w - inner), 0.0)
     wr, wi = forward_dft(w, H, W, BH, BW, PRECISION)
     glr, gli = forward_dft(g_l, H, W, BH, BW, PRECISION)
+    dtype = grad_ptr.dtype.element_ty
     for c in range(first, first + HEAD_DIM):
-        g = tl.load(g_ptr + b * stride_gb + c * stride_gc + g_offsets, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_base + c * stride_gc, mask=mask, other=0.0).to(tl.float32)
         gr, gi = forward_dft(g, H, W, BH, BW, PRECISION)
         g_v = inverse_dft(gr * wr - gi * wi, gr * wi + gi * wr, H, W, BH, BW, n_inv, PRECISION)
-        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_base + (2 * C + c) * stride_oc, g_v.to(dtype), mask=mask)
+        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
         g_q = inverse_dft(glr * kr + gli * ki, glr * ki - gli * kr, H, W, BH, BW, n_inv * scale, PRECISION)
-        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_base + c * stride_oc, g_q.to(dtype), mask=mask)
+        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
         qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
         g_k = inverse_dft(glr * qr - gli * qi, glr * qi + gli * qr, H, W, BH, BW, n_inv * scale, PRECISION)
-        at = b * stride_ob + c * stride_oc + o_offsets
-        tl.store(gq_ptr + at, g_q.to(gq_ptr.dtype.element_ty), mask=mask)
-        tl.store(gk_ptr + at, g_k.to(gk_ptr.dtype.element_ty), mask=mask)
-        tl.store(gv_ptr + at, g_v.to(gv_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_base + (C + c) * stride_oc, g_k.to(dtype), mask=mask)

@@ -10,8 +10,9 @@ softmax weights and their spectrum, and one channel's spectra at a time.
     Wf = DFT(w)                       (6 GEMMs)
     for each channel c:               out_c = IDFT(conj(Wf) DFT(v_c))   (out_i = sum_d w_d v_{i+d}, 12 GEMMs)
 
-Tokens are read where they lie, (B, N, C) with any strides (the qkv projection's chunks), each map's entries
-``stride_n`` apart; the accumulation and the softmax are in float32 whatever the inputs' dtype.
+Tokens are read where they lie: the qkv projection's output (B, N, 3C), q, k and v its channels [0, C), [C, 2C) and
+[2C, 3C), any strides, each map's entries ``stride_n`` apart; the accumulation and the softmax are in float32
+whatever the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -22,24 +23,17 @@ from .tiles import forward_dft, inverse_dft, map_offsets, softmax_of
 
 
 def circulant_forward_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
+    qkv_ptr,
     out_ptr,
     lse_ptr,
     H,
     W,
     heads,
+    C,
     scale,
-    stride_qb,
-    stride_qn,
-    stride_qc,
-    stride_kb,
-    stride_kn,
-    stride_kc,
-    stride_vb,
-    stride_vn,
-    stride_vc,
+    stride_b,
+    stride_n,
+    stride_c,
     stride_ob,
     stride_on,
     stride_oc,
@@ -52,16 +46,15 @@ def circulant_forward_kernel(
     b = program // heads
     head = program % heads
     n_inv = 1.0 / (H * W)
-    q_offsets, mask = map_offsets(H, W, BH, BW, stride_qn)
-    k_offsets, _ = map_offsets(H, W, BH, BW, stride_kn)
-    v_offsets, _ = map_offsets(H, W, BH, BW, stride_vn)
+    offsets, mask = map_offsets(H, W, BH, BW, stride_n)
     o_offsets, _ = map_offsets(H, W, BH, BW, stride_on)
+    base = qkv_ptr + b * stride_b + offsets
     first = head * HEAD_DIM
     lr = tl.full((BH, BW), 0.0, tl.float32)
     li = tl.full((BH, BW), 0.0, tl.float32)
     for c in range(first, first + HEAD_DIM):
-        q = tl.load(q_ptr + b * stride_qb + c * stride_qc + q_offsets, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + b * stride_kb + c * stride_kc + k_offsets, mask=mask, other=0.0).to(tl.float32)
+        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
         kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
         lr += qr * kr + qi * ki
@@ -71,7 +64,7 @@ def circulant_forward_kernel(
     tl.store(lse_ptr + program, lse)
     wr, wi = forward_dft(w, H, W, BH, BW, PRECISION)
     for c in range(first, first + HEAD_DIM):
-        v = tl.load(v_ptr + b * stride_vb + c * stride_vc + v_offsets, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(base + (2 * C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         vr, vi = forward_dft(v, H, W, BH, BW, PRECISION)
         out = inverse_dft(wr * vr + wi * vi, wr * vi - wi * vr, H, W, BH, BW, n_inv, PRECISION)
         tl.store(out_ptr + b * stride_ob + c * stride_oc + o_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)

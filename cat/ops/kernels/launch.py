@@ -29,6 +29,7 @@ __all__ = [
     "num_warps_for",
     "kernels",
     "circulant_kernel",
+    "circulant_kernel_qkv",
     "compiled_for",
     "gemm_precision",
 ]
@@ -115,77 +116,79 @@ def _strides(t: Tensor) -> tuple[int, int, int]:
 
 
 @torch.library.custom_op("cat::circulant_kernel_forward", mutates_args=())
-def kernel_forward(
-    q: Tensor, k: Tensor, v: Tensor, H: int, W: int, head_dim: int, scale: float, precision: str
-) -> tuple[Tensor, Tensor]:
-    """Circulant attention of q, k, v (B, N, C) on an H x W grid: the output (B, N, C) in their dtype and the
-    log-sum-exp (B, heads) in float32."""
-    B, _, C = q.shape
+def kernel_forward(qkv: Tensor, H: int, W: int, head_dim: int, scale: float, precision: str) -> tuple[Tensor, Tensor]:
+    """Circulant attention of the qkv projection's output (B, N, 3C: q, k, v in that order) on an H x W grid: the
+    output (B, N, C) in its dtype and the log-sum-exp (B, heads) in float32."""
+    B, N, C3 = qkv.shape
+    C = C3 // 3
     heads = C // head_dim
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, heads, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, N, C, dtype=qkv.dtype, device=qkv.device)
+    lse = torch.empty(B, heads, dtype=torch.float32, device=qkv.device)
     _launch(
-        "circulant_forward_kernel", B * heads, (H, W), head_dim, q.device,
-        q, k, v, out, lse, H, W, heads, scale, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        "circulant_forward_kernel", B * heads, (H, W), head_dim, qkv.device,
+        qkv, out, lse, H, W, heads, C, scale, *_strides(qkv), *_strides(out),
         precision=precision,
     )  # fmt: skip
     return out, lse
 
 
 @kernel_forward.register_fake
-def _kernel_forward_shape(q, k, v, H, W, head_dim, scale, precision):
-    return q.new_empty(q.shape), q.new_empty(q.shape[0], q.shape[2] // head_dim, dtype=torch.float32)
+def _kernel_forward_shape(qkv, H, W, head_dim, scale, precision):
+    B, N, C3 = qkv.shape
+    return qkv.new_empty(B, N, C3 // 3), qkv.new_empty(B, C3 // 3 // head_dim, dtype=torch.float32)
 
 
 @torch.library.custom_op("cat::circulant_kernel_backward", mutates_args=())
 def kernel_backward(
-    g: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, H: int, W: int, head_dim: int, scale: float,
-    precision: str,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """The gradients of q, k and v (B, N, C) given the output's ``g``, recomputed from q, k, v and ``lse``."""
-    B, _, C = q.shape
-    heads = C // head_dim
-    grads = [torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)]
+    g: Tensor, qkv: Tensor, lse: Tensor, H: int, W: int, head_dim: int, scale: float, precision: str
+) -> Tensor:
+    """The gradient of the qkv projection's output (B, N, 3C) given the attention output's ``g``, recomputed from
+    ``qkv`` and ``lse``."""
+    B, N, C3 = qkv.shape
+    heads = C3 // 3 // head_dim
+    grad = torch.empty(B, N, C3, dtype=qkv.dtype, device=qkv.device)
     _launch(
-        "circulant_backward_kernel", B * heads, (H, W), head_dim, q.device,
-        g, q, k, v, lse, *grads, H, W, heads, scale,
-        *_strides(g), *_strides(q), *_strides(k), *_strides(v), *_strides(grads[0]),
+        "circulant_backward_kernel", B * heads, (H, W), head_dim, qkv.device,
+        g, qkv, lse, grad, H, W, heads, C3 // 3, scale, *_strides(g), *_strides(qkv), *_strides(grad),
         precision=precision,
     )  # fmt: skip
-    return grads[0], grads[1], grads[2]
+    return grad
 
 
 @kernel_backward.register_fake
-def _kernel_backward_shape(g, q, k, v, lse, H, W, head_dim, scale, precision):
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+def _kernel_backward_shape(g, qkv, lse, H, W, head_dim, scale, precision):
+    return qkv.new_empty(qkv.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, H, W, head_dim, scale, precision = inputs
-    ctx.save_for_backward(q, k, v, output[1])
+    qkv, H, W, head_dim, scale, precision = inputs
+    ctx.save_for_backward(qkv, output[1])
     ctx.settings = (H, W, head_dim, scale, precision)
 
 
 def _backward(ctx, g_out: Tensor, _g_lse: Tensor | None):
-    q, k, v, lse = ctx.saved_tensors
-    g_q, g_k, g_v = kernel_backward(g_out.contiguous(), q, k, v, lse, *ctx.settings)
-    return g_q, g_k, g_v, None, None, None, None, None
+    qkv, lse = ctx.saved_tensors
+    return kernel_backward(g_out, qkv, lse, *ctx.settings), None, None, None, None, None
 
 
 kernel_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def circulant_kernel_qkv(qkv: Tensor, hw: tuple[int, int], head_dim: int = 1, scale: float | None = None) -> Tensor:
+    """Circulant attention through the kernels (one each way) of the qkv projection's output (B, N, 3C), q, k and v
+    its channels in that order, on the grid ``hw``, in its dtype: logits_d = scale sum_i <q_i, k_{i+d}> over each
+    head's channels, w = softmax over the N offsets, out_i = sum_d w_d v_{i+d}; (B, N, C). ``scale`` None: the
+    released 1 / sqrt(N head_dim)."""
+    H, W = hw
+    scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
+    return kernel_forward(qkv, H, W, head_dim, scale, gemm_precision(qkv.dtype, qkv.device))[0]
+
+
 def circulant_kernel(
     q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int = 1, scale: float | None = None
 ) -> Tensor:
-    """Circulant attention of tokens q, k, v (B, N, C) on the grid ``hw`` through the kernels (one each way), in the
-    inputs' (common) dtype: logits_d = scale sum_i <q_i, k_{i+d}> over each head's channels, w = softmax over the
-    N offsets, out_i = sum_d w_d v_{i+d}. ``scale`` None: the released 1 / sqrt(N head_dim)."""
-    H, W = hw
-    scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
-    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    return kernel_forward(q, k, v, H, W, head_dim, scale, gemm_precision(dtype, q.device))[0]
+    """:func:`circulant_kernel_qkv` of separate q, k, v (B, N, C), joined first (one copy)."""
+    return circulant_kernel_qkv(torch.cat([q, k, v], dim=-1), hw, head_dim, scale)
 
 
 def compiled_for(
@@ -199,7 +202,7 @@ def compiled_for(
 
     element = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     kernel = kernels(interpreted=False)[name]
-    pointers = 5 if name == "circulant_forward_kernel" else 8
+    pointers = 3 if name == "circulant_forward_kernel" else 4
     signature: dict[str, str] = {}
     for position, argument in enumerate(kernel.arg_names):
         if argument in ("BH", "BW", "HEAD_DIM", "PRECISION"):
