@@ -17,10 +17,11 @@ listed as skipped, the most telling cases measured first). Writes ``gpu_check.js
 2. The DFT under half precision: a CA-DeiT-T training step at 224^2 B=64 and 1024^2 B=2 with each DFT, interleaved;
    the faster (geometric mean over both) is recorded for this card (:func:`cat.ops.policy.record_measured_backend`),
    and ``fft_backend=auto`` takes it from then on.
-3. Speed: CA-DeiT-T against DeiT-T with SDPA and with its softmax as matrix products, training (forward,
-   cross-entropy, backward, fused AdamW) at 224^2 B=64 and 1024^2 B=2, inference at 224^2 B=8 and 1536^2 B=1,
-   fp32 and bf16; eager everywhere, then compiled (``reduce-overhead``: CUDA graphs, and ``default``) for the cases
-   the targets of docs/perf.md name first.
+3. Speed: CA-DeiT-T through the Triton kernels and through ATen's operators against DeiT-T with SDPA and with its
+   softmax as matrix products, training (forward, cross-entropy, backward, fused AdamW) at 224^2 B=64 and 1024^2
+   B=2, inference at 224^2 B=8 and 1536^2 B=1, fp32 and bf16; compiled with CUDA graphs first (as a run trains),
+   then eager, then compiled without CUDA graphs. The kernels' speed against ATen in the default training step is
+   recorded for the card (``attention_kernel=auto`` reads it), and Fig. 4 is drawn from the compiled rows.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from cat.ops import CirculantAttention, circulant_attention, set_fft_backend
 from cat.ops.policy import record_measured_backend
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import interleaved_medians, positive_int
-from cat.toolkit.fig4 import MODELS, gflops, plot
+from cat.toolkit.fig4 import MODELS as FIG4_MODELS
+from cat.toolkit.fig4 import gflops, plot
 from cat.toolkit.variants import build_variant, train_step_fns
 
 
@@ -128,9 +130,15 @@ def correctness(device: str, fft_backend: str = "auto") -> list[dict[str, object
     return rows
 
 
+# Fig. 4's models, CA-DeiT-T's attention as the Triton kernels and as ATen's operators.
+MODELS = {
+    "CA-DeiT-T": "ca_deit_tiny+triton",
+    "CA-DeiT-T (ATen)": "ca_deit_tiny+aten",
+    **{label: spec for label, spec in FIG4_MODELS.items() if label != "CA-DeiT-T"},
+}
 # (what, resolution, batch), in the order of their priority within a compile mode.
 CASES = (("train", 224, 64), ("infer", 1536, 1), ("train", 1024, 2), ("infer", 224, 8))
-COMPILED_CASES = (("train", 224, 64), ("infer", 1536, 1))  # the targets' cases: compiled where the budget allows
+COMPILED_CASES = CASES  # the targets' cases, compiled with CUDA graphs as a run is
 DFT_CASES = ((224, 64), (1024, 2))
 
 
@@ -190,13 +198,9 @@ def dft_choice(device: str, card: str, rounds: int) -> dict[str, dict[str, objec
 def speed(device: str, rounds: int, deadline: float) -> tuple[list[dict[str, object]], list[str]]:
     """The speed matrix, eager first, then compiled cases, each row CA-DeiT-T's against the baselines; what the
     ``deadline`` (time.monotonic) leaves out is named in the second list."""
-    plan = [(None, case, dtype) for dtype in ("fp32", "bf16") for case in CASES]
-    plan += [
-        (mode, case, dtype)
-        for mode in ("reduce-overhead", "default")
-        for case in COMPILED_CASES
-        for dtype in ("bf16", "fp32")
-    ]
+    plan = [("reduce-overhead", case, dtype) for dtype in ("bf16", "fp32") for case in COMPILED_CASES]
+    plan += [(None, case, dtype) for dtype in ("fp32", "bf16") for case in CASES]
+    plan += [("default", case, dtype) for case in COMPILED_CASES[:2] for dtype in ("bf16", "fp32")]
     rows, skipped = [], []
     for mode, (what, res, batch), dtype in plan:
         name = f"{what} {res}^2 B={batch} {dtype} {mode or 'eager'}"
@@ -212,7 +216,8 @@ def speed(device: str, rounds: int, deadline: float) -> tuple[list[dict[str, obj
         rows.append(row)
         print(
             f"{name:>40}: CA-DeiT-T {base * 1e3:8.2f} ms; speed against SDPA {row['speed vs DeiT-T (SDPA)']:.2f}x, "
-            f"against matmul softmax {row['speed vs DeiT-T (matmul)']:.2f}x",
+            f"against matmul softmax {row['speed vs DeiT-T (matmul)']:.2f}x, against its ATen path "
+            f"{row['speed vs CA-DeiT-T (ATen)']:.2f}x",
             flush=True,
         )
     return rows, skipped
@@ -313,9 +318,27 @@ def default_steps(device: str, steps: int = 6) -> list[dict[str, object]]:
     return rows
 
 
+def kernel_choice(rows: list[dict[str, object]], card: str) -> dict[str, object] | None:
+    """The kernels against the ATen path in the default training step (224^2, B=64, bf16, CUDA graphs): the faster
+    recorded for ``card`` (:func:`cat.ops.policy.record_measured_kernel`), which ``attention_kernel=auto`` reads."""
+    from cat.ops.policy import record_measured_kernel
+
+    for row in rows:
+        if (row["what"], row["res"], row["dtype"], row["mode"]) == ("train", 224, "bf16", "reduce-overhead"):
+            ratio = float(row["speed vs CA-DeiT-T (ATen)"])  # the ATen step's time over the kernels'
+            choice = "triton" if ratio >= 1 else "aten"
+            path = record_measured_kernel(card, choice)
+            print(f"attention kernel: the Triton kernels {ratio:.2f}x the ATen path's speed -> {choice}, in {path}")
+            return {"kernels_speed_over_aten": ratio, "choice": choice, "recorded": str(path)}
+    return None
+
+
 def figure(rows: list[dict[str, object]], out: Path, card: str) -> None:
-    """Fig. 4 (a, b) from the eager inference rows: FLOPs and images/s over resolution."""
-    infer = [r for r in rows if r["what"] == "infer" and r["mode"] == "eager"]
+    """Fig. 4 (a, b) from the compiled inference rows (CUDA graphs; the eager ones where none were measured): FLOPs
+    and images/s over resolution, CA-DeiT-T through the kernels and through ATen beside DeiT-T's SDPA and the paper's
+    matmul softmax."""
+    infer = [r for r in rows if r["what"] == "infer" and r["mode"] == "reduce-overhead"]
+    infer = infer or [r for r in rows if r["what"] == "infer" and r["mode"] == "eager"]
     resolutions = sorted({int(r["res"]) for r in infer})
     result: dict[str, object] = {
         "device": card,
@@ -367,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         result["default_steps"] = default_steps("cuda")
         result["dft_choice"] = dft_choice("cuda", card, args.rounds)
         result["speed"], result["skipped"] = speed("cuda", args.rounds, started + args.budget_s)
+        result["kernel_choice"] = kernel_choice(result["speed"], card)
         figure(result["speed"], out, card)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
     bad = [r for r in result["correctness"] if r["rel_err"] >= r["tolerance"]]

@@ -37,12 +37,13 @@ def plot(result: dict[str, Any], out: Path) -> None:
     fig, axes = plt.subplots(1, 4 if families else 2, figsize=(18 if families else 9, 3.8))
     ax_flops, ax_fps = axes[:2]
     res = result["resolutions"]
-    for label in MODELS:
+    labels = list(result["gflops"])  # the models the result measured (MODELS, and any a tool adds)
+    for label in labels:
         if label != "DeiT-T (matmul)":  # the same FLOPs as SDPA's
             ax_flops.plot(res, [result["gflops"][label][str(r)] for r in res], "o-", label=label)
     for dtype, rows in result["speed"].items():
         style = "o-" if dtype == "fp32" else "s--"
-        for label in MODELS:
+        for label in labels:
             ax_fps.plot(res, [rows[str(r)][label]["infer_img_s"] for r in res], style, label=f"{label} {dtype}")
     last = str(res[-1])
     for dtype, rows in result["speed"].items():  # CA-DeiT-T's speed-up over the paper's baseline, at the largest

@@ -5,7 +5,8 @@ Variants: ``+lean`` and ``+stored`` (circulant attention's backward from its inp
 ``+checkpointed`` (timm's activation checkpointing), ``+converted`` (:func:`cat.convert` of a softmax model),
 ``+matmul`` (a softmax model's attention written as matrix products and a softmax, as timm computes it with
 ``TIMM_FUSED_ATTN=0``: the paper's baseline), ``+separable`` and ``+fft`` (circulant attention's DFTs as GEMMs, or
-as torch.fft in float32, whatever ``auto`` would take).
+as torch.fft in float32, whatever ``auto`` would take), ``+triton`` and ``+aten`` (circulant attention as the Triton
+kernels, or as ATen's operators, whatever ``auto`` would take).
 """
 
 from __future__ import annotations
@@ -21,12 +22,24 @@ import torch.nn.functional as F
 import cat
 from cat.classification.optimization import step_kwargs
 from cat.errors import ConfigError
-from cat.ops import CirculantAttention, set_fft_backend, set_lean_attention
+from cat.ops import CirculantAttention, set_attention_kernel, set_fft_backend, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 
 __all__ = ["VARIANTS", "split_variant", "build_variant", "train_step_fns"]
 
-VARIANTS = ("", "lean", "stored", "released", "checkpointed", "converted", "matmul", "separable", "fft")
+VARIANTS = (
+    "",
+    "lean",
+    "stored",
+    "released",
+    "checkpointed",
+    "converted",
+    "matmul",
+    "separable",
+    "fft",
+    "triton",
+    "aten",
+)
 
 
 def split_variant(spec: str) -> tuple[str, str]:
@@ -49,6 +62,8 @@ def build_variant(spec: str, res: int, device: str | torch.device, model_args: d
         set_lean_attention(model, variant == "lean")
     if variant in ("separable", "fft"):
         set_fft_backend(model, "separable" if variant == "separable" else "fft")
+    if variant in ("triton", "aten"):
+        set_attention_kernel(model, "triton" if variant == "triton" else "aten")
     model.set_grad_checkpointing(variant == "checkpointed")
     if variant == "released":
         for module in model.modules():

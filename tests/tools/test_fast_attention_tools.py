@@ -229,6 +229,8 @@ def test_gpu_check_times_both_dfts_records_the_faster_and_keeps_its_budget_on_cp
     monkeypatch.setattr(gpu_check, "DFT_CASES", ((32, 2),))
     monkeypatch.setattr(gpu_check, "CASES", (("train", 32, 2), ("infer", 64, 1)))
     monkeypatch.setattr(gpu_check, "COMPILED_CASES", ())
+    # The kernels through Triton's interpreter would take minutes here (tests/ops/test_kernels.py checks them).
+    monkeypatch.setitem(gpu_check.MODELS, "CA-DeiT-T", "ca_deit_tiny+aten")
     choice = gpu_check.dft_choice("cpu", "cpu", 1)
     recorded = json.loads(policy.measured_choices_path().read_text())
     assert recorded == {"cpu": {"bfloat16": choice["bf16"]["choice"], "float16": choice["fp16"]["choice"]}}
@@ -246,6 +248,12 @@ def test_gpu_check_times_both_dfts_records_the_faster_and_keeps_its_budget_on_cp
     ]
     for r in rows:
         assert r["speed vs DeiT-T (SDPA)"] == pytest.approx(r["DeiT-T (SDPA) ms"] / r["CA-DeiT-T ms"])
+        assert r["speed vs CA-DeiT-T (ATen)"] == pytest.approx(r["CA-DeiT-T (ATen) ms"] / r["CA-DeiT-T ms"])
+    assert gpu_check.kernel_choice(rows, "cpu") is None  # no compiled training row: nothing recorded
+    default_step = {"what": "train", "res": 224, "dtype": "bf16", "mode": "reduce-overhead"}
+    for ratio, choice in ((1.3, "triton"), (0.8, "aten")):
+        assert gpu_check.kernel_choice([default_step | {"speed vs CA-DeiT-T (ATen)": ratio}], "cpu")["choice"] == choice
+        assert policy.measured_kernel("cpu") == choice  # what attention_kernel=auto reads for the card
     left_out = [f"{what} {res}^2 B={b} {dtype} eager" for dtype in ("fp32", "bf16") for what, res, b in gpu_check.CASES]
     assert gpu_check.speed("cpu", 1, time.monotonic() - 1) == ([], left_out)
     gpu_check.figure(rows, tmp_path, "cpu")
