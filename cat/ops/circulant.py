@@ -35,6 +35,7 @@ from .fused import (
     token_maps,
     value_bias,
 )
+from .kernels.check import use_kernels
 from .policy import (
     BackendPolicy,
     KernelPolicy,
@@ -45,7 +46,6 @@ from .policy import (
     check_kernel,
     check_lean,
     compute_dtype,
-    kernel_for,
     lean_for,
 )
 from .precision import fft_dtype, fft_itemsize
@@ -272,9 +272,9 @@ def circulant_attention_layer(
     elif (
         not keep_weights
         and not exporting
-        and kernel_for(check_kernel(attention_kernel), x.device, hw, training, compute_dtype(x))
+        and use_kernels(check_kernel(attention_kernel), x.device, hw, training, compute_dtype(x))
     ):
-        from .kernels import circulant_kernel_qkv
+        from .kernels.launch import circulant_kernel_qkv
 
         def attend(qkv: Tensor) -> Tensor:
             return circulant_kernel_qkv(qkv, (H, W), head_dim, scale)

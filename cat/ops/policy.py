@@ -54,6 +54,8 @@ __all__ = [
     "kernel_for",
     "measured_kernel",
     "record_measured_kernel",
+    "tile_of",
+    "gemm_precision",
 ]
 
 LeanPolicy = bool | Literal["auto"]
@@ -65,6 +67,8 @@ KERNEL_POLICIES: tuple[KernelPolicy, ...] = ("auto", "triton", "aten")
 # (TF32: half-precision inputs, or float32 with amp.tf32; exact float32 GEMMs spill there). Past them the ATen path.
 KERNEL_TRAINING_TILE = 16
 KERNEL_INFERENCE_TILE = 32
+# The smallest tile the kernels' GEMMs (tl.dot) take.
+MIN_TILE = 16
 
 # ``auto`` keeps a block's spectra while a model of this many such blocks (CA-Swin-B has 24) would keep at most the
 # memory budget.
@@ -253,27 +257,35 @@ def record_measured_kernel(card: str, kernel: Literal["triton", "aten"]) -> Path
     return _record(card, "kernel", kernel)
 
 
+def tile_of(side: int) -> int:
+    """The kernels' tile side for a grid side: a power of two, at least :data:`MIN_TILE`."""
+    return max(MIN_TILE, 1 << max(side - 1, 0).bit_length())
+
+
+def gemm_precision(dtype: torch.dtype, device: torch.device) -> str:
+    """The kernels' GEMM precision: TF32 tensor cores for half-precision inputs (more mantissa than they have) and for
+    float32 where the run allows TF32 (``amp.tf32``); exact float32 ('ieee') otherwise."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return "tf32"
+    allowed = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if allowed else "ieee"
+
+
 def kernel_for(
     kernel: KernelPolicy, device: torch.device, hw: tuple[int, int], training: bool, dtype: torch.dtype
 ) -> bool:
     """Whether circulant attention on ``device`` over the grid ``hw``, computing in ``dtype``, runs through the
-    Triton kernels: 'triton' always, 'aten' never; 'auto' on CUDA where the grid's tile fits on chip
+    Triton kernels by the rule: 'triton' always, 'aten' never; 'auto' on CUDA where the grid's tile fits on chip
     (:data:`KERNEL_TRAINING_TILE`, :data:`KERNEL_INFERENCE_TILE`), unless ``tools/gpu_check.py`` measured ATen faster
-    on the card, or the kernels failed their check against ATen on its first use in this process
-    (:mod:`cat.ops.kernels.check`). A CPU keeps the ATen path."""
+    on the card. A CPU keeps the ATen path. (For 'auto' the kernels must also pass their first-use check:
+    :func:`cat.ops.kernels.check.use_kernels`.)"""
     if kernel != "auto":
         return kernel == "triton"
     if device.type != "cuda":
         return False
-    from .kernels.launch import gemm_precision, tile_of
-
     tensor_cores = gemm_precision(dtype, device) == "tf32"
     limit = KERNEL_INFERENCE_TILE if not training and tensor_cores else KERNEL_TRAINING_TILE
-    if max(tile_of(hw[0]), tile_of(hw[1])) > limit or measured_kernel(str(device)) == "aten":
-        return False
-    from .kernels.check import kernels_work
-
-    return kernels_work(str(device))
+    return max(tile_of(hw[0]), tile_of(hw[1])) <= limit and measured_kernel(str(device)) != "aten"
 
 
 def backend_for(backend: BackendPolicy, device: torch.device, dtype: torch.dtype) -> DFTBackend:

@@ -13,8 +13,9 @@ import torch
 import cat
 from cat.ops import circulant_attention, set_attention_kernel
 from cat.ops.kernels import check, launch
-from cat.ops.kernels.launch import circulant_kernel, covers, kernel_forward, tile_of
-from cat.ops.policy import KERNEL_INFERENCE_TILE, KERNEL_TRAINING_TILE, kernel_for
+from cat.ops.kernels.check import use_kernels
+from cat.ops.kernels.launch import circulant_kernel, kernel_forward
+from cat.ops.policy import KERNEL_INFERENCE_TILE, KERNEL_TRAINING_TILE, kernel_for, tile_of
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -146,13 +147,14 @@ def test_auto_takes_the_kernels_on_cuda_for_the_grids_they_hold(monkeypatch):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     assert not kernel_for("auto", CUDA, (64, 64), False, bf16) and not kernel_for("auto", CUDA, (56, 56), True, bf16)
     assert kernel_for("triton", CPU, (64, 64), True, fp32) and not kernel_for("aten", CUDA, (14, 14), True, bf16)
-    monkeypatch.setitem(check._verdicts, "cuda", False)
-    assert not kernel_for("auto", CUDA, (14, 14), True, bf16)
+    monkeypatch.setitem(check._verdicts, "cuda", False)  # the kernels failed their first check on this card
+    assert kernel_for("auto", CUDA, (14, 14), True, bf16) and not use_kernels("auto", CUDA, (14, 14), True, bf16)
+    assert use_kernels("triton", CUDA, (14, 14), True, bf16)  # asked for by name: no check
     monkeypatch.setitem(check._verdicts, "cuda", True)
+    assert use_kernels("auto", CUDA, (14, 14), True, bf16)
     monkeypatch.setattr("cat.ops.policy.measured_kernel", lambda device: "aten")
     assert not kernel_for("auto", CUDA, (14, 14), True, bf16)
     assert [tile_of(s) for s in (7, 14, 16, 17, 24, 56, 64)] == [16, 16, 16, 32, 32, 64, 64]
-    assert covers((64, 64)) and not covers((65, 8))
 
 
 def test_the_first_use_check_falls_back_in_one_line_on_an_error_or_a_mismatch(monkeypatch, caplog):

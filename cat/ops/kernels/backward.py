@@ -4,12 +4,13 @@ forward's log-sum-exp per head, as flash attention's backward does, and writes t
 What a program holds: one head of one image (:mod:`.forward`), with the gradient g of its output. In the forward,
 logits_d = scale sum_i q_i k_{i+d}, w = softmax(logits), out_i = sum_d w_d v_{i+d}; so, with G = DFT(g):
 
-    pass 1, each channel c:  L += conj(DFT q_c) DFT k_c;  Gw += conj(G_c) DFT v_c         (24 GEMMs a channel)
-    logits = scale IDFT(L);  w = exp(logits - lse)                 (the forward's weights, recomputed)
+    each channel c:          L += conj(DFT q_c) DFT k_c;  logits = scale IDFT(L)      (as the forward: 12 GEMMs)
+                             w = exp(logits - lse)                 (the forward's weights, recomputed)
+    each channel c:          Gw += conj(G_c) DFT v_c               (12 GEMMs a channel)
     g_w = IDFT(Gw)           (dL/dw_d = sum_c sum_i g_i v_{i+d})
     g_l = w (g_w - sum_d w_d g_w,d)                                (the softmax's backward, float32)
     Wf, Lf = DFT(w), DFT(g_l)
-    pass 2, each channel c:  g_v = IDFT(G_c Wf)                    (sum_i g_i w_{j-i})
+    each channel c:          g_v = IDFT(G_c Wf)                    (sum_i g_i w_{j-i})
                              g_q = scale IDFT(conj(Lf) DFT k_c)    (sum_d g_l,d k_{i+d})
                              g_k = scale IDFT(Lf DFT q_c)          (sum_d g_l,d q_{j-d})     (48 GEMMs a channel)
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from .tiles import forward_dft, inverse_dft, map_offsets, tile_sum
+from .tiles import forward_dft, head_logits, inverse_dft, map_offsets, tile_sum
 
 
 def circulant_backward_kernel(
@@ -59,24 +60,16 @@ def circulant_backward_kernel(
     g_base = g_ptr + b * stride_gb + g_offsets
     out_base = grad_ptr + b * stride_ob + o_offsets
     first = head * HEAD_DIM
-    lr = tl.full((BH, BW), 0.0, tl.float32)
-    li = tl.full((BH, BW), 0.0, tl.float32)
+    logits = head_logits(base, stride_c, first, C, mask, H, W, BH, BW, HEAD_DIM, scale, PRECISION)
     gwr = tl.full((BH, BW), 0.0, tl.float32)
     gwi = tl.full((BH, BW), 0.0, tl.float32)
     for c in range(first, first + HEAD_DIM):
-        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
-        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
-        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
-        lr += qr * kr + qi * ki
-        li += qr * ki - qi * kr
         g = tl.load(g_base + c * stride_gc, mask=mask, other=0.0).to(tl.float32)
         v = tl.load(base + (2 * C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
         gr, gi = forward_dft(g, H, W, BH, BW, PRECISION)
         vr, vi = forward_dft(v, H, W, BH, BW, PRECISION)
         gwr += gr * vr + gi * vi
         gwi += gr * vi - gi * vr
-    logits = inverse_dft(lr, li, H, W, BH, BW, n_inv, PRECISION) * scale
     lse = tl.load(lse_ptr + program)
     w = tl.where(mask, tl.exp(logits - lse), 0.0)
     g_w = inverse_dft(gwr, gwi, H, W, BH, BW, n_inv, PRECISION)

@@ -8,18 +8,30 @@ from __future__ import annotations
 import logging
 
 import torch
+from torch import Tensor
 
-__all__ = ["TOLERANCE", "kernels_work", "compare_with_aten"]
+from ..dft import rfft2
+from ..policy import KernelPolicy, kernel_for
+from ..spectral import attend_spectra
+
+__all__ = ["TOLERANCE", "kernels_work", "compare_with_aten", "use_kernels"]
 
 # Relative error (float32, exact GEMMs) past which the kernels are not used: a correct kernel is near 1e-6.
 TOLERANCE = 1e-3
 _verdicts: dict[str, bool] = {}
 
 
+def _aten(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int) -> Tensor:
+    """The ATen path on tokens (B, N, C): orthonormal spectra of q, k, v, then :func:`cat.ops.spectral.attend_spectra`
+    (what :func:`cat.ops.circulant_attention` computes)."""
+    maps = [t.permute(2, 0, 1).unflatten(-1, hw) for t in (q, k, v)]
+    q_f, k_f, v_f = (rfft2(m, "fft", logits=m is not maps[2], norm="ortho") for m in maps)
+    return attend_spectra(q_f, k_f, v_f, hw, head_dim, None, "fft")[0].flatten(-2).permute(1, 2, 0)
+
+
 def compare_with_aten(device: torch.device) -> float:
     """The largest relative error of the kernels' output and input gradients against the ATen path's, on a small
     random input (two images, a 7 x 10 grid, four channels in heads of two) on ``device``."""
-    from ..circulant import circulant_attention
     from .launch import circulant_kernel
 
     generator = torch.Generator().manual_seed(0)
@@ -29,9 +41,7 @@ def compare_with_aten(device: torch.device) -> float:
     results = []
     for attend in (
         lambda a, b, c: circulant_kernel(a, b, c, (7, 10), 2),
-        lambda a, b, c: circulant_attention(
-            a.view(2, 7, 10, 4), b.view(2, 7, 10, 4), c.view(2, 7, 10, 4), head_dim=2
-        ).view(2, 70, 4),
+        lambda a, b, c: _aten(a, b, c, (7, 10), 2),
     ):
         out = attend(q, k, v)
         results.append((out.detach(), *torch.autograd.grad(out, (q, k, v), g)))
@@ -64,3 +74,11 @@ def kernels_work(device: str) -> bool:
                 "circulant attention's Triton kernels are off on %s (%s): the ATen path runs instead", card, reason
             )
     return _verdicts[device]
+
+
+def use_kernels(kernel: KernelPolicy, device: torch.device, hw: tuple[int, int], training: bool, dtype) -> bool:
+    """Whether circulant attention runs through the kernels: :func:`cat.ops.policy.kernel_for`'s rule, and for 'auto'
+    their first-use check on the device (:func:`kernels_work`)."""
+    if not kernel_for(kernel, device, hw, training, dtype):
+        return False
+    return kernel != "auto" or kernels_work(str(device))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from .tiles import forward_dft, inverse_dft, map_offsets, softmax_of
+from .tiles import forward_dft, head_logits, inverse_dft, map_offsets, softmax_of
 
 
 def circulant_forward_kernel(
@@ -50,16 +50,7 @@ def circulant_forward_kernel(
     o_offsets, _ = map_offsets(H, W, BH, BW, stride_on)
     base = qkv_ptr + b * stride_b + offsets
     first = head * HEAD_DIM
-    lr = tl.full((BH, BW), 0.0, tl.float32)
-    li = tl.full((BH, BW), 0.0, tl.float32)
-    for c in range(first, first + HEAD_DIM):
-        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
-        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
-        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
-        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
-        lr += qr * kr + qi * ki
-        li += qr * ki - qi * kr
-    logits = inverse_dft(lr, li, H, W, BH, BW, n_inv, PRECISION) * scale
+    logits = head_logits(base, stride_c, first, C, mask, H, W, BH, BW, HEAD_DIM, scale, PRECISION)
     w, lse = softmax_of(logits, mask)
     tl.store(lse_ptr + program, lse)
     wr, wi = forward_dft(w, H, W, BH, BW, PRECISION)

@@ -17,46 +17,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..policy import gemm_precision, tile_of
 from . import backward as backward_module
 from . import forward as forward_module
 from . import tiles
 
 __all__ = [
-    "MIN_TILE",
-    "MAX_TILE",
-    "tile_of",
-    "covers",
     "num_warps_for",
     "kernels",
     "circulant_kernel",
     "circulant_kernel_qkv",
     "compiled_for",
-    "gemm_precision",
 ]
 
-# The smallest tile tl.dot takes, and the largest side the kernels hold on chip (cat.ops.policy routes larger grids
-# to the ATen path).
-MIN_TILE = 16
-MAX_TILE = 64
 _HELPERS = (
     tiles.dft_matrices,
     tiles.forward_dft,
     tiles.inverse_dft,
     tiles.map_offsets,
+    tiles.head_logits,
     tiles.tile_sum,
     tiles.tile_max,
     tiles.softmax_of,
 )
-
-
-def tile_of(side: int) -> int:
-    """The tile side that holds a grid side: a power of two, at least :data:`MIN_TILE`."""
-    return max(MIN_TILE, 1 << max(side - 1, 0).bit_length())
-
-
-def covers(hw: tuple[int, int]) -> bool:
-    """Whether the kernels hold an H x W grid on chip."""
-    return max(tile_of(hw[0]), tile_of(hw[1])) <= MAX_TILE
 
 
 def num_warps_for(bh: int, bw: int) -> int:
@@ -91,15 +74,6 @@ def kernels(interpreted: bool) -> dict[str, Any]:
         body = _rebound(getattr(module, name), namespace)
         made[name] = InterpretedFunction(body) if interpreted else triton.jit(body)
     return made
-
-
-def gemm_precision(dtype: torch.dtype, device: torch.device) -> str:
-    """The GEMMs' precision: TF32 tensor cores for half-precision inputs (more mantissa than they have) and for
-    float32 where the run allows TF32 (``amp.tf32``); exact float32 otherwise."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return "tf32"
-    allowed = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    return "tf32" if allowed else "ieee"
 
 
 def _launch(

@@ -67,6 +67,34 @@ def map_offsets(H, W, BH: tl.constexpr, BW: tl.constexpr, stride_n):
     return (i * W + j) * stride_n, (i < H) & (j < W)
 
 
+def head_logits(
+    base,
+    stride_c,
+    first,
+    C,
+    mask,
+    H,
+    W,
+    BH: tl.constexpr,
+    BW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    scale,
+    PRECISION: tl.constexpr,
+):
+    """The logits (a BH x BW tile) of one head: scale * IDFT(sum over its channels of conj(DFT q_c) DFT k_c), q_c at
+    channel ``first + c`` of ``base`` and k_c ``C`` channels further, ``stride_c`` apart."""
+    lr = tl.full((BH, BW), 0.0, tl.float32)
+    li = tl.full((BH, BW), 0.0, tl.float32)
+    for c in range(first, first + HEAD_DIM):
+        q = tl.load(base + c * stride_c, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(base + (C + c) * stride_c, mask=mask, other=0.0).to(tl.float32)
+        qr, qi = forward_dft(q, H, W, BH, BW, PRECISION)
+        kr, ki = forward_dft(k, H, W, BH, BW, PRECISION)
+        lr += qr * kr + qi * ki
+        li += qr * ki - qi * kr
+    return inverse_dft(lr, li, H, W, BH, BW, 1.0 / (H * W), PRECISION) * scale
+
+
 def tile_sum(x):
     """The sum of a 2-D tile. (tl.reduce with Triton's own combining functions, which are tl.sum's and tl.max's:
     those two are jit functions that the interpreter runs only in a process started with TRITON_INTERPRET=1.)"""
