@@ -226,7 +226,8 @@ def compiled(plan: CompilePlan, model: nn.Module) -> nn.Module:
 def lean_blocks(model: nn.Module, batch: tuple[int, ...], precision: Precision) -> int:
     """How many attention blocks of ``model`` take the lean function (:func:`cat.ops.policy.lean_for`) in a training
     forward of images shaped ``batch`` under ``precision``: one forward on tensors without data, which computes
-    nothing (in eval mode without gradients, so no running statistic moves: the choice reads only sizes)."""
+    nothing (in eval mode, so no running statistic moves; with gradients, so each block takes the path training takes:
+    the choice reads only sizes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     training = model.training
@@ -235,7 +236,6 @@ def lean_blocks(model: nn.Module, batch: tuple[int, ...], precision: Precision) 
             FakeTensorMode(allow_non_fake_inputs=True),
             lean_decisions() as decisions,
             precision.autocast(),
-            torch.no_grad(),
         ):
             model.eval()(torch.empty(batch, device=precision.device))
     finally:
