@@ -114,7 +114,24 @@ HISTORY = re.compile(
 
 @pytest.mark.parametrize("page", TOP_PAGES, ids=[str(p.relative_to(REPO)) for p in TOP_PAGES])
 def test_no_page_tells_the_history_of_its_numbers(page):
-    assert not HISTORY.findall(page.read_text())
+    text = page.read_text()
+    assert not HISTORY.findall(text) and not ATTEMPTS.findall(text)
+
+
+# How the work was arranged, which no page of the project's speaks of: the tracker, the change, the machines lent.
+PROCESS = re.compile(r"issues show|this change|lent to this session|no (GPU|device) (was )?lent|had no GPU", re.I)
+# Attempt diaries belong to no page a reader starts from (the dated logs may number their experiments).
+ATTEMPTS = re.compile(r"\battempts? \d+", re.I)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_no_page_speaks_of_the_work_instead_of_the_project(page):
+    assert not PROCESS.findall(page.read_text())
+
+
+def test_the_page_checks_find_what_they_forbid():
+    assert PROCESS.findall("see `issues show 56`; before this change") == ["issues show", "this change"]
+    assert ATTEMPTS.findall("docs/perf.md, attempts 20-21") == ["attempts 20"]
 
 
 def _site(tmp_path: Path) -> Path:
