@@ -119,7 +119,7 @@ def test_no_page_tells_the_history_of_its_numbers(page):
 
 
 # How the work was arranged, which no page of the project's speaks of: the tracker, the change, the machines lent.
-PROCESS = re.compile(r"issues show|this change|lent to this session|no (GPU|device) (was )?lent|had no GPU", re.I)
+PROCESS = re.compile(r"issues show|this change|lent to this session|no (?:GPU|device) (?:was )?lent|had no GPU", re.I)
 # Attempt diaries belong to no page a reader starts from (the dated logs may number their experiments).
 ATTEMPTS = re.compile(r"\battempts? \d+", re.I)
 
