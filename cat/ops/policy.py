@@ -62,7 +62,7 @@ LeanPolicy = bool | Literal["auto"]
 BackendPolicy = Literal["auto", "fft", "separable", "matmul"]
 KernelPolicy = Literal["auto", "triton", "aten"]
 KERNEL_POLICIES: tuple[KernelPolicy, ...] = ("auto", "triton", "aten")
-# The largest grid tile ``auto`` gives the kernels (cat.ops.kernels.launch.tile_of): 16 x 16 when training (its
+# The largest grid tile ``auto`` gives the kernels (:func:`tile_of`): 16 x 16 when training (its
 # backward holds about twenty such tiles: at 32 x 32 they spill registers), 32 x 32 for inference on the tensor cores
 # (TF32: half-precision inputs, or float32 with amp.tf32; exact float32 GEMMs spill there). Past them the ATen path.
 KERNEL_TRAINING_TILE = 16
