@@ -134,17 +134,19 @@ def test_auto_takes_the_kernels_on_cuda_for_the_grids_they_hold(monkeypatch):
     ATen, or whose kernels failed their check, keeps ATen."""
     monkeypatch.setitem(check._verdicts, "cuda", True)
     monkeypatch.setattr("cat.ops.policy.measured_kernel", lambda device: None)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
     bf16, fp32 = torch.bfloat16, torch.float32
     assert (KERNEL_TRAINING_TILE, KERNEL_INFERENCE_TILE) == (16, 32)
     assert not kernel_for("auto", CPU, (14, 14), True, bf16)
     assert kernel_for("auto", CUDA, (14, 14), True, bf16) and kernel_for("auto", CUDA, (7, 10), True, fp32)
     assert not kernel_for("auto", CUDA, (24, 24), True, bf16) and kernel_for("auto", CUDA, (24, 24), False, bf16)
-    assert not kernel_for("auto", CUDA, (24, 24), False, fp32)  # exact float32 GEMMs: 16 x 16 tiles only
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert kernel_for("auto", CUDA, (24, 24), False, fp32)
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:  # a process-wide setting: put back whatever happens
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert not kernel_for("auto", CUDA, (24, 24), False, fp32)  # exact float32 GEMMs: 16 x 16 tiles only
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert kernel_for("auto", CUDA, (24, 24), False, fp32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     assert not kernel_for("auto", CUDA, (64, 64), False, bf16) and not kernel_for("auto", CUDA, (56, 56), True, bf16)
     assert kernel_for("triton", CPU, (64, 64), True, fp32) and not kernel_for("aten", CUDA, (14, 14), True, bf16)
     monkeypatch.setitem(check._verdicts, "cuda", False)  # the kernels failed their first check on this card
