@@ -276,6 +276,10 @@ def circulant_attention_layer(
     ):
         from .kernels.launch import circulant_kernel_qkv
 
+        if reweight == "post" and gate_weight is not None and not P:
+            out = _gated_kernel_layer(x, hw, qkv_weight, qkv_bias, gate_weight, gate_bias, head_dim, scale)
+            return F.linear(out, proj_weight, proj_bias), out.narrow(0, 0, 0)
+
         def attend(qkv: Tensor) -> Tensor:
             return circulant_kernel_qkv(qkv, (H, W), head_dim, scale)
 
@@ -399,6 +403,32 @@ def _token_layer(
     if reweight == "post" and gate is not None:
         y = y * gate
     return F.linear(y, proj_weight, proj_bias)
+
+
+def _gated_kernel_layer(
+    x: Tensor,
+    hw: tuple[int, int],
+    qkv_weight: Tensor,
+    qkv_bias: Tensor | None,
+    gate_weight: Tensor,
+    gate_bias: Tensor | None,
+    head_dim: int,
+    scale: float | None,
+) -> Tensor:
+    """The gated attention output (B, N, C), before the output projection, through the kernels with the gate in
+    them: q, k, v and the gate's pre-activation from one GEMM (B, N, 4C), the kernels applying the gate's bias and
+    SiLU and the product in the forward's epilogue, the backward recomputing. Against projecting the gate apart
+    and gating outside: one GEMM instead of two each way, and no SiLU, product or their backwards (one operator
+    each way for all of it)."""
+    from .kernels.launch import circulant_kernel_qkv
+
+    weight = torch.cat([qkv_weight, gate_weight])
+    if qkv_bias is None:  # the gate's bias goes to the kernels (no tensor of zeros for q, k and v)
+        qkvg = F.linear(x, weight)
+    else:
+        bias = torch.cat([qkv_bias, gate_bias if gate_bias is not None else qkv_bias.new_zeros(gate_weight.shape[0])])
+        qkvg, gate_bias = F.linear(x, weight, bias), None
+    return circulant_kernel_qkv(qkvg, hw, head_dim, scale, gated=True, gate_bias=gate_bias)
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:

@@ -127,7 +127,8 @@ def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, devic
     torch.export or torch.compile traces, it is made in the graph (a cached one would be that trace's fake tensor, and
     every later eager call would get it), on the device it meets, so a graph traced for a GPU holds no host tensor and
     no copy to the device (each copy would make the host wait for the GPU). Under a fake-tensor mode (a forward that
-    only reads sizes) a cached one is used, and one made there is not kept."""
+    only reads sizes) a cached one is used; a new one is made real on the host, and made in the mode, not kept, on
+    another device."""
     if torch.compiler.is_compiling():
         return build(*key, device=device).to(dtype)
     entry = (build, key, dtype, device)
@@ -135,9 +136,12 @@ def constant(build: Callable[..., Tensor], key: tuple, dtype: torch.dtype, devic
     if made is not None:
         _constants.move_to_end(entry)
         return made
-    if _fake_mode_active():
-        return build(*key, device=device).to(dtype)
-    with torch.inference_mode(False):
+    if _fake_mode_active() and device.type != "cpu":
+        return build(*key, device=device).to(dtype)  # a device this process may not have: made in the mode, not kept
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # On the host a real one is made even under a fake mode (and kept), as the first real call would have made it.
+    with unset_fake_temporarily(), torch.inference_mode(False):
         made = build(*key, device=device).to(dtype)
     _constants[entry] = made
     if len(_constants) > _KEPT:

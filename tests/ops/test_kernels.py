@@ -14,7 +14,7 @@ import cat
 from cat.ops import circulant_attention, set_attention_kernel
 from cat.ops.kernels import check, launch
 from cat.ops.kernels.check import use_kernels
-from cat.ops.kernels.launch import circulant_kernel, kernel_forward
+from cat.ops.kernels.launch import circulant_kernel, circulant_kernel_qkv, kernel_forward
 from cat.ops.policy import KERNEL_INFERENCE_TILE, KERNEL_TRAINING_TILE, kernel_for, tile_of
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -53,6 +53,26 @@ def test_the_kernels_compute_the_operator_and_its_gradients_in_float32(hw, chann
         assert relative(part, part_ref) < 1e-5
 
 
+@pytest.mark.parametrize("hw, channels, head_dim", [((7, 10), 4, 2), ((14, 14), 3, 1)])
+def test_the_gate_in_the_kernels_epilogue_gives_the_gated_operator_and_its_gradients(hw, channels, head_dim):
+    """With the gate's pre-activation a as the projection's last C channels and its bias b, the kernels compute
+    out * SiLU(a + b) and the gradients of q, k, v, a and b (the backward recomputing the ungated output), within
+    1e-5 of float64."""
+    torch.manual_seed(0)
+    B, N = 2, hw[0] * hw[1]
+    qkvg = torch.randn(B, N, 4 * channels, requires_grad=True)
+    bias = torch.randn(channels, requires_grad=True)
+    q, k, v, gate = qkvg.chunk(4, dim=-1)
+    out = circulant_kernel_qkv(qkvg, hw, head_dim, gated=True, gate_bias=bias)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (qkvg, bias), g)
+    ref = reference(q, k, v, hw, head_dim) * torch.nn.functional.silu(gate.double() + bias.double())
+    grads_ref = torch.autograd.grad(ref, (qkvg, bias), g.double())
+    assert relative(out, ref) < 1e-5
+    for mine, theirs in zip(grads, grads_ref, strict=True):
+        assert relative(mine, theirs) < 1e-5
+
+
 def test_a_64_by_64_grid_and_an_explicit_scale():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 64 * 64, 1) for _ in range(3))
@@ -62,24 +82,36 @@ def test_a_64_by_64_grid_and_an_explicit_scale():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs_accumulate_in_float32(dtype):
     """bf16 and fp16 inputs: the result in their dtype, within the tolerance tools/gpu_check.py holds the ATen path to
-    under autocast (1e-2 for outputs, 5e-2 for gradients), against float64 on the same rounded inputs."""
+    under autocast (1e-2 for outputs, 5e-2 for gradients), against float64 on the same rounded inputs; the gate in the
+    epilogue."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 14 * 14, 4).to(dtype).requires_grad_() for _ in range(3))
-    out = circulant_kernel(q, k, v, (14, 14), 1)
+    q, k, v, gate = (torch.randn(2, 14 * 14, 4).to(dtype).requires_grad_() for _ in range(4))
+    out = circulant_kernel(q, k, v, (14, 14), 1, gate=gate)
     g = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), g)
-    ref = reference(q, k, v, (14, 14), 1)
-    grads_ref = torch.autograd.grad(ref, (q, k, v), g.double())
+    grads = torch.autograd.grad(out, (q, k, v, gate), g)
+    ref = reference(q, k, v, (14, 14), 1) * torch.nn.functional.silu(gate.double())
+    grads_ref = torch.autograd.grad(ref, (q, k, v, gate), g.double())
     assert out.dtype == dtype and relative(out, ref) < 1e-2
     assert all(relative(a, b) < 5e-2 for a, b in zip(grads, grads_ref, strict=True))
 
 
 def test_the_operators_are_registered_with_fake_implementations_and_autograd():
     """torch.library's own check of the forward operator: its fake implementation, its schema and autograd formula
-    agree with what it computes (torch.compile then keeps it one opaque node)."""
+    agree with what it computes (torch.compile then keeps it one opaque node), with the gate and without."""
     torch.manual_seed(0)
     qkv = torch.randn(1, 12, 6, requires_grad=True)
-    torch.library.opcheck(kernel_forward, (qkv, 3, 4, 1, 12**-0.5, "ieee"))
+    torch.library.opcheck(kernel_forward, (qkv, None, False, 3, 4, 1, 12**-0.5, "ieee"))
+    qkvg = torch.randn(1, 12, 8, requires_grad=True)
+    bias = torch.randn(2, requires_grad=True)
+    for gate_bias in (None, bias):
+        torch.library.opcheck(kernel_forward, (qkvg, gate_bias, True, 3, 4, 1, 12**-0.5, "ieee"))
+
+
+def test_a_projection_or_gate_bias_of_the_wrong_shape_is_named():
+    with pytest.raises(ValueError, match=r"must be \(B, N, 4C\); got \(1, 12, 6\)"):
+        kernel_forward(torch.randn(1, 12, 6), None, True, 3, 4, 1, 0.3, "ieee")
+    with pytest.raises(ValueError, match=r"a gate bias needs the gate and shape \(2,\); got \(3,\)"):
+        kernel_forward(torch.randn(1, 12, 8), torch.randn(3), True, 3, 4, 1, 0.3, "ieee")
 
 
 MODELS = {
@@ -181,10 +213,13 @@ def test_the_first_use_check_falls_back_in_one_line_on_an_error_or_a_mismatch(mo
 
 
 # What auto hands the kernels at 224^2 (CA-DeiT: 14 x 14, trained and inferred, in each dtype and GEMM precision a
-# run can give them), 384^2 (24 x 24, inferred on the tensor cores) and 1024^2 (64 x 64: none, the ATen path).
+# run can give them), 384^2 (24 x 24, inferred on the tensor cores) and 1024^2 (64 x 64: none, the ATen path); the
+# models' kernels with the gate and its bias in them, and a converted ViT's (class token: gated outside) at the two
+# ends of the precisions.
 PRECISIONS = ((torch.float32, "ieee"), (torch.float32, "tf32"), (torch.bfloat16, "tf32"), (torch.float16, "tf32"))
-AOT_CASES = [(name, (14, 14), *p) for name in ("forward", "backward") for p in PRECISIONS]
-AOT_CASES += [("forward", (24, 24), *p) for p in PRECISIONS if p[1] == "tf32"]
+AOT_CASES = [(name, (14, 14), *p, True) for name in ("forward", "backward") for p in PRECISIONS]
+AOT_CASES += [("forward", (24, 24), *p, True) for p in PRECISIONS if p[1] == "tf32"]
+AOT_CASES += [(name, (14, 14), *p, False) for name in ("forward", "backward") for p in PRECISIONS[::2]]
 SHARED_MEMORY = {80: 163 * 1024, 90: 227 * 1024}  # the most a block may use (A100, H100)
 
 
@@ -197,8 +232,8 @@ def test_every_configuration_auto_picks_compiles_for_the_cards_without_spills(ca
 
     assert not kernel_for("auto", CUDA, (64, 64), False, torch.bfloat16)
     ptxas = get_ptxas(capability).path
-    for name, hw, dtype, precision in AOT_CASES:
-        kernel = launch.compiled_for(f"circulant_{name}_kernel", hw, dtype, capability, precision)
+    for name, hw, dtype, precision, gated in AOT_CASES:
+        kernel = launch.compiled_for(f"circulant_{name}_kernel", hw, dtype, capability, precision, gated=gated)
         ptx = tmp_path / f"{name}.ptx"
         ptx.write_text(kernel.asm["ptx"])
         arch = f"sm_{capability}a" if capability == 90 else f"sm_{capability}"
@@ -208,6 +243,6 @@ def test_every_configuration_auto_picks_compiles_for_the_cards_without_spills(ca
             text=True,
             check=True,
         ).stderr
-        case = (name, hw, dtype, precision)
+        case = (name, hw, dtype, precision, gated)
         assert "0 bytes spill stores, 0 bytes spill loads" in report, (case, report)
         assert kernel.metadata.shared <= SHARED_MEMORY[capability], (case, kernel.metadata.shared)

@@ -31,20 +31,20 @@ def _aten(q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int) -
 
 def compare_with_aten(device: torch.device) -> float:
     """The largest relative error of the kernels' output and input gradients against the ATen path's, on a small
-    random input (two images, a 7 x 10 grid, four channels in heads of two) on ``device``."""
+    random input (two images, a 7 x 10 grid, four channels in heads of two, gated as the models gate) on ``device``."""
     from .launch import circulant_kernel
 
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 70, 4, generator=generator).to(device).requires_grad_() for _ in range(3))
+    q, k, v, gate = (torch.randn(2, 70, 4, generator=generator).to(device).requires_grad_() for _ in range(4))
     g = torch.randn(2, 70, 4, generator=generator).to(device)
     errors = []
     results = []
     for attend in (
-        lambda a, b, c: circulant_kernel(a, b, c, (7, 10), 2),
-        lambda a, b, c: _aten(a, b, c, (7, 10), 2),
+        lambda a, b, c: circulant_kernel(a, b, c, (7, 10), 2, gate=gate),
+        lambda a, b, c: _aten(a, b, c, (7, 10), 2) * torch.nn.functional.silu(gate),
     ):
         out = attend(q, k, v)
-        results.append((out.detach(), *torch.autograd.grad(out, (q, k, v), g)))
+        results.append((out.detach(), *torch.autograd.grad(out, (q, k, v, gate), g)))
     for mine, reference in zip(*results, strict=True):
         errors.append(((mine - reference).norm() / reference.norm().clamp(min=1e-30)).item())
     return max(errors)

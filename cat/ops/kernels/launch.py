@@ -39,6 +39,9 @@ _HELPERS = (
     tiles.tile_sum,
     tiles.tile_max,
     tiles.softmax_of,
+    tiles.gate_of,
+    tiles.silu,
+    tiles.silu_derivative,
 )
 
 
@@ -77,117 +80,172 @@ def kernels(interpreted: bool) -> dict[str, Any]:
 
 
 def _launch(
-    name: str, grid: int, hw: tuple[int, int], head_dim: int, device: torch.device, *args: Any, precision: str
-) -> None:
+    name: str, grid: int, hw: tuple[int, int], head_dim: int, device: torch.device, *args: Any, precision: str,
+    gated: bool, gate_bias: bool,
+) -> None:  # fmt: skip
     bh, bw = tile_of(hw[0]), tile_of(hw[1])
     kernel = kernels(device.type != "cuda")[name]
     options = _options(bh, bw) if device.type == "cuda" else {}
-    kernel[(grid,)](*args, BH=bh, BW=bw, HEAD_DIM=head_dim, PRECISION=precision, **options)
+    kernel[(grid,)](
+        *args, BH=bh, BW=bw, HEAD_DIM=head_dim, PRECISION=precision, GATED=gated, GATE_BIAS=gate_bias, **options
+    )
 
 
 def _strides(t: Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _channels(qkv: Tensor, gated: bool, gate_bias: Tensor | None) -> int:
+    """C, from the projection's output (B, N, 3C, or 4C with the gate), its layout checked."""
+    parts = 4 if gated else 3
+    if qkv.dim() != 3 or qkv.shape[-1] % parts:
+        raise ValueError(f"the projection's output must be (B, N, {parts}C); got {tuple(qkv.shape)}")
+    C = qkv.shape[-1] // parts
+    if gate_bias is not None and (not gated or gate_bias.shape != (C,)):
+        raise ValueError(f"a gate bias needs the gate and shape ({C},); got {tuple(gate_bias.shape)}, gated={gated}")
+    return C
+
+
 @torch.library.custom_op("cat::circulant_kernel_forward", mutates_args=())
-def kernel_forward(qkv: Tensor, H: int, W: int, head_dim: int, scale: float, precision: str) -> tuple[Tensor, Tensor]:
-    """Circulant attention of the qkv projection's output (B, N, 3C: q, k, v in that order) on an H x W grid: the
-    output (B, N, C) in its dtype and the log-sum-exp (B, heads) in float32."""
-    B, N, C3 = qkv.shape
-    C = C3 // 3
+def kernel_forward(
+    qkv: Tensor, gate_bias: Tensor | None, gated: bool, H: int, W: int, head_dim: int, scale: float, precision: str
+) -> tuple[Tensor, Tensor]:
+    """Circulant attention of the projection's output (B, N, 3C: q, k, v in that order) on an H x W grid, or with
+    ``gated`` (B, N, 4C), the gate's pre-activation a last, of the output times SiLU(a + ``gate_bias``) (the token
+    post-reweighting): the output (B, N, C) in its dtype and the log-sum-exp (B, heads) in float32."""
+    C = _channels(qkv, gated, gate_bias)
+    B, N = qkv.shape[:2]
     heads = C // head_dim
     out = torch.empty(B, N, C, dtype=qkv.dtype, device=qkv.device)
     lse = torch.empty(B, heads, dtype=torch.float32, device=qkv.device)
     _launch(
         "circulant_forward_kernel", B * heads, (H, W), head_dim, qkv.device,
-        qkv, out, lse, H, W, heads, C, scale, *_strides(qkv), *_strides(out),
-        precision=precision,
+        qkv, qkv if gate_bias is None else gate_bias, out, lse, H, W, heads, C, scale, *_strides(qkv), *_strides(out),
+        precision=precision, gated=gated, gate_bias=gate_bias is not None,
     )  # fmt: skip
     return out, lse
 
 
 @kernel_forward.register_fake
-def _kernel_forward_shape(qkv, H, W, head_dim, scale, precision):
-    B, N, C3 = qkv.shape
-    return qkv.new_empty(B, N, C3 // 3), qkv.new_empty(B, C3 // 3 // head_dim, dtype=torch.float32)
+def _kernel_forward_shape(qkv, gate_bias, gated, H, W, head_dim, scale, precision):
+    C = _channels(qkv, gated, gate_bias)
+    return qkv.new_empty(*qkv.shape[:2], C), qkv.new_empty(qkv.shape[0], C // head_dim, dtype=torch.float32)
 
 
 @torch.library.custom_op("cat::circulant_kernel_backward", mutates_args=())
 def kernel_backward(
-    g: Tensor, qkv: Tensor, lse: Tensor, H: int, W: int, head_dim: int, scale: float, precision: str
-) -> Tensor:
-    """The gradient of the qkv projection's output (B, N, 3C) given the attention output's ``g``, recomputed from
-    ``qkv`` and ``lse``."""
-    B, N, C3 = qkv.shape
-    heads = C3 // 3 // head_dim
-    grad = torch.empty(B, N, C3, dtype=qkv.dtype, device=qkv.device)
+    g: Tensor, qkv: Tensor, gate_bias: Tensor | None, gated: bool, lse: Tensor, H: int, W: int, head_dim: int,
+    scale: float, precision: str,
+) -> Tensor:  # fmt: skip
+    """The gradient of the projection's output (B, N, 3C or 4C: q, k, v and the gate's pre-activation) given the
+    output's ``g``, recomputed from ``qkv``, ``gate_bias`` and ``lse``."""
+    C = _channels(qkv, gated, gate_bias)
+    heads = C // head_dim
+    grad = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     _launch(
-        "circulant_backward_kernel", B * heads, (H, W), head_dim, qkv.device,
-        g, qkv, lse, grad, H, W, heads, C3 // 3, scale, *_strides(g), *_strides(qkv), *_strides(grad),
-        precision=precision,
+        "circulant_backward_kernel", qkv.shape[0] * heads, (H, W), head_dim, qkv.device,
+        g, qkv, qkv if gate_bias is None else gate_bias, lse, grad, H, W, heads, C, scale,
+        *_strides(g), *_strides(qkv), *_strides(grad),
+        precision=precision, gated=gated, gate_bias=gate_bias is not None,
     )  # fmt: skip
     return grad
 
 
 @kernel_backward.register_fake
-def _kernel_backward_shape(g, qkv, lse, H, W, head_dim, scale, precision):
+def _kernel_backward_shape(g, qkv, gate_bias, gated, lse, H, W, head_dim, scale, precision):
     return qkv.new_empty(qkv.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    qkv, H, W, head_dim, scale, precision = inputs
-    ctx.save_for_backward(qkv, output[1])
+    qkv, gate_bias, gated, H, W, head_dim, scale, precision = inputs
+    ctx.save_for_backward(qkv, gate_bias, output[1])
     ctx.settings = (H, W, head_dim, scale, precision)
+    ctx.gated = gated
+    ctx.set_materialize_grads(False)  # the log-sum-exp's gradient is never used: no tensor of zeros made for it
 
 
-def _backward(ctx, g_out: Tensor, _g_lse: Tensor | None):
-    qkv, lse = ctx.saved_tensors
-    return kernel_backward(g_out, qkv, lse, *ctx.settings), None, None, None, None, None
+def _backward(ctx, g_out: Tensor | None, _g_lse: Tensor | None):
+    qkv, gate_bias, lse = ctx.saved_tensors
+    if g_out is None:
+        return (None,) * 8
+    grad = kernel_backward(g_out, qkv, gate_bias, ctx.gated, lse, *ctx.settings)
+    grad_bias = None
+    if gate_bias is not None and ctx.needs_input_grad[1]:
+        C = gate_bias.shape[0]
+        grad_bias = grad[..., 3 * C :].sum((0, 1), dtype=gate_bias.dtype)
+    return grad, grad_bias, None, None, None, None, None, None
 
 
 kernel_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def circulant_kernel_qkv(qkv: Tensor, hw: tuple[int, int], head_dim: int = 1, scale: float | None = None) -> Tensor:
-    """Circulant attention through the kernels (one each way) of the qkv projection's output (B, N, 3C), q, k and v
-    its channels in that order, on the grid ``hw``, in its dtype: logits_d = scale sum_i <q_i, k_{i+d}> over each
-    head's channels, w = softmax over the N offsets, out_i = sum_d w_d v_{i+d}; (B, N, C). ``scale`` None: the
-    released 1 / sqrt(N head_dim)."""
+def circulant_kernel_qkv(
+    qkv: Tensor,
+    hw: tuple[int, int],
+    head_dim: int = 1,
+    scale: float | None = None,
+    gated: bool = False,
+    gate_bias: Tensor | None = None,
+) -> Tensor:
+    """Circulant attention through the kernels (one each way) of the projection's output (B, N, 3C), q, k and v its
+    channels in that order, on the grid ``hw``, in its dtype: logits_d = scale sum_i <q_i, k_{i+d}> over each
+    head's channels, w = softmax over the N offsets, out_i = sum_d w_d v_{i+d}; (B, N, C). With ``gated`` the
+    projection's output is (B, N, 4C), the gate's pre-activation a its last C channels, and the output is
+    out * SiLU(a + ``gate_bias``). ``scale`` None: the released 1 / sqrt(N head_dim)."""
     H, W = hw
     scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
-    return kernel_forward(qkv, H, W, head_dim, scale, gemm_precision(qkv.dtype, qkv.device))[0]
+    precision = gemm_precision(qkv.dtype, qkv.device)
+    return kernel_forward(qkv, gate_bias, gated, H, W, head_dim, scale, precision)[0]
 
 
 def circulant_kernel(
-    q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int], head_dim: int = 1, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    hw: tuple[int, int],
+    head_dim: int = 1,
+    scale: float | None = None,
+    gate: Tensor | None = None,
 ) -> Tensor:
-    """:func:`circulant_kernel_qkv` of separate q, k, v (B, N, C), joined first (one copy)."""
-    return circulant_kernel_qkv(torch.cat([q, k, v], dim=-1), hw, head_dim, scale)
+    """:func:`circulant_kernel_qkv` of separate q, k, v (B, N, C), and the gate's pre-activation if given, joined
+    first (one copy)."""
+    parts = [q, k, v] if gate is None else [q, k, v, gate]
+    return circulant_kernel_qkv(torch.cat(parts, dim=-1), hw, head_dim, scale, gated=gate is not None)
 
 
 def compiled_for(
-    name: str, hw: tuple[int, int], dtype: torch.dtype, capability: int, precision: str = "tf32", head_dim: int = 1
+    name: str,
+    hw: tuple[int, int],
+    dtype: torch.dtype,
+    capability: int,
+    precision: str = "tf32",
+    head_dim: int = 1,
+    gated: bool = True,
 ) -> Any:
     """``name``'s kernel compiled ahead of time for a CUDA card of compute ``capability`` (80, 90), for inputs of
-    ``dtype`` on the grid ``hw``, with no GPU present (Triton's compiler and the ptxas it ships)."""
+    ``dtype`` on the grid ``hw`` (with the gate and its bias in its epilogue, as the models run it, or neither), with
+    no GPU present (Triton's compiler and
+    the ptxas it ships)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     element = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     kernel = kernels(interpreted=False)[name]
-    pointers = 3 if name == "circulant_forward_kernel" else 4
+    pointers = 4 if name == "circulant_forward_kernel" else 5
     signature: dict[str, str] = {}
     for position, argument in enumerate(kernel.arg_names):
-        if argument in ("BH", "BW", "HEAD_DIM", "PRECISION"):
+        if argument in ("BH", "BW", "HEAD_DIM", "PRECISION", "GATED", "GATE_BIAS"):
             signature[argument] = "constexpr"
         elif position < pointers:
-            signature[argument] = "*fp32" if argument == "lse_ptr" else f"*{element}"
+            signature[argument] = "*fp32" if argument in ("lse_ptr", "gate_bias_ptr") else f"*{element}"
         elif argument == "scale":
             signature[argument] = "fp32"
         else:
             signature[argument] = "i32"
     bh, bw = tile_of(hw[0]), tile_of(hw[1])
-    constants = {"BH": bh, "BW": bw, "HEAD_DIM": head_dim, "PRECISION": precision}
+    constants = {
+        "BH": bh, "BW": bw, "HEAD_DIM": head_dim, "PRECISION": precision, "GATED": gated, "GATE_BIAS": gated,
+    }  # fmt: skip
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=_options(bh, bw))

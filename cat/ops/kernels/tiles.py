@@ -106,6 +106,25 @@ def tile_max(x):
     return tl.reduce(tl.reduce(x, 1, tl.standard._elementwise_max), 0, tl.standard._elementwise_max)
 
 
+def gate_of(pointer, bias_pointer, mask, GATE_BIAS: tl.constexpr):
+    """A channel's gate pre-activation (float32) read at ``pointer`` (the map's offsets added), its bias added."""
+    a = tl.load(pointer, mask=mask, other=0.0).to(tl.float32)
+    if GATE_BIAS:
+        a += tl.load(bias_pointer).to(tl.float32)
+    return a
+
+
+def silu(a):
+    """SiLU of a float32 tile: the gate's activation, a sigmoid(a)."""
+    return a / (1.0 + tl.exp(-a))
+
+
+def silu_derivative(a):
+    """d SiLU(a) / da = s (1 + a (1 - s)), s = sigmoid(a)."""
+    s = 1.0 / (1.0 + tl.exp(-a))
+    return s * (1.0 + a * (1.0 - s))
+
+
 def softmax_of(logits, mask):
     """The softmax over the map's entries of a tile of logits, and its log-sum-exp (what the backward recomputes
     the weights from)."""
