@@ -3,9 +3,12 @@ from __future__ import annotations
 import gc
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -165,6 +168,23 @@ def descendant_pids(pid: int) -> list[int]:
     return found
 
 
+@pytest.fixture
+def outside_dir() -> Iterator[Path]:
+    """A folder outside every folder a confined run may write by default (the temporary folder, /dev, the caches):
+    a new one under /var/tmp, removed afterwards."""
+    from cat.runtime.confine import Confinement, writable_folders
+
+    if not os.access("/var/tmp", os.W_OK):
+        pytest.skip("no writable /var/tmp for a folder outside a confined run's reach")
+    path = Path(tempfile.mkdtemp(prefix="cat-outside-", dir="/var/tmp"))
+    try:
+        if Confinement(tuple(writable_folders("/nonexistent-run", gpu=True))).allows(str(path)):
+            pytest.skip(f"{path} lies in a folder a confined run may write")
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run_folder(path: Path) -> Path:
     """``path`` made as a cat run's folder (its marker written), for a test that puts a run's files there by hand."""
     from cat.runtime.ownership import RUN_MARKER
@@ -175,9 +195,13 @@ def run_folder(path: Path) -> Path:
 
 
 def compose_config(task: str, *overrides: str):
-    """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg)."""
+    """The Hydra config ``train_<task>.py`` would run with ``overrides`` (task: cls, det or seg); unconfined
+    (``run.confine=false``) unless an override says otherwise: a run in the test's own process would confine the
+    worker that runs the next tests, for good. Runs of the scripts in their own processes are confined."""
     from hydra import compose, initialize_config_dir
 
+    if not any(override.startswith("run.confine=") for override in overrides):
+        overrides = ("run.confine=false", *overrides)
     with initialize_config_dir(config_dir=str(REPO / "configs" / task), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 

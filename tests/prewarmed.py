@@ -134,6 +134,10 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         sys.stdout, sys.stderr = unbuffered_stream(1), unbuffered_stream(2)
     if os.environ.get("CAT_TEST_FORK_CHILDREN") == "1":  # the Python commands it starts through the server too
         sys.executable = _shim
+    # The command's PYTHONPATH before the installed packages, as a fresh interpreter puts it (after the entry 0 set
+    # below); the server's own sys.path had none.
+    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[1:1] = [os.path.abspath(entry) for entry in extra]
     status = 0
     try:
         if kind == "path":

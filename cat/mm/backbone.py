@@ -81,6 +81,9 @@ class TimmBackbone(BaseModule):
         whole = model.state_dict().keys()
         model.prune_intermediate_layers(list(self.out_indices), prune_norm=True, prune_head=True)
         self.pruned = sorted(whole - model.state_dict().keys())  # a classification checkpoint's, unused here
+        # A feature extractor has no classes: mmdet's NumClassCheckHook holds every module with the attribute to
+        # the dataset's class count (timm's models keep num_classes=0).
+        del model.num_classes
         self.pretrained, self.strict_pretrained = pretrained, strict_pretrained
         channels = [model.feature_info[i]["num_chs"] for i in self.out_indices]
         self.norms = nn.ModuleList(nn.LayerNorm(c) for c in channels) if out_norm else None

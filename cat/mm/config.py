@@ -15,7 +15,7 @@ from typing import Any
 
 from mmengine.config import Config, ConfigDict
 
-from cat.errors import DataError
+from cat.errors import ConfigError, DataError
 from cat.models import model_kwargs
 from cat.runtime.amp import amp_dtype, resolve_amp, set_tf32
 from cat.runtime.dist import DistEnv
@@ -31,6 +31,7 @@ from .schema import MMConfig, MMModelConfig
 
 __all__ = [
     "CUSTOM_IMPORTS",
+    "OWN_HOOKS_KEY",
     "RunnerConfig",
     "python_source",
     "load_base_config",
@@ -44,8 +45,11 @@ __all__ = [
 ]
 
 
-# What a saved config imports, so mmdet's and mmseg's own tools find every component it names (cat.mm.plugin).
+# What a saved config imports, so mmdet's and mmseg's own tools find every component it names (cat.mm.plugin); a
+# user's custom_imports come after it.
 CUSTOM_IMPORTS = {"imports": ["cat.mm"], "allow_failed_imports": False}
+# The +mm key that leaves cat's own hooks and metric backend out of a user's lists (not an mmengine key).
+OWN_HOOKS_KEY = "cat_hooks"
 
 
 class RunnerConfig(Config):
@@ -292,10 +296,11 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         "type": "AmpOptimWrapper" if amp else "OptimWrapper",
         "optimizer": {"type": opt.type, "lr": opt.lr, "weight_decay": opt.weight_decay, "betas": list(opt.betas)},
         "paramwise_cfg": {"custom_keys": {k: {"decay_mult": 0.0} for k in opt.no_decay_keys}},
-        "clip_grad": None if opt.clip_grad is None else {"max_norm": opt.clip_grad, "norm_type": 2},
         # DDP skips the all-reduce on the inner iterations (the wrapper's optim_context: no_sync).
         "accumulative_counts": cfg.accum_steps,
     }
+    if opt.clip_grad is not None:  # absent rather than None: mmdet's own clip_grad dict merges into it
+        mm.optim_wrapper["clip_grad"] = {"max_norm": opt.clip_grad, "norm_type": 2}
     if amp:
         mm.optim_wrapper["dtype"] = str(amp_dtype(amp_name)).removeprefix("torch.")
     by_epoch = mm.train_cfg.get("type") == "EpochBasedTrainLoop"
@@ -308,12 +313,12 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         "save_last": True,
         "backend_args": atomic,
     }
-    mm.custom_hooks = [
-        *mm.get("custom_hooks", []),
+    own_hooks = [
         {"type": "PreemptionHook", "backend_args": atomic},
         {"type": "PortableCheckpointHook"},  # checkpoints torch's weights-only loader reads (stock tools, torch.load)
         {"type": "RunConfigHook", "config": config_record(cfg)},  # what a resume compares with
     ]
+    mm.custom_hooks = [*mm.get("custom_hooks", []), *own_hooks]
     mm.custom_imports = CUSTOM_IMPORTS
     # A resume loads no image of the batches it trained (mmengine's loops replay or load them).
     if by_epoch:
@@ -333,6 +338,36 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
     if env.device.type != "cuda":
         mm.model = ConfigDict(replace_sync_bn(mm.model.to_dict()))
     mm.model = ConfigDict(_clear_download_urls(mm.model.to_dict()))
-    for key, value in cfg.mm.items():  # free-form overrides, mmengine's cfg-options style
-        mm.merge_from_dict({key: value})
+    user = {key: value for key, value in cfg.mm.items() if key != OWN_HOOKS_KEY}
+    visualizer = user.get("visualizer")
+    users_visualizer = isinstance(visualizer, dict) and bool(visualizer.get("_delete_"))  # the merge pops the mark
+    for key, value in user.items():  # free-form overrides, mmengine's cfg-options style
+        if key in ("custom_hooks", "custom_imports.imports") and not isinstance(value, (list, tuple)):
+            raise ConfigError(f"mm.{key} must be a list; got {type(value).__name__} {value!r}")
+        try:
+            mm.merge_from_dict({key: value})
+        except (TypeError, KeyError, ValueError) as error:  # mmengine's merge: what does not fit the base
+            raise ConfigError(f"+mm={{{key}: ...}} does not merge into the run's config: {error}") from None
+    if cfg.mm.get(OWN_HOOKS_KEY, True) is not False:
+        _keep_own(mm, own_hooks, [] if users_visualizer else backends)
+    imports = (mm.get("custom_imports") or {}).get("imports") or []
+    mm.custom_imports = {
+        "imports": list(dict.fromkeys([*CUSTOM_IMPORTS["imports"], *imports])),
+        "allow_failed_imports": False,
+    }
     return mm
+
+
+def _keep_own(mm: Config, own_hooks: list[dict], own_backends: list[dict]) -> None:
+    """cat's own hooks and metric backend added back to a user's ``custom_hooks`` and ``vis_backends`` (mmengine's
+    merge puts a list in the place of the base's): without them a run would lose its preemption checkpoint, its
+    portable checkpoints, its resume record and metrics.jsonl, saying nothing. A visualizer given with mmengine's
+    ``_delete_: true`` is the user's whole; ``+mm={cat_hooks: false}`` leaves cat's hooks out."""
+    hooks = mm.get("custom_hooks")
+    if isinstance(hooks, list):
+        given = {hook.get("type") for hook in hooks if isinstance(hook, dict)}
+        mm.custom_hooks = [*hooks, *(hook for hook in own_hooks if hook["type"] not in given)]
+    backends = mm.visualizer.get("vis_backends") if isinstance(mm.get("visualizer"), dict) else None
+    if isinstance(backends, list):
+        given = {backend.get("type") for backend in backends if isinstance(backend, dict)}
+        mm.visualizer.vis_backends = [*backends, *(b for b in own_backends if b["type"] not in given)]

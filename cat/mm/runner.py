@@ -107,12 +107,17 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
         from .made import RecordMade
         from .metric_sink import sinks_for_new_backends
         from .preemption import Preempted
-        from .validation import LastValidation, test_repeats_validation
+        from .registered import component_names, import_custom_modules, type_problems
+        from .validation import GatherInRunFolder, LastValidation, test_repeats_validation
         from .writes import write_problems
 
         mm = task.build_config(cfg, env, folder.path)
-        if problems := write_problems(mm, folder.path):  # before the runner makes or writes anything
+        import_custom_modules(mm)
+        # Before the runner makes or writes anything, and before a registry is asked for any name (a dotted one
+        # would be imported): every type registered, then where each component writes.
+        if problems := type_problems(mm) or write_problems(mm, folder.path):
             raise ConfigError(problems)
+        folder.log.info("mmengine hooks: %s; visualizer backends: %s", *component_names(mm))
         if mm.resume and mm.load_from is None:  # mmengine's auto-resume follows last_checkpoint
             check_last_checkpoint(folder.path)
             check_resume_config(cfg, folder)
@@ -137,6 +142,7 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
         last_validation = LastValidation()
         runner.register_hook(last_validation)
         runner.register_hook(RecordMade(folder))
+        runner.register_hook(GatherInRunFolder(folder.path))
         try:
             if cfg.mode == "train":
                 runner.train()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,8 +26,26 @@ _STAMP = "00000000_000000"
 _PATH_WORDS = ("dir", "path", "file", "tmpl", "uri", "location", "prefix")
 
 
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
 def _is_path_option(name: str, value: Any) -> bool:
-    return isinstance(value, (str, os.PathLike)) and any(word in name for word in _PATH_WORDS)
+    """Whether an option of a component cat does not know names a place on this machine: a path, or a ``file://``
+    URI (another scheme, a tracking server's ``http://``, is not a path)."""
+    if not isinstance(value, (str, os.PathLike)) or not any(word in name for word in _PATH_WORDS):
+        return False
+    scheme = _URI.match(os.fspath(value))
+    return scheme is None or scheme.group(1).lower() == "file"
+
+
+def _path(value: Any, option: str) -> str:
+    """An option's value as a path (a ``file://`` URI's path), or _NotPlaced naming what it is instead."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise _NotPlaced(f"{option} must be a path (a string); got {type(value).__name__} {value!r}")
+    path = os.fspath(value)
+    if (scheme := _URI.match(path)) is not None and scheme.group(1).lower() == "file":
+        return path[len(scheme.group(0)) :]
+    return path
 
 
 class _Component:
@@ -46,13 +65,14 @@ class _Component:
 
 def _joined(base: str, path: Any) -> str:
     """``path`` as ``os.path.join`` places it under ``base`` (an absolute one stays where it is)."""
-    return os.path.join(base, os.fspath(path))
+    return os.path.join(base, _path(path, "a path"))
 
 
 def _checkpoint_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
     out_dir = hook.option("out_dir")
     # mmengine: out_dir, when given, is joined with the run folder's own name.
-    base = work_dir if out_dir is None else _joined(os.fspath(out_dir), os.path.basename(work_dir.rstrip(os.sep)))
+    run_name = os.path.basename(work_dir.rstrip(os.sep))
+    base = work_dir if out_dir is None else _joined(_path(out_dir, "out_dir"), run_name)
     yield "out_dir", base
     template = hook.option("filename_tmpl") or "epoch_{}.pth"
     try:
@@ -64,12 +84,12 @@ def _checkpoint_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[
 
 def _logger_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
     if (out_dir := hook.option("out_dir")) is not None:
-        yield "out_dir", _joined(os.fspath(out_dir), os.path.basename(work_dir.rstrip(os.sep)))
+        yield "out_dir", _joined(_path(out_dir, "out_dir"), os.path.basename(work_dir.rstrip(os.sep)))
 
 
 def _profiler_hook(hook: _Component, work_dir: str, log_dir: str) -> Iterator[tuple[str, str]]:
     if (trace := hook.option("json_trace_path")) is not None:
-        yield "json_trace_path", os.fspath(trace)
+        yield "json_trace_path", _path(trace, "json_trace_path")
     ready = hook.option("on_trace_ready")
     if isinstance(ready, dict) and ready.get("dir_name") is not None:
         yield "on_trace_ready.dir_name", _joined(log_dir, ready["dir_name"])
@@ -96,7 +116,8 @@ _HOOK_PLACES: dict[str, Callable[[_Component, str, str], Iterator[tuple[str, str
     "GroundingVisualizationHook": _visualization_hook,
 }
 # The metrics' options naming files or folders they write (relative ones from the working directory).
-_METRIC_OUTPUTS = ("outfile_prefix", "output_dir", "out_file_path", "jsonfile_prefix")
+# collect_dir: where ranks gather their results on the CPU, which mmengine deletes afterwards.
+_METRIC_OUTPUTS = ("outfile_prefix", "output_dir", "out_file_path", "jsonfile_prefix", "collect_dir")
 
 
 class _NotPlaced(ValueError):
@@ -163,7 +184,7 @@ def _given_paths(component: _Component) -> Iterator[tuple[str, str]]:
     """The path options given to a component cat does not know (relative ones from the working directory)."""
     for name, value in component.options.items():
         if _is_path_option(name, value):
-            yield name, os.fspath(value)
+            yield name, _path(value, name)
 
 
 def _entries(node: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -182,22 +203,52 @@ def _visualizer_problems(spec: Any, log_dir: str, run_dir: str) -> list[str]:
     problems: list[str] = []
     if not isinstance(spec, dict) or (visualizer := _component(VISUALIZERS, spec, "mm.visualizer", problems)) is None:
         return problems
-    save_dir = os.fspath(visualizer.option("save_dir") or log_dir)
+    try:
+        save_dir = _path(visualizer.option("save_dir") or log_dir, "save_dir")
+    except _NotPlaced as error:
+        return [*problems, f"{visualizer.where}: {error}"]
     if refused := _place_problems(visualizer, iter([("save_dir", save_dir)]), run_dir):
         return refused  # its backends write under it
     vis_data = os.path.join(save_dir, "vis_data")
-    for where, backend_spec in _entries(list(spec.get("vis_backends") or []), "mm.visualizer.vis_backends"):
-        if (backend := _component(VISBACKENDS, backend_spec, where, problems)) is None:
-            continue
-        own = os.fspath(backend.option("save_dir") or vis_data)
-        if backend.cls.__name__ == "LocalVisBackend":
-            found = _local_backend(backend, own)
-        elif "save_dir" in backend.parameters:
-            found = iter([("save_dir", own), *_given_paths(backend)])
-        else:
-            found = _given_paths(backend)
-        problems += _place_problems(backend, found, run_dir)
+    backends = spec.get("vis_backends") or []
+    if not isinstance(backends, (list, tuple)):
+        return [*problems, f"mm.visualizer.vis_backends must be a list of backends; got {type(backends).__name__}"]
+    for where, backend_spec in _entries(list(backends), "mm.visualizer.vis_backends"):
+        if (backend := _component(VISBACKENDS, backend_spec, where, problems)) is not None:
+            problems += _place_problems(backend, _backend_places(backend, vis_data), run_dir)
     return problems
+
+
+def _backend_places(backend: _Component, vis_data: str) -> Iterator[tuple[str, str]]:
+    own = _path(backend.option("save_dir") or vis_data, "save_dir")
+    if backend.cls.__name__ == "LocalVisBackend":
+        yield from _local_backend(backend, own)
+        return
+    if "save_dir" in backend.parameters:
+        yield "save_dir", own
+    yield from _given_paths(backend)
+    init_kwargs = backend.option("init_kwargs")  # W&B's wandb.init(dir=...) and the like: where the service writes
+    if isinstance(init_kwargs, dict):
+        for name, value in init_kwargs.items():
+            if name == "dir" or _is_path_option(name, value):
+                yield f"init_kwargs.{name}", _path(value, f"init_kwargs.{name}")
+
+
+def _metric_places(metric: _Component) -> Iterator[tuple[str, str]]:
+    for option in _METRIC_OUTPUTS:
+        if (value := metric.option(option)) is not None:
+            yield option, _path(value, option)
+    if metric.cls.__name__ == "DumpProposals":  # mmdet joins proposals_file under output_dir (an absolute one: as is)
+        output_dir = _path(metric.option("output_dir") or ".", "output_dir")
+        yield "proposals_file", _joined(output_dir, metric.option("proposals_file") or "proposals.pkl")
+
+
+def _evaluator_metrics(spec: Any) -> Any:
+    """An evaluator's metrics: a metric or a list of them, or mmengine's ``{metrics: [...]}`` (with or without the
+    ``Evaluator`` type)."""
+    if isinstance(spec, dict) and spec.get("type") in (None, "Evaluator") and "metrics" in spec:
+        return spec["metrics"]
+    return spec
 
 
 def write_problems(mm: Any, run_dir: str) -> list[str]:
@@ -212,7 +263,10 @@ def write_problems(mm: Any, run_dir: str) -> list[str]:
     log_dir = os.path.join(work_dir, _STAMP)
     with DefaultScope.overwrite_default_scope(mm.get("default_scope")):
         hooks = [(f"mm.default_hooks.{name}", spec) for name, spec in (mm.get("default_hooks") or {}).items() if spec]
-        hooks += list(_entries(list(mm.get("custom_hooks") or []), "mm.custom_hooks"))
+        custom = mm.get("custom_hooks") or []
+        if not isinstance(custom, (list, tuple)):
+            return [f"mm.custom_hooks must be a list of hooks (dicts with a type); got {type(custom).__name__}"]
+        hooks += list(_entries(list(custom), "mm.custom_hooks"))
         for where, spec in hooks:
             if (hook := _component(HOOKS, spec, where, problems)) is not None:
                 places = _HOOK_PLACES.get(hook.cls.__name__)
@@ -220,8 +274,9 @@ def write_problems(mm: Any, run_dir: str) -> list[str]:
                 problems += _place_problems(hook, found, run_dir)
         problems += _visualizer_problems(mm.get("visualizer"), log_dir, run_dir)
         for section in ("val_evaluator", "test_evaluator"):
-            for where, spec in _entries(mm.get(section), f"mm.{section}"):
+            evaluator = mm.get(section)
+            metrics = _evaluator_metrics(evaluator)
+            for where, spec in _entries(metrics, f"mm.{section}" + (".metrics" if metrics is not evaluator else "")):
                 if (metric := _component(METRICS, spec, where, problems)) is not None:
-                    outputs = [(o, os.fspath(v)) for o in _METRIC_OUTPUTS if (v := metric.option(o)) is not None]
-                    problems += _place_problems(metric, iter(outputs), run_dir)
+                    problems += _place_problems(metric, _metric_places(metric), run_dir)
     return problems

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from cat.errors import OutputError, UserError
 
+from .confine import abi_version, confine, refused_write, writable_folders
 from .dist import DistEnv, describe_hosts, init_distributed
 from .entry import user_error_message
 from .folder import RunFolder, open_run_folder
@@ -24,7 +25,7 @@ from .preemption import Stopped, StopSignals
 from .rng import seed_everything
 from .schema import config_record, config_yaml
 
-__all__ = ["run_job", "JobBody", "release_compiled"]
+__all__ = ["run_job", "JobBody", "release_compiled", "confine_run", "ConfinedWriteError"]
 
 
 JobBody = Callable[[DistEnv, RunFolder], dict[str, Any]]
@@ -43,6 +44,7 @@ def run_job(cfg: JobConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[st
         cfg.output_dir, env, cfg.mode, start_over=cfg.mode == "train" and not cfg.resume, notes=notes
     )
     try:
+        confine_run(cfg, folder)
         finished = _finished_record(cfg, folder)
     except UserError:
         folder.close()
@@ -70,6 +72,10 @@ def run_job(cfg: JobConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[st
             except Stopped:
                 raise
             except Exception as error:
+                if (refused := refused_write(error)) is not None:
+                    error = ConfinedWriteError(refused)
+                    _record_failure(folder, env, error, cfg.dist_timeout_s)
+                    raise error from None
                 _record_failure(folder, env, error, cfg.dist_timeout_s)
                 raise
             if env.is_main:
@@ -85,6 +91,47 @@ def run_job(cfg: JobConfig, body: JobBody, notes: Sequence[str] = ()) -> dict[st
     if metrics.get("preempted"):
         signals.hand_back()
     return metrics
+
+
+class ConfinedWriteError(OutputError):
+    """A write the run's confinement refused (:mod:`cat.runtime.confine`): one line, the path and the key."""
+
+
+def confine_run(cfg: JobConfig, folder: RunFolder) -> None:
+    """Confine this rank's writes (and its workers' and children's) with the kernel before anything is built from
+    the user's config (``run.confine``): beneath the run folder, or a multirun's sweep folder (its cells run one
+    after another in this process, and a confinement only ever narrows), and the folders
+    :func:`cat.runtime.confine.writable_folders` names. Without Landlock the log says the writes are checked only."""
+    if not cfg.run.confine:
+        folder.log.info("run.confine=false: writes are checked by cat's own checks only, not confined by the kernel")
+        return
+    abi = abi_version()
+    if abi < 1:
+        folder.log.warning("this kernel has no Landlock: the run's writes are checked, not confined (run.confine)")
+        return
+    root = _sweep_folder() or folder.path
+    try:
+        confined = confine(writable_folders(root, cfg.run.may_write, gpu=torch.cuda.is_available()))
+    except PermissionError as error:
+        raise OutputError(f"{error.strerror}: this run's folder {error.filename} lies outside it") from None
+    except OSError as error:
+        folder.log.warning("the run's writes are checked, not confined: Landlock failed (%s)", error)
+        return
+    folder.log.info(
+        "writes confined by the kernel (Landlock ABI %d) to %s (run.may_write adds folders)",
+        abi,
+        ", ".join(confined.folders),
+    )
+
+
+def _sweep_folder() -> str | None:
+    """A Hydra multirun's sweep folder (every cell's output_dir lies in it); None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return os.path.abspath(HydraConfig.get().sweep.dir)
 
 
 def release_compiled() -> None:

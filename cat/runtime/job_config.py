@@ -128,6 +128,16 @@ class LoggerConfig:
 
 
 @dataclass
+class RunConfig:
+    confine: bool = key(
+        "the kernel confines the run's writes (Landlock, Linux 5.13+) to output_dir, the temporary folder, /dev, the "
+        "stack's caches and may_write; false: only cat's own checks of the options it knows",
+        absent_means=False,
+    )
+    may_write: list[str] = key("more folders a confined run may write in, e.g. [/scratch/shared]", absent_means=[])
+
+
+@dataclass
 class JobConfig:
     """The keys every cat job (train_cls.py, train_det.py, train_seg.py) has, with one meaning each."""
 
@@ -160,3 +170,4 @@ class JobConfig:
         ClusterConfig, "Slurm resources, read by hydra/launcher=slurm (submitit)", in_run_name=False
     )
     logger: LoggerConfig = section(LoggerConfig, "metric sinks besides output_dir/metrics.jsonl")
+    run: RunConfig = section(RunConfig, "where the run may write (cat.runtime.confine)", in_run_name=False)

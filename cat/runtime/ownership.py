@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -404,6 +405,59 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The audit events by which this process makes a name: the path each names, by its position among the arguments.
+_MAKING_EVENTS = {"os.mkdir": 0, "os.rename": 1, "os.symlink": 1, "os.link": 1, "os.mkfifo": 0, "os.mknod": 0}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+class _WritesWatched:
+    """The top-level names this process writes in the folders it watches, seen through Python's audit hook (every
+    ``open`` for writing, ``mkdir``, rename, link): what the run's own writers and mmengine's make, and never a file
+    another process (a user's editor, a copy) puts there. A file a library writes from C++ alone (torch.save's zip
+    writer) is seen by the rename that finishes cat's atomic write, or by the folder made for it."""
+
+    def __init__(self) -> None:
+        self.folders: dict[str, set[str]] = {}
+        self.installed = False
+
+    def watch(self, folder: str) -> None:
+        self.folders.setdefault(os.path.realpath(folder), set())
+        if not self.installed:
+            sys.addaudithook(self._event)  # for the process's life: an audit hook cannot be removed
+            self.installed = True
+
+    def forget(self, folder: str) -> None:
+        self.folders.pop(os.path.realpath(folder), None)
+
+    def written(self, folder: str) -> set[str]:
+        return self.folders.get(os.path.realpath(folder), set())
+
+    def _event(self, event: str, args: tuple) -> None:
+        if not self.folders:
+            return
+        if event == "open":
+            path, mode, flags = args
+            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & _WRITE_FLAGS)
+            if not writes:
+                return
+        elif event in _MAKING_EVENTS:
+            path = args[_MAKING_EVENTS[event]]
+        else:
+            return
+        if isinstance(path, (str, bytes)):
+            self._note(os.fsdecode(path))
+
+    def _note(self, path: str) -> None:
+        parent, name = os.path.split(os.path.abspath(path))
+        real = os.path.join(os.path.realpath(parent), name)
+        for folder, names in self.folders.items():
+            if real.startswith(folder + os.sep):
+                names.add(real[len(folder) + 1 :].split(os.sep, 1)[0])
+
+
+_WATCHED = _WritesWatched()
+
+
 class RunDirLock:
     """Exclusive hold on ``folder`` for one run; ``with RunDirLock(folder):`` or acquire()/release()."""
 
@@ -411,7 +465,6 @@ class RunDirLock:
         self.folder = folder
         self.path = os.path.join(folder, LOCK_NAME)
         self.held = False
-        self.found: set[str] = set()  # what the folder held, not made by its runs, when this run took it
         self.recorded: set[str] | None = None  # the names in the folder's record of what its runs made, once read
         self.notes: list[str] = []  # what acquiring did (a stale lock taken over, leftovers removed), to log
 
@@ -501,11 +554,12 @@ class RunDirLock:
                 json.dump(self._record(), f)
             try:
                 self._mark()
-                self.found = set(os.listdir(self.folder)) - _BOOKKEEPING - made_here(self.folder)
+                recorded_made(self.folder)  # read before anything is written: a record that is not cat's is refused
             except BaseException:  # a record that is not cat's: the folder is left as it was, unlocked
                 os.unlink(self.path)
                 raise
             self.held = True
+            _WATCHED.watch(self.folder)
             self.notes += [
                 f"removed {path}, left by a writer that was killed" for path in remove_stale_temporaries(self.folder)
             ]
@@ -527,16 +581,18 @@ class RunDirLock:
         )
 
     def record_made(self) -> None:
-        """Add what appeared in the held folder's top level since this run took it to the folder's record of what
-        its runs made (:data:`MADE_RECORD`): starting over moves those names and nothing else. Called as the run
-        writes (its log and config, each checkpoint, at its end); a run killed in between leaves names unrecorded,
-        which a start over then leaves in place and names in the log."""
+        """Add what this process wrote in the held folder's top level (:class:`_WritesWatched`) to the folder's
+        record of what its runs made (:data:`MADE_RECORD`): starting over moves those names and nothing else; a file
+        someone else put there meanwhile is not the run's. Called as the run writes (its log and config, each
+        checkpoint, at its end); a run killed in between leaves names unrecorded, which a start over then leaves in
+        place and names in the log."""
         if not self.held:
             return
         entries = set(os.listdir(self.folder)) - _BOOKKEEPING
         if self.recorded is None:
             self.recorded = made_here(self.folder)
-        now = (self.recorded & entries) | {name for name in entries - self.found if not is_temporary(name)}
+        written = {name for name in _WATCHED.written(self.folder) if not is_temporary(name)}
+        now = (self.recorded | written) & entries
         if now != self.recorded or not os.path.lexists(os.path.join(self.folder, MADE_RECORD)):
             atomic_write_json(os.path.join(self.folder, MADE_RECORD), {"cat_made": 1, "names": sorted(now)})
             self.recorded = now
@@ -564,7 +620,7 @@ class RunDirLock:
             os.makedirs(target)
             for name in [*entries, *[MADE_RECORD] * os.path.lexists(os.path.join(self.folder, MADE_RECORD))]:
                 os.rename(os.path.join(self.folder, name), os.path.join(target, name))  # one filesystem: no copy
-        self.found, self.recorded = set(left), None
+        self.recorded = None
         atomic_write_json(os.path.join(self.folder, MADE_RECORD), {"cat_made": 1, "names": []})  # made from here
         atomic_write_json(os.path.join(self.folder, STARTED_OVER), launch_record())
         return target
@@ -572,6 +628,7 @@ class RunDirLock:
     def release(self) -> None:
         if self.held:
             self.record_made()
+            _WATCHED.forget(self.folder)
             holder = self._read_holder()
             if holder is None or holder.get("pid") == os.getpid():
                 with contextlib.suppress(FileNotFoundError):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from cat.runtime.confine import abi_version
 from cat.runtime.dist import DistEnv
 from cat.runtime.metric_sinks import read_history
 from tests import prewarmed
@@ -103,7 +104,11 @@ def test_toy_train_checkpoint_resume_evaluate(experiment, toy_coco, tmp_path, ru
 
 
 def test_two_process_gloo(toy_coco, tmp_path):
-    """Two processes, each accumulating two iterations per optimizer step (DDP's no_sync inside)."""
+    """Two processes, each accumulating two iterations per optimizer step (DDP's no_sync inside), confined by the
+    kernel: the ranks gather their validation results in the run folder (mmengine's default is a .dist_test/ in the
+    working directory, which a confined run may not write), and nothing is left there."""
+    stray = REPO / ".dist_test"
+    before = stray.exists()
     run_entry(
         "train_det.py",
         f"data.root={toy_coco}",
@@ -114,6 +119,9 @@ def test_two_process_gloo(toy_coco, tmp_path):
         nproc=2,
     )
     assert json.loads((tmp_path / "metrics.json").read_text())["bbox_mAP_50"] is not None
+    assert stray.exists() == before and not (tmp_path / ".dist_test").exists()
+    if abi_version() > 0:
+        assert "writes confined by the kernel" in (tmp_path / "log.txt").read_text()
 
 
 @pytest.mark.parametrize("experiment", DET_EXPERIMENTS)

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from cat.errors import CheckpointError
+from cat.runtime.confine import abi_version
+from cat.runtime.metric_sinks import read_history
 from tests import prewarmed
 from tests.conftest import REPO, TOY_RUN_S, refusal_line, run_folder
 from tests.hostile import write_hostile_files
@@ -205,3 +207,89 @@ def test_eval_with_weights_that_match_nothing_is_refused(trained, tmp_path):
         "strict_load=false",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_component_named_by_an_import_path_is_refused_with_nothing_run(toy_coco, tmp_path):
+    """mmengine's registry would import ``os.system`` and the runner call it with the hook's options."""
+    marker = tmp_path / "MARKER"
+    hook = f"{{type: os.system, command: 'touch {marker}'}}"
+    proc = _entry("det", f"data.root={toy_coco}", f"output_dir={tmp_path / 'run'}", f"+mm={{custom_hooks: [{hook}]}}")
+    assert "mm.custom_hooks[0].type='os.system': not a component the OpenMMLab registries hold" in refusal_line(proc)
+    assert not marker.exists()
+
+
+# A hook of the user's own, registered through custom_imports, that writes where its option (named as no path is)
+# says: what no early check can know.
+_OUTSIDE_WRITER = """
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class OutsideWriter(Hook):
+    def __init__(self, target):
+        self.target = target
+
+    def before_train(self, runner):
+        with open(self.target, "w") as f:
+            f.write("written by the hook")
+"""
+
+
+@pytest.mark.skipif(abi_version() < 1, reason="this kernel has no Landlock")
+def test_a_write_no_check_knows_is_stopped_by_the_kernel_in_one_line(toy_coco, tmp_path, outside_dir):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "outside_writer.py").write_text(_OUTSIDE_WRITER)
+    outside = outside_dir
+    planted = outside / "planted.txt"
+    planted.write_text("theirs")
+    hook = f"{{type: OutsideWriter, target: {planted}}}"
+    option = f"+mm={{custom_imports: {{imports: [outside_writer]}}, custom_hooks: [{hook}]}}"
+    args = ["det", f"data.root={toy_coco}", f"output_dir={tmp_path / 'run'}", "schedule.epochs=1", option]
+    proc = _entry(*args, env={"PYTHONPATH": str(plugins)})
+    assert refusal_line(proc) == (
+        f"error: the run may not write {planted}: a run writes only in its output_dir, the temporary folder and the "
+        f"stack's caches (run.confine); to allow that folder: run.may_write=[{outside}]"
+    )
+    assert planted.read_text() == "theirs"
+    proc = _entry(*args, f"run.may_write=[{outside}]", "resume=false", env={"PYTHONPATH": str(plugins)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planted.read_text() == "written by the hook"
+
+
+def test_cats_record_and_checkpoints_survive_a_users_hooks_and_backends(toy_coco, tmp_path):
+    """An OpenMMLab user's lists (mmdet's own NumClassCheckHook, a local backend) are added to cat's: the metric
+    record, the portable checkpoints and the resume record are still written, and the log lists what runs."""
+    run = tmp_path / "run"
+    users = "{custom_hooks: [{type: NumClassCheckHook}], visualizer: {vis_backends: [{type: LocalVisBackend}]}}"
+    proc = _entry("det", f"data.root={toy_coco}", f"output_dir={run}", "schedule.epochs=1", f"+mm={users}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run / "log.txt").read_text()
+    assert "NumClassCheckHook, PreemptionHook, PortableCheckpointHook, RunConfigHook" in log
+    assert "visualizer backends: LocalVisBackend, MetricSinkBackend" in log
+    assert len(read_history(run / "metrics.jsonl")) > 1
+    checkpoint = Path((run / "last_checkpoint").read_text().strip())
+    assert "state_dict" in torch.load(checkpoint, weights_only=True)
+
+
+def test_two_ranks_gathering_into_a_users_folder_leave_it_intact(toy_coco, tmp_path, outside_dir):
+    """mmengine gathers the ranks' results through files in collect_dir, then deletes the folder: a user's folder
+    named there is refused before the runner is built, and stays as it was."""
+    victim = outside_dir / "thesis"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "thesis.tex").write_text("chapter 1")
+    (victim / "sub" / "data.csv").write_text("1,2")
+    run = tmp_path / "run"
+    dump = f"{{type: DumpResults, out_file_path: {run}/d.pkl, collect_dir: {victim}}}"
+    script, experiment = TOY["det"]
+    proc = prewarmed.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / script),
+            f"experiment={experiment}", *FAST, f"data.root={toy_coco}", f"output_dir={run}", "schedule.epochs=1",
+            f"+mm={{val_evaluator: [{dump}]}}",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=TOY_RUN_S, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode != 0 and "mm.val_evaluator[0].collect_dir: DumpResults would write" in proc.stderr
+    assert (victim / "thesis.tex").read_text() == "chapter 1" and (victim / "sub" / "data.csv").read_text() == "1,2"

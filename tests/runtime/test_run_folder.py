@@ -356,6 +356,27 @@ def test_starting_over_moves_only_what_the_run_recorded_making(tmp_path):
     assert (tmp_path / "imagenet_pretrained.pth").read_text() == "mine"
 
 
+def test_what_another_process_puts_in_the_folder_while_the_run_holds_it_is_not_the_runs(tmp_path):
+    """The record holds what the run's own process wrote (its writers and the libraries it calls), not every name
+    that appeared: a user's notes and weights copied in while the run trains stay on a start over, named in the
+    log, while the run's own checkpoint (written through a rename, as cat's atomic writes finish) and a folder it
+    made move aside."""
+    folder = open_run_folder(str(tmp_path), DistEnv())
+    (tmp_path / "ckpt.pth.tmp").write_text("x")
+    os.replace(tmp_path / "ckpt.pth.tmp", tmp_path / "ckpt.pth")
+    (tmp_path / "profile" / "trace").mkdir(parents=True)
+    script = "import pathlib, sys; [pathlib.Path(sys.argv[1], n).write_text('mine') for n in sys.argv[2:]]"
+    subprocess.run([sys.executable, "-c", script, str(tmp_path), "notes.txt", "imagenet_pretrained.pth"], check=True)
+    folder.record_made()
+    folder.close()
+    assert json.loads((tmp_path / ".cat-made").read_text())["names"] == ["ckpt.pth", "log.txt", "profile"]
+    open_run_folder(str(tmp_path), DistEnv(), start_over=True).close()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "imagenet_pretrained.pth").read_text() == "mine"
+    assert not (tmp_path / "ckpt.pth").exists() and not (tmp_path / "profile").exists()
+    assert "imagenet_pretrained.pth, notes.txt" in (tmp_path / "log.txt").read_text()
+
+
 def test_a_run_killed_before_recording_leaves_its_files_in_place_and_named(tmp_path):
     """What a killed run wrote after its last record is not known to be a run's: starting over leaves it in place,
     names it, and never moves a file the folder held when the run took it."""
