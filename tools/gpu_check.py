@@ -44,7 +44,9 @@ import cat  # noqa: F401  (registers cat's models with timm)
 from cat.ops import CirculantAttention, circulant_attention, set_fft_backend
 from cat.ops.policy import record_measured_backend
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
+from cat.runtime.io import atomic_write_text, refuse_planted
 from cat.toolkit import interleaved_medians, positive_int
+from cat.toolkit.cli import output_folder
 from cat.toolkit.fig4 import MODELS as FIG4_MODELS
 from cat.toolkit.fig4 import gflops, plot
 from cat.toolkit.variants import build_variant, train_step_fns
@@ -187,11 +189,9 @@ def dft_choice(device: str, card: str, rounds: int) -> dict[str, dict[str, objec
             ratios.append(seconds["separable"] / seconds["fft"])
         ratio = math.prod(ratios) ** (1 / len(ratios))
         choice = "separable" if ratio < 1 else "fft"
-        path = record_measured_backend(card, str(AMP_DTYPES[dtype]).removeprefix("torch."), choice)
-        result[dtype] = {"step_ms": rows, "separable_over_fft": ratio, "choice": choice, "recorded": str(path)}
-        print(
-            f"DFT under {dtype}: separable / fft step time {ratio:.2f} (geometric mean) -> {choice}, recorded in {path}"
-        )
+        recorded = _recorded(record_measured_backend, card, str(AMP_DTYPES[dtype]).removeprefix("torch."), choice)
+        result[dtype] = {"step_ms": rows, "separable_over_fft": ratio, "choice": choice, "recorded": recorded}
+        print(f"DFT under {dtype}: separable / fft step time {ratio:.2f} (geometric mean) -> {choice}, {recorded}")
     return result
 
 
@@ -318,6 +318,15 @@ def default_steps(device: str, steps: int = 6) -> list[dict[str, object]]:
     return rows
 
 
+def _recorded(record: Callable[..., Path], *args: str) -> str:
+    """Where ``record(*args)`` wrote a measured choice, or why it could not (the measurement stays in
+    gpu_check.json)."""
+    try:
+        return f"recorded in {record(*args)}"
+    except OSError as error:
+        return f"not recorded: {error.strerror or error}"
+
+
 def kernel_choice(rows: list[dict[str, object]], card: str) -> dict[str, object] | None:
     """The kernels against the ATen path in the default training step (224^2, B=64, bf16, CUDA graphs): the faster
     recorded for ``card`` (:func:`cat.ops.policy.record_measured_kernel`), which ``attention_kernel=auto`` reads."""
@@ -327,9 +336,9 @@ def kernel_choice(rows: list[dict[str, object]], card: str) -> dict[str, object]
         if (row["what"], row["res"], row["dtype"], row["mode"]) == ("train", 224, "bf16", "reduce-overhead"):
             ratio = float(row["speed vs CA-DeiT-T (ATen)"])  # the ATen step's time over the kernels'
             choice = "triton" if ratio >= 1 else "aten"
-            path = record_measured_kernel(card, choice)
-            print(f"attention kernel: the Triton kernels {ratio:.2f}x the ATen path's speed -> {choice}, in {path}")
-            return {"kernels_speed_over_aten": ratio, "choice": choice, "recorded": str(path)}
+            recorded = _recorded(record_measured_kernel, card, choice)
+            print(f"attention kernel: the Triton kernels {ratio:.2f}x the ATen path's speed -> {choice}, {recorded}")
+            return {"kernels_speed_over_aten": ratio, "choice": choice, "recorded": recorded}
     return None
 
 
@@ -367,11 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds per median")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    out = output_folder(args.out)
+    for output in ("gpu_check.json", "fig4_efficiency.png", "fig4_efficiency.pdf"):  # refused before any measuring
+        refuse_planted(str(out / output))
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible; run this on a GPU machine", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     card = torch.cuda.get_device_name()
     result: dict[str, object] = {
         "device": card,
@@ -392,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         result["speed"], result["skipped"] = speed("cuda", args.rounds, started + args.budget_s)
         result["kernel_choice"] = kernel_choice(result["speed"], card)
         figure(result["speed"], out, card)
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=2))
+    atomic_write_text(str(out / "gpu_check.json"), json.dumps(result, indent=2))  # never through a planted link
     bad = [r for r in result["correctness"] if r["rel_err"] >= r["tolerance"]]
     elapsed = time.monotonic() - started
     print(f"wrote {out / 'gpu_check.json'} in {elapsed:.0f} s; {len(bad)} autocast results beyond their tolerance")

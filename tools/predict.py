@@ -1,10 +1,11 @@
-"""Classify one image with a model and print its top-5 classes.
+"""Classify an image, or each image of a folder, with a model and print its top-5 classes.
 
-The image is preprocessed as the model's pretrained config says (timm's evaluation transform: resize, centre crop,
-normalise), and a 1000-class model's classes are named by ImageNet-1K's labels (timm's ``ImageNetInfo``).
+Each image is read as its camera meant it (EXIF orientation applied, 16-bit greyscale scaled to 8 bits) and
+preprocessed as the model's pretrained config says (timm's evaluation transform: resize, centre crop, normalise);
+a 1000-class model's classes are named by ImageNet-1K's labels (timm's ``ImageNetInfo``).
 
     python tools/predict.py photo.jpg --model ca_deit_small --pretrained    # the authors' released weights
-    python tools/predict.py photo.jpg --checkpoint outputs/cls/ca_deit_s/best.pth     # a run of train_cls.py
+    python tools/predict.py photos/ --checkpoint outputs/cls/ca_deit_s/best.pth      # each image, by its name
     python tools/predict.py --model ca_deit_tiny --pretrained                # scikit-image's photo of a cat
 
 ``--pretrained`` downloads the release once (CA-DeiT-T/S/B: the only released weights) into timm's cache
@@ -14,6 +15,7 @@ normalise), and a 1000-class model's classes are named by ImageNet-1K's labels (
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -22,15 +24,24 @@ from timm.data import ImageNetInfo, create_transform, resolve_data_config
 
 import cat
 from cat.errors import ConfigError
+from cat.models.deit import RELEASE_URLS
 from cat.runtime import report_user_errors
 from cat.toolkit.cli import int_between
-from cat.toolkit.images import load_images, sample_images
+from cat.toolkit.images import image_paths, read_image, sample_images
 from cat.toolkit.models import add_model_arguments, model_from_args
+
+MOST_IMAGES = 1000  # of a folder, in name order
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("image", nargs="?", default=None, help="an image file (default: scikit-image's cat photo)")
+    parser.add_argument(
+        "image",
+        nargs="?",
+        default=None,
+        help=f"an image file, or a folder: each image in it, named (the first {MOST_IMAGES}; default: "
+        "scikit-image's cat photo)",
+    )
     add_model_arguments(parser, "ca_deit_small", "the model")
     parser.add_argument(
         "--pretrained", action="store_true", help="the authors' released weights (downloaded once; CA-DeiT only)"
@@ -44,21 +55,35 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.pretrained and args.checkpoint:
         raise ConfigError("--pretrained and --checkpoint both give weights: give one")
+    paths = image_paths(args.image, MOST_IMAGES) if args.image is not None else None  # before any model is built
     if args.pretrained:
-        model = cat.create_model(args.model or args.default_model, pretrained=True).eval()
+        name = args.model or args.default_model
+        if name not in RELEASE_URLS:
+            raise ConfigError(
+                f"--pretrained: the authors released weights for {', '.join(RELEASE_URLS)} only, not {name}; give "
+                "weights with --checkpoint FILE"
+            )
+        model = cat.create_model(name, pretrained=True).eval()
     else:
         model = model_from_args(args)
-    (image,) = load_images(args.image, 1) if args.image else sample_images(("chelsea",))
-    config = resolve_data_config({}, model=model)
-    batch = create_transform(**config)(Image.fromarray(image)).unsqueeze(0)
-    with torch.inference_mode():
-        probabilities = model(batch).softmax(-1)[0]
+    transform = create_transform(**resolve_data_config({}, model=model))
+    named = [(None, sample_images(("chelsea",))[0])] if paths is None else [(p, read_image(p)) for p in paths]
+    folder = args.image is not None and os.path.isdir(args.image)
+    for path, image in named:
+        if folder:  # each image under its name
+            print(f"{path}:")
+        with torch.inference_mode():
+            probabilities = model(transform(Image.fromarray(image)).unsqueeze(0)).softmax(-1)[0]
+        _print_top(probabilities, args.top)
+    return 0
+
+
+def _print_top(probabilities: torch.Tensor, k: int) -> None:
     names = ImageNetInfo() if probabilities.numel() == 1000 else None
-    top = probabilities.topk(min(args.top, probabilities.numel()))
+    top = probabilities.topk(min(k, probabilities.numel()))
     for rank, (probability, index) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True), 1):
         label = names.index_to_description(index) if names is not None else f"class {index}"
         print(f"{rank}. {100 * probability:6.2f}%  {label}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ __all__ = [
 
 # What a saved config imports, so mmdet's and mmseg's own tools find every component it names (cat.mm.plugin); a
 # user's custom_imports come after it.
-CUSTOM_IMPORTS = {"imports": ["cat.mm"], "allow_failed_imports": False}
+CUSTOM_IMPORTS: dict[str, Any] = {"imports": ["cat.mm"], "allow_failed_imports": False}
 # The +mm key that leaves cat's own hooks and metric backend out of a user's lists (not an mmengine key).
 OWN_HOOKS_KEY = "cat_hooks"
 
@@ -313,7 +313,7 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
         "save_last": True,
         "backend_args": atomic,
     }
-    own_hooks = [
+    own_hooks: list[dict[str, Any]] = [
         {"type": "PreemptionHook", "backend_args": atomic},
         {"type": "PortableCheckpointHook"},  # checkpoints torch's weights-only loader reads (stock tools, torch.load)
         {"type": "RunConfigHook", "config": config_record(cfg)},  # what a resume compares with
@@ -332,7 +332,7 @@ def apply_common(mm: Config, cfg: MMConfig, env: DistEnv, output_dir: str) -> Co
     # Validation metrics at their iteration, as training's: one step axis in metrics.jsonl.
     mm.default_hooks.logger = {"type": "LoggerHook", "interval": cfg.log_interval, "log_metric_by_epoch": False}
     # The run's metric sinks (metrics.jsonl, W&B), handed over when the Runner is built (cat.mm.runner).
-    backends = [{"type": "MetricSinkBackend"}]
+    backends: list[dict[str, Any]] = [{"type": "MetricSinkBackend"}]
     mm.visualizer = {"type": mm.visualizer.get("type", "Visualizer"), "name": "visualizer", "vis_backends": backends}
     mm.default_hooks.visualization = {**mm.default_hooks.get("visualization", {}), "draw": False}
     if env.device.type != "cuda":

@@ -1,9 +1,12 @@
 """What ``import cat.mm`` does where the OpenMMLab stack is installed, so that a config's one line
 ``custom_imports = dict(imports=['cat.mm'])`` gives mmdet's and mmseg's own tools everything cat's configs name:
 ``TimmBackbone`` in the mmdet and mmseg model registries; cat's loops, samplers, hooks and metric backend in
-mmengine's (which both look up); the atomic checkpoint file backend; cat's safe checkpoint loading for every
-mmengine loader; and counting handles for circulant attention and SDPA in mmengine's FLOP analysis. Each step
-replaces what an earlier one registered: importing again, or calling :func:`register`, changes nothing."""
+mmengine's (which both look up); the atomic checkpoint file backend; and counting handles for circulant attention
+and SDPA in mmengine's FLOP analysis. It adds names and changes nothing of the stack's own: mmengine's checkpoint
+loaders stay its own (cat's runs install cat's safe loading for themselves, :func:`cat.mm.safe_load.
+install_safe_checkpoint_io`), and torch's weights-only allow-list and the environment are as the stack's own imports
+leave them. Each step replaces what an earlier one registered: importing again, or calling :func:`register`, changes
+nothing."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from .preemption import (
     ResumableInfiniteSampler,
     ResumableIterBasedTrainLoop,
 )
-from .safe_load import install_safe_checkpoint_io
+from .safe_load import register_atomic_backend
 
 __all__ = ["REGISTERED_AS_DEFINED", "register"]
 
@@ -36,7 +39,7 @@ REGISTERED_AS_DEFINED = (
 
 
 def register() -> None:
-    """Register cat's OpenMMLab components and install its checkpoint loading (idempotent)."""
+    """Register cat's OpenMMLab components (idempotent)."""
     register_backbones()
-    install_safe_checkpoint_io()
+    register_atomic_backend()
     register_flop_handles()

@@ -19,7 +19,7 @@ from cat.runtime.schema import run_length_key
 
 from .backbone import check_pretrained
 from .checks import check_mm_config
-from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match
+from .safe_load import LAST_CHECKPOINT, check_last_checkpoint, check_weights_match, install_safe_checkpoint_io
 from .schema import MMConfig
 from .task import MMTask
 
@@ -101,6 +101,7 @@ def run_mm(raw: DictConfig, task: MMTask[Any]) -> dict[str, Any]:
     def body(env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         # cat's process group comes first (run_job): mmengine's own init would call torch.cuda.set_device on CPU.
         task.register_modules()  # cat's own components registered as cat.mm was imported (cat.mm.plugin)
+        install_safe_checkpoint_io()  # every checkpoint this run reads through cat's safe loader
         from mmengine.runner import Runner
 
         from .config import RunnerConfig

@@ -46,6 +46,7 @@ __all__ = [
     "check_last_checkpoint",
     "check_weights_match",
     "install_safe_checkpoint_io",
+    "register_atomic_backend",
     "load_from_safe_local",
     "load_from_safe_remote",
     "mmengine_safe_globals",
@@ -265,12 +266,10 @@ def _refuse_scheme(prefix: str) -> Callable[..., Any]:
     return refuse
 
 
-def install_safe_checkpoint_io() -> None:
-    """Route every mmengine checkpoint read through :func:`load_from_safe_local` (local) or
-    :func:`load_from_safe_remote` (URLs and model zoos), refuse the other schemes, and register the
-    atomic file backend (``backend_args={'backend': ATOMIC_BACKEND}``) for its writes."""
+def register_atomic_backend() -> None:
+    """Register the atomic file backend (``backend_args={'backend': ATOMIC_BACKEND}``) under its own name: a name
+    added, nothing of mmengine's changed (what ``import cat.mm`` does)."""
     from mmengine.fileio import LocalBackend, register_backend
-    from mmengine.runner.checkpoint import CheckpointLoader
 
     class AtomicLocalBackend(LocalBackend):
         """mmengine's local backend, with writes that leave the old file or the whole new one."""
@@ -282,6 +281,17 @@ def install_safe_checkpoint_io() -> None:
         def put_text(self, obj: str, filepath: Any, encoding: str = "utf-8") -> None:
             self.put(obj.encode(encoding), filepath)
 
+    register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+
+def install_safe_checkpoint_io() -> None:
+    """In cat's own runs: route every mmengine checkpoint read through :func:`load_from_safe_local` (local) or
+    :func:`load_from_safe_remote` (URLs and model zoos), refuse the other schemes, and register the atomic file
+    backend for its writes. Not done by ``import cat.mm``: an import adds names, and a stock tool that imports cat's
+    components keeps mmengine's own loading (torch's weights-only reader; cat's checkpoints are written for it)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    register_atomic_backend()
     # mmengine logs "Loads checkpoint by <the loader's name after 'load_from_'> backend": "safe_local", "safe_remote".
     CheckpointLoader.register_scheme(prefixes="", loader=load_from_safe_local, force=True)
     CheckpointLoader.register_scheme(prefixes=REMOTE_PREFIXES, loader=load_from_safe_remote, force=True)
@@ -290,4 +300,3 @@ def install_safe_checkpoint_io() -> None:
     for prefix in list(CheckpointLoader._schemes):
         if prefix not in ("", *REMOTE_PREFIXES):
             CheckpointLoader.register_scheme(prefixes=prefix, loader=_refuse_scheme(prefix), force=True)
-    register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)

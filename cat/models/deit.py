@@ -180,7 +180,8 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> CirculantVisionTra
     except urllib.error.URLError as error:  # timm's download, before cat's loader sees a file
         raise CheckpointError(
             f"{variant}: pretrained=True could not download its weights ({error.reason}); the authors' release is "
-            f"{RELEASE_URLS[variant]}. Offline, pass a local copy: pretrained_cfg_overlay=dict(file='/path/to/the.pth')"
+            f"{RELEASE_URLS[variant]}. Offline, pass a local copy: --checkpoint /path/to/the.pth on the command line, "
+            "pretrained_cfg_overlay=dict(file='/path/to/the.pth') in Python"
         ) from error
 
 

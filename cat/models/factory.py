@@ -213,5 +213,9 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"model argument {pair!r} must look like KEY=VALUE")
-        args[key] = yaml.safe_load(value)
+        try:
+            args[key] = yaml.safe_load(value)
+        except yaml.YAMLError as error:  # a tag (!!python/...) or malformed YAML: not a plain value
+            reason = str(error).strip().splitlines()[0]
+            raise ConfigError(f"model argument {pair!r}: {value!r} is not a plain YAML value ({reason})") from None
     return args

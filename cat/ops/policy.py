@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +190,7 @@ def _read_choices(path: Path) -> dict[str, dict[str, str]]:
         if not path.is_file() or path.stat().st_size > 2**20:
             return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a record nested past what json reads
         return {}
     if not isinstance(data, dict):
         return {}
@@ -225,13 +226,24 @@ def record_measured_backend(card: str, dtype: str, backend: DFTBackend) -> Path:
 
 
 def _record(card: str, what: str, choice: str) -> Path:
+    """Write the record with ``card``'s ``what`` set: a new temporary file of an unpredictable name (nothing planted
+    is written through), renamed over the record (a link planted there is replaced, not followed). OSError naming
+    the record where its folder cannot be made or written (``XDG_CACHE_HOME=/dev/null``)."""
     path = measured_choices_path()
     choices = _read_choices(path)
     choices.setdefault(card, {})[what] = choice
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(choices, indent=2, sort_keys=True) + "\n")
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as error:
+        raise OSError(error.errno, f"cannot write the record {path} ({error.strerror or error})") from None
     _measured.clear()
     return path
 

@@ -84,7 +84,7 @@ def cache_folders(gpu: bool) -> list[str]:
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     folders = [cache_home, os.path.join(config_home, "wandb"), os.path.join(config_home, "matplotlib")]
-    moved = (
+    moved: tuple[str, ...] = (
         "TORCH_HOME",
         "TORCHINDUCTOR_CACHE_DIR",
         "WANDB_DIR",
@@ -130,8 +130,9 @@ def confinement() -> Confinement | None:
 
 def confine(folders: Sequence[str]) -> Confinement:
     """Restrict this process (and its future threads and children) to writing beneath ``folders``, which are made if
-    missing. Once per process: a second call with folders the first already allows does nothing; one that would need
-    more raises (the kernel only ever narrows a confinement). OSError where the kernel has no Landlock."""
+    missing (one that cannot be, a file standing there, is left out). Once per process: a second call with folders
+    the first already allows does nothing; one that would need more raises (the kernel only ever narrows a
+    confinement). OSError where the kernel has no Landlock."""
     global _confined
     if _confined is not None:
         if all(_confined.allows(folder) for folder in folders):
@@ -152,7 +153,10 @@ def confine(folders: Sequence[str]) -> Confinement:
     try:
         kept = []
         for folder in folders:
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError:  # a file stands there (XDG_CACHE_HOME=/dev/null): nothing can be made beneath it
+                continue
             fd = os.open(folder, _O_PATH | os.O_CLOEXEC)
             try:
                 rights = handled if os.path.isdir(folder) else handled & _FILE_RIGHTS

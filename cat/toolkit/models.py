@@ -17,6 +17,7 @@ from cat.models import (
     extract_state_dict,
     load_checkpoint_file,
     load_weights,
+    model_arguments,
     model_kwargs,
     parse_model_args,
 )
@@ -90,7 +91,9 @@ def model_from_args(args: argparse.Namespace) -> nn.Module:
     args.img_size = args.img_size or args.default_img_size
     check_model_size(args.model, args.img_size, **overrides)
     torch.manual_seed(args.seed)
-    model = cat.create_model(args.model, img_size=args.img_size, **overrides)
+    accepted = model_arguments(args.model)
+    sized = {"img_size": args.img_size} if accepted is None or "img_size" in accepted else {}  # a convnet: any size
+    model = cat.create_model(args.model, **sized, **overrides)
     if state_dict is not None:
         try:
             load_weights(model, state_dict, source=args.checkpoint)

@@ -3,6 +3,7 @@ metric backend and saved config the stock tools build, and the FLOP handles of m
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -34,8 +35,8 @@ REGISTERED = {
 
 
 def test_importing_cat_mm_alone_registers_everything_a_saved_config_names():
-    """In a fresh interpreter (nothing imported, no call): each name in its registry, the atomic file backend,
-    cat's checkpoint loader for every mmengine scheme, and the counting handles."""
+    """In a fresh interpreter (nothing imported, no call): each name in its registry, the atomic file backend and the
+    counting handles; mmengine's checkpoint loaders stay its own (cat's runs install cat's loading themselves)."""
     code = f"""
 import importlib, json
 import cat.mm
@@ -58,9 +59,44 @@ print(json.dumps({{
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["found"] == REGISTERED and result["backend"]
-    assert set(result["loaders"]) <= {"load_from_safe_local", "load_from_safe_remote", "refuse"}
-    assert {"load_from_safe_local", "load_from_safe_remote"} <= set(result["loaders"])
+    assert not {"load_from_safe_local", "load_from_safe_remote", "refuse"} & set(result["loaders"])
     assert result["handles"] == ["aten::scaled_dot_product_attention", "cat::circulant_attention"]
+
+
+# In a fresh interpreter: the stock stack's imports, then (or not) cat.mm's; what torch's weights-only allow-list
+# holds (by name), the environment's names, and what stock mmengine's loader does with a checkpoint whose meta holds
+# an argparse.Namespace (refused by torch's weights-only reader).
+_STOCK_STATE = """
+import json, os, sys, torch
+import torchvision, timm, mmengine.runner, mmdet.apis, mmseg.apis, mmcv.ops
+if sys.argv[2] == "cat":
+    import cat.mm
+from mmengine.runner.checkpoint import CheckpointLoader
+try:
+    CheckpointLoader.load_checkpoint(sys.argv[1])
+    namespace = "loaded"
+except Exception as error:
+    namespace = type(error).__name__
+allowed = sorted(str(g) if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
+                 for g in torch.serialization.get_safe_globals())
+print(json.dumps({"allowed": allowed, "environ": sorted(os.environ), "namespace": namespace}))
+"""
+
+
+def test_importing_cat_mm_adds_names_and_changes_nothing_else(tmp_path):
+    """torch's allow-list grows (73 to 83) and TORCHINDUCTOR_CACHE_DIR appears with torch._dynamo, which torchvision
+    and timm import: the stack's own imports do that. cat.mm changes neither, nor what mmengine's loader refuses."""
+    checkpoint = tmp_path / "namespace.pth"
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "meta": {"args": argparse.Namespace(lr=0.1)}}, checkpoint)
+    states = {}
+    for imports in ("stock", "cat"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _STOCK_STATE, str(checkpoint), imports], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        states[imports] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert states["cat"] == states["stock"]
+    assert states["stock"]["namespace"] == "UnpicklingError"
 
 
 def test_registration_is_idempotent():

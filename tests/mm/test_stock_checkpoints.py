@@ -88,10 +88,8 @@ def test_stock_calls_give_the_same_results_with_and_without_cat_mm(stock_files):
         "palette": [[0, 0, 255], [128, 64, 128], [0, 128, 0]],
     }
     assert with_cat["warnings"] == []  # mmdet says nothing of class names "not saved in the checkpoint"
-    # Everything the stock calls return is the same, but the embedded config mmengine would execute as Python.
-    executed = {"config", "cfg"}
-    assert set(plain["load_checkpoint_meta"]) - executed == set(with_cat["load_checkpoint_meta"])
-    plain.pop("load_checkpoint_meta"), with_cat.pop("load_checkpoint_meta")
+    # import cat.mm adds names and changes nothing of the stack's: every stock call returns what it returns without
+    # it (cat's safe loading, which drops the config mmengine would execute, is its own runs').
     assert with_cat == plain
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,29 @@ def test_a_broken_or_foreign_record_counts_as_no_measurement(choices, content):
     else:
         choices.write_text(content)
     assert backend_for("auto", CUDA, torch.bfloat16) == "fft"
+
+
+def test_a_record_nested_past_what_json_reads_counts_as_no_measurement(choices):
+    choices.parent.mkdir(parents=True)
+    choices.write_text("[" * 100_000 + "]" * 100_000)
+    assert backend_for("auto", CUDA, torch.bfloat16) == "fft"
+
+
+def test_recording_never_writes_through_a_planted_link_and_names_a_folder_it_cannot_make(choices, monkeypatch):
+    """The temporary file has an unpredictable name (a link planted at any name beside the record is never written
+    through), and a link planted at the record's own name is replaced, not followed."""
+    choices.parent.mkdir(parents=True)
+    victim = choices.parent.parent / "victim.txt"
+    victim.write_text("theirs")
+    for name in (f".{choices.name}.{os.getpid()}.tmp", choices.name):
+        (choices.parent / name).symlink_to(victim)
+    record_measured_backend("cuda", "bfloat16", "separable")
+    assert victim.read_text() == "theirs" and not choices.is_symlink()
+    assert json.loads(choices.read_text()) == {"cuda": {"bfloat16": "separable"}}
+    monkeypatch.setenv("XDG_CACHE_HOME", "/dev/null")
+    with pytest.raises(OSError, match=r"cannot write the record /dev/null/cat/dft_choices.json"):
+        record_measured_backend("cuda", "bfloat16", "fft")
+    assert backend_for("auto", CUDA, torch.bfloat16) == "fft"  # and reading it is no measurement
 
 
 def test_auto_keeps_the_spectra_while_a_deep_model_fits_the_budget():

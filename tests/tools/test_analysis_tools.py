@@ -665,3 +665,81 @@ def test_predict_refuses_a_broken_image_in_one_line_naming_it(run_tool, tmp_path
     err = run_tool("predict", str(image), "--model", "ca_deit_tiny", "--model-arg", "depth=1", expect=2, stderr=True)
     assert err.strip().splitlines()[-1].startswith(f"error: {image}: not a readable image"), err[-500:]
     assert image.read_bytes() == content
+
+
+def _predicted(run_tool, *args: str) -> list[str]:
+    return run_tool("predict", *args, "--model", "ca_deit_tiny", "--model-arg", "depth=1").strip().splitlines()
+
+
+def test_predict_reads_16_bit_and_rotated_images_as_the_camera_meant_them(run_tool, tmp_path):
+    """A 16-bit greyscale PNG classifies as its 8-bit scaling (not as white: a plain conversion clips 99.6% of its
+    values), and a photo with an EXIF orientation as the photo turned upright."""
+    rng = np.random.default_rng(0)
+    grey16 = rng.integers(0, 65536, (224, 224), dtype=np.uint16)
+    Image.fromarray(grey16).save(tmp_path / "deep.png")
+    grey8 = np.rint(grey16 / 257.0).astype(np.uint8)
+    Image.fromarray(np.repeat(grey8[..., None], 3, axis=-1)).save(tmp_path / "scaled.png")
+    Image.fromarray(np.full((224, 224, 3), 255, np.uint8)).save(tmp_path / "white.png")
+    assert _predicted(run_tool, str(tmp_path / "deep.png")) == _predicted(run_tool, str(tmp_path / "scaled.png"))
+    assert _predicted(run_tool, str(tmp_path / "deep.png")) != _predicted(run_tool, str(tmp_path / "white.png"))
+    upright = rng.integers(0, 255, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(upright).save(tmp_path / "upright.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: the stored pixels are the upright photo turned 90 degrees counter-clockwise
+    Image.fromarray(np.rot90(upright, 1).copy()).save(tmp_path / "turned.png", exif=exif)
+    assert _predicted(run_tool, str(tmp_path / "turned.png")) == _predicted(run_tool, str(tmp_path / "upright.png"))
+
+
+def test_predict_names_each_image_of_a_folder_and_refuses_an_empty_path(run_tool, tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for seed, name in enumerate(("b.png", "a.png")):
+        pixels = np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(photos / name)
+    lines = _predicted(run_tool, str(photos))
+    assert [line for line in lines if line.endswith(":")] == [f"{photos / 'a.png'}:", f"{photos / 'b.png'}:"]
+    assert len(lines) == 12
+    err = run_tool("predict", "", "--model", "ca_deit_tiny", expect=2, stderr=True)
+    assert err.strip().splitlines()[-1] == (
+        "error: the image path is empty (an unset variable?): name an image file or a folder of images"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "resnet18", "--pretrained"], "--pretrained: the authors released weights for ca_deit_tiny, "),
+        (["--model", "ca_pvt_tiny", "--pretrained"], "not ca_pvt_tiny; give weights with --checkpoint FILE"),
+        (["--model-arg", "depth=!!python/object/apply:os.system ['id']"], "is not a plain YAML value"),
+    ],
+)
+def test_predict_refuses_what_it_cannot_do_in_one_line(run_tool, tmp_path, args, expected):
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "x.png")
+    err = run_tool("predict", str(tmp_path / "x.png"), *args, expect=2, stderr=True)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expected in last, err[-800:]
+
+
+def test_predict_builds_a_model_that_takes_no_input_size(run_tool, tmp_path):
+    """A convolutional network (timm's resnet18, random weights) takes any size: no img_size is passed to it."""
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(tmp_path / "x.png")
+    assert len(run_tool("predict", str(tmp_path / "x.png"), "--model", "resnet18").strip().splitlines()) == 5
+
+
+def test_predict_refuses_a_decompression_bomb_in_one_line(run_tool, tmp_path):
+    """A 30000 x 30000 PNG (a few hundred kilobytes, 2.7 GB decoded): refused before it is decoded."""
+    import zlib
+
+    width = height = 30000
+    row = b"\0" + b"\0" * (3 * width)
+    compressor = zlib.compressobj(9)
+    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    (tmp_path / "bomb.png").write_bytes(png)
+    err = run_tool("predict", str(tmp_path / "bomb.png"), "--model", "ca_deit_tiny", expect=2, stderr=True)
+    assert err.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'bomb.png'}: too large to decode safely")

@@ -4,6 +4,7 @@ benchmark script."""
 from __future__ import annotations
 
 import json
+import os
 
 import onnx
 import pytest
@@ -276,3 +277,22 @@ def test_recipe_memory_estimates_a_row_from_two_measured_batches(run_tool):
     fixed = 16 * row["params_m"] * 1e6 / 2**30 + 1.0  # the parameters' share and the default overhead
     assert row["gib_per_image"] > 0 and row["estimate_gib"] == pytest.approx(fixed + 4 * row["gib_per_image"])
     assert row["fits_40"] == row["fits_80"] == "as is"
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_gpu_check_refuses_what_is_planted_at_its_outputs_before_measuring(planted, tmp_path, capsys):
+    """A link at --out/gpu_check.json is never written through, a FIFO never blocks: one line, exit 2, before the
+    card is looked for."""
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("theirs")
+    if planted == "link":
+        (out / "gpu_check.json").symlink_to(victim)
+    else:
+        os.mkfifo(out / "gpu_check.json")
+    with pytest.raises(SystemExit) as stop:
+        load_gpu_check().main(["--out", str(out)])
+    assert stop.value.code == 2 and victim.read_text() == "theirs"
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "gpu_check.json" in last
