@@ -74,3 +74,40 @@ def paper_rows_table(number: int) -> str:
         values = [_decimal(paper[m]) if m in paper else "—" for m in metrics]
         lines.append("| " + " | ".join([row["label"], how, *values]) + " |")
     return "\n".join(lines)
+
+
+# The one measured training step the estimates scale from: CA-DeiT-T at 224^2, batch 64, bf16 autocast, eager, on one
+# H200 (docs/perf/gpu-check-h200-2026-12-04.md, the autograd path, lean_attention=false), in milliseconds.
+MEASURED_STEP_MS, MEASURED_BATCH, MEASURED_GFLOPS = 66.1, 64, 1.2
+IMAGENET_TRAIN_IMAGES = 1_281_167
+
+
+def recipe_cost_table(epochs: dict[str, int]) -> str:
+    """What each Table 2 recipe costs on H200s, estimated: the measured CA-DeiT-T step's time per image scaled by
+    each model's GFLOPs, times the recipe's ``epochs`` (model -> epochs, from its preset) over ImageNet-1K's
+    training images; 8 GPUs in parallel, assumed to scale linearly."""
+    per_gflop_s = MEASURED_STEP_MS / 1e3 / MEASURED_BATCH / MEASURED_GFLOPS
+    lines = [
+        "| model | experiment | epochs | GFLOPs | H200 GPU-hours (est.) | wall time on 8 H200 (est.) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in paper_table(2)["rows"]:
+        if row["model"] not in _CLS_EXPERIMENTS:
+            continue
+        hours = epochs[row["model"]] * IMAGENET_TRAIN_IMAGES * per_gflop_s * row["gflops"] / 3600
+        lines.append(
+            f"| {row['label']} | `{_CLS_EXPERIMENTS[row['model']]}` | {epochs[row['model']]} | "
+            f"{_decimal(row['gflops'])} | {hours:,.0f} | {hours / 8:,.0f} h |"
+        )
+    return "\n".join(lines)
+
+
+def recipe_epochs() -> dict[str, int]:
+    """Each Table 2 model's training epochs, from its preset as train_cls.py composes it."""
+    import cat.runtime.config_help  # noqa: F401  (the resolvers the trainers' configs name)
+    from tests.conftest import compose_config
+
+    return {
+        model: int(compose_config("cls", f"experiment={experiment}").epochs)
+        for model, experiment in _CLS_EXPERIMENTS.items()
+    }

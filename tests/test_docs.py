@@ -5,6 +5,7 @@ anchor fails."""
 
 from __future__ import annotations
 
+import html
 import importlib
 import re
 import shlex
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.doc_tables import paper_rows_table, zoo_table
+from tests.doc_tables import paper_rows_table, recipe_cost_table, recipe_epochs, zoo_table
 
 README = REPO / "README.md"
 PAGES = [README, REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -55,6 +56,11 @@ def test_the_model_zoo_is_the_codes():
 @pytest.mark.parametrize("number", [3, 4, 5])
 def test_the_reproducing_pages_tables_are_the_papers(number):
     assert paper_rows_table(number) in (REPO / "docs" / "reproducing.md").read_text()
+
+
+def test_the_recipe_cost_table_is_derived_from_the_measured_step_and_the_presets():
+    """docs/reproducing.md's estimate: the one measured GPU step scaled by GFLOPs, over each preset's epochs."""
+    assert recipe_cost_table(recipe_epochs()) in (REPO / "docs" / "reproducing.md").read_text()
 
 
 def test_the_models_pages_parameter_counts_are_the_models():
@@ -182,6 +188,12 @@ def test_the_site_builds_strictly_and_a_broken_link_or_anchor_fails_it(tmp_path)
     assert "circulant_attention" in api
     raw_roles = re.findall(r":(?:func|class|mod|meth|attr|data|obj|exc|const):", api)
     assert not raw_roles and "<code>cat.ops.policy.kernel_for</code>" in api, raw_roles[:5]
+    # The home page stands alone: the README's quick start, zoo and citation, copied in at build time.
+    home = (tmp_path / "site" / "index.html").read_text()
+    assert "bash scripts/setup_env.sh && .venv/bin/python train_cls.py" in html.unescape(re.sub(r"<[^>]+>", "", home))
+    zoo_names = re.findall(r"^\| [^|]+ \| `(\w+)` \|", README.read_text(), re.MULTILINE)
+    assert len(zoo_names) >= 14 and all(f"<code>{name}</code>" in home for name in zoo_names)
+    assert "han2026circulant" in home and 'id="model-zoo"' in home
     for planted, named in (
         ("[the zoo](zoo.md)", "zoo.md"),
         ("[levels](models.md#no-such-section)", "no-such-section"),

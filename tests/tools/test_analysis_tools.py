@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import os
 import runpy
 import sys
@@ -42,9 +43,45 @@ def test_bccb_analysis(run_tool, tmp_path):
     assert "relative distance" in text
 
 
-def test_bccb_analysis_default_images(run_tool, tmp_path):
-    run_tool("bccb_analysis", "--out", str(tmp_path), "--img-size", "48", "--num-images", "1")
-    assert json.loads((tmp_path / "bccb.json").read_text())["grid"] == [3, 3]
+# Every picture the README and the documentation show: its file, the words its caption must hold (the weights it
+# was made with), and for the ones a test can remake, the tool and arguments that make it and the numbers file it
+# was made with (regenerated and compared).
+FIGURES = {
+    "docs/fig2_attention_maps.png": ("random weights", ("bccb_analysis",), "docs/fig2_attention_maps.json"),
+    "docs/kernels.png": ("random weights", ("visualize_kernels",), "docs/kernels.json"),
+    "docs/curves_demo.png": ("trained on digits from random initialisation", None, None),
+    "docs/bench/fig4_efficiency.png": ("with random weights (speed does not depend on them)", None, None),
+}
+
+
+def _numbers(record) -> list[float]:
+    """Every number of a tool's JSON record, in order (its layers' and heads' measures)."""
+    if isinstance(record, dict):
+        return [n for key in sorted(record) if key not in ("checkpoint",) for n in _numbers(record[key])]
+    if isinstance(record, list):
+        return [n for item in record for n in _numbers(item)]
+    return [float(record)] if isinstance(record, (int, float)) and not isinstance(record, bool) else []
+
+
+@pytest.mark.parametrize("picture", FIGURES)
+def test_each_documented_picture_names_its_weights_and_its_numbers_regenerate(picture, run_tool, tmp_path):
+    """The README's figure and every picture in docs/ say in their captions which weights made them (no trained
+    softmax ViT can be downloaded here: the attention figures show random weights, and say so), and the ones made
+    by a tool's defaults give the same numbers when the command is run again."""
+    words, tool, numbers = FIGURES[picture]
+    name = picture.removeprefix("docs/")
+    captions = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for alt, target in re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", page.read_text()):
+            if (page.parent / target).resolve() == (REPO / picture).resolve():
+                captions.append(alt)
+    assert captions and all(words in alt for alt in captions), (picture, captions)
+    assert (REPO / picture).stat().st_size > 0 and name
+    if tool is None:
+        return
+    run_tool(*tool, "--out", str(tmp_path))
+    made = json.loads(next(tmp_path.glob("*.json")).read_text())
+    np.testing.assert_allclose(_numbers(made), _numbers(json.loads((REPO / numbers).read_text())), rtol=1e-4)
 
 
 def test_visualize_kernels(run_tool, tmp_path):
