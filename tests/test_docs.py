@@ -125,7 +125,9 @@ def test_no_page_tells_the_history_of_its_numbers(page):
 
 
 # How the work was arranged, which no page of the project's speaks of: the tracker, the change, the machines lent.
-PROCESS = re.compile(r"issues show|this change|lent to this session|no (?:GPU|device) (?:was )?lent|had no GPU", re.I)
+PROCESS = re.compile(
+    r"issues show|this change|this session|a session was|no (?:GPU|device) (?:was )?lent|had no GPU", re.I
+)
 # Attempt diaries belong to no page a reader starts from (the dated logs may number their experiments).
 ATTEMPTS = re.compile(r"\battempts? \d+", re.I)
 
@@ -136,7 +138,11 @@ def test_no_page_speaks_of_the_work_instead_of_the_project(page):
 
 
 def test_the_page_checks_find_what_they_forbid():
-    assert PROCESS.findall("see `issues show 56`; before this change") == ["issues show", "this change"]
+    assert PROCESS.findall("see `issues show 56`; before this change, on this session's machine") == [
+        "issues show",
+        "this change",
+        "this session",
+    ]
     assert ATTEMPTS.findall("docs/perf.md, attempts 20-21") == ["attempts 20"]
 
 

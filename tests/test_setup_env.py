@@ -1,7 +1,8 @@
 """scripts/setup_env.sh runs and installs only what it verified: a cached uv or mmcv wheel is used only where it is
 the caller's, writable by no one else, and matches the hash recorded when the script made it. Each case is a real
-run of the script, in a copy of the checkout (its own .venv, so the suite's is never touched) with a cache of its own;
-uv's package cache is shared, so the installs take seconds."""
+run of the script, in a copy of the checkout (its own .venv, so the suite's is never touched) with a cache of its own.
+The copy's .venv is made once for the file and each case runs the script again over it, as a user re-runs it: the
+verification of the cache comes before any install, and a re-run installs only what is missing."""
 
 from __future__ import annotations
 
@@ -79,8 +80,23 @@ def _installed_mmcv(checkout: Path) -> list[Path]:
     return list((checkout / ".venv" / "lib").glob("python*/site-packages/mmcv/ops/__init__.py"))
 
 
-def test_setup_uses_only_the_cached_files_it_verified(tmp_path):
-    checkout = _checkout(tmp_path / "checkout")
+def _uninstall_mmcv(checkout: Path) -> None:
+    for site in (checkout / ".venv" / "lib").glob("python*/site-packages"):
+        for path in [site / "mmcv", *site.glob("mmcv-*.dist-info")]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of the checkout with its .venv made by a first run of the script (its own cache)."""
+    root = tmp_path_factory.mktemp("setup_env")
+    made = _checkout(root / "checkout")
+    first = _setup(made, root / "xdg")
+    assert first.returncode == 0, first.stderr[-3000:]
+    return made
+
+
+def test_setup_uses_only_the_cached_files_it_verified(checkout, tmp_path):
     xdg, marker = tmp_path / "xdg", tmp_path / "planted_uv_ran"
     cache = xdg / "cat"
     torch_tag = subprocess.run(
@@ -105,7 +121,6 @@ def test_setup_uses_only_the_cached_files_it_verified(tmp_path):
     # 2. The cached uv replaced (same owner, same mode): its hash no longer matches, so it is not run but installed
     # again, and recorded again.
     _plant(uv, marker, record=False)
-    shutil.rmtree(checkout / ".venv")
     second = _setup(checkout, xdg)
     assert second.returncode == 0, second.stderr[-3000:]
     assert not marker.exists(), "the planted uv ran"
@@ -116,6 +131,7 @@ def test_setup_uses_only_the_cached_files_it_verified(tmp_path):
 
     # 3. The wheel made writable by the group: ignored and built again (here the build finds no source, so the run
     # fails), and never installed.
+    _uninstall_mmcv(checkout)  # else the script finds mmcv.ops importable and looks at no wheel
     wheel.chmod(0o664)
     third = _setup(checkout, xdg, "--mm", PIP_NO_INDEX="1")
     assert third.returncode != 0
@@ -123,10 +139,9 @@ def test_setup_uses_only_the_cached_files_it_verified(tmp_path):
     assert not _installed_mmcv(checkout)
 
 
-def test_setup_never_runs_a_uv_planted_in_a_cache_others_can_write(tmp_path):
+def test_setup_never_runs_a_uv_planted_in_a_cache_others_can_write(checkout, tmp_path):
     """A shared cache anyone can write (the issue's ~/.cache on a shared machine): even a uv with a matching record
     there is not run, and nothing is written into that cache; the run uses a temporary one."""
-    checkout = _checkout(tmp_path / "checkout")
     xdg, marker = tmp_path / "xdg", tmp_path / "planted_uv_ran"
     _plant(xdg / "cat" / "uv" / "bin" / "uv", marker, record=True)
     for folder in (xdg / "cat", xdg / "cat" / "uv", xdg / "cat" / "uv" / "bin"):
@@ -140,9 +155,8 @@ def test_setup_never_runs_a_uv_planted_in_a_cache_others_can_write(tmp_path):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the cached uv to another user")
-def test_setup_never_runs_a_uv_another_user_owns(tmp_path):
+def test_setup_never_runs_a_uv_another_user_owns(checkout, tmp_path):
     """A uv another uid put in the caller's cache (with a record that matches) is not run, but installed again."""
-    checkout = _checkout(tmp_path / "checkout")
     xdg, marker = tmp_path / "xdg", tmp_path / "planted_uv_ran"
     uv = xdg / "cat" / "uv" / "bin" / "uv"
     _plant(uv, marker, record=True)

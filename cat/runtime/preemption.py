@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
-import re
 import signal
 import threading
 import time
@@ -102,13 +101,12 @@ def worker_context(workers: int) -> multiprocessing.context.BaseContext | None:
     return _WorkerContext() if workers > 0 and multiprocessing.get_start_method() == "fork" else None
 
 
-class Stopped(Exception):
-    """A stop signal reached a run that has nothing to save (evaluation, throughput)."""
+class Stopped(BaseException):
+    """A stop signal reached a run that has nothing to save (evaluation, throughput). A BaseException: the handler
+    raises it wherever the run is, and code that catches every error would otherwise take it for one of its own
+    (logging's handlers report it and go on, OmegaConf raises it again as another type)."""
 
-    def __init__(self, signum: int | str) -> None:
-        if isinstance(signum, str):  # OmegaConf re-raises an error met inside a config access as type(error)(text)
-            name = re.search(r"stopped by (SIG[A-Z0-9]+)", signum)  # the text then ends in the config key's context
-            signum = int(signal.Signals[name[1]] if name else signal.SIGTERM)
+    def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
 

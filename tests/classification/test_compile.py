@@ -261,34 +261,3 @@ def test_two_process_compiled_ddp_splits_at_buckets_and_trains_as_eager(tmp_path
     assert result["backward_graphs"] > 1
     assert result["losses"]["eager"][2] < result["losses"]["eager"][0]
     assert result["losses"]["compiled"] == pytest.approx(result["losses"]["eager"], rel=1e-4, abs=1e-5)
-
-
-@pytest.mark.slow  # two short runs of the quick start, one of them compiled (Inductor)
-def test_the_quick_start_compiled_on_a_cpu_trains_as_eager(tmp_path):
-    """The README's quick start (its embedded digits) for two epochs, eager and with compile=true (Inductor's CPU
-    code, one graph): the compiled run says so in its log, and its losses and accuracy are the eager run's."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    metrics, logs = {}, {}
-    for label, compile_flag in (("eager", "false"), ("compiled", "true")):
-        out = tmp_path / label
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "train_cls.py"), f"output_dir={out}", "epochs=2", f"compile={compile_flag}"],
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        metrics[label] = json.loads((out / "metrics.json").read_text())
-        logs[label] = (out / "log.txt").read_text()
-    assert "compiled (torch.compile, mode default, one graph): compile=true" in logs["compiled"]
-    assert "eager: compile=false" in logs["eager"]
-    assert metrics["compiled"]["train/loss"] == pytest.approx(metrics["eager"]["train/loss"], rel=2e-3)
-    assert metrics["compiled"]["val/top1"] == pytest.approx(metrics["eager"]["val/top1"], abs=2.0)

@@ -81,6 +81,15 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
         while not (tmp_path / "last.pth").exists():
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
+        # A user copies files into the folder while the run trains; the run goes on recording what it makes (its
+        # next saves) and never takes them for its own.
+        (tmp_path / "notes.txt").write_text("mine")
+        (tmp_path / "imagenet_pretrained.pth").write_bytes(b"weights")
+        saved = (tmp_path / ".cat-made").stat().st_mtime_ns
+        while (tmp_path / ".cat-made").stat().st_mtime_ns == saved:  # a record made after the user's files came
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "notes.txt" not in json.loads((tmp_path / ".cat-made").read_text())["names"]
         second = train_proc(tmp_path, "epochs=100000", "batch_size=8", timeout=300)
         assert second.returncode == 2
         assert (
@@ -101,6 +110,9 @@ def test_second_concurrent_run_is_refused_and_a_dead_holder_is_taken_over(tmp_pa
     assert not leftover.exists() and not (tmp_path / ".lock").exists()
     # Neither deleted nor moved: starting over sets aside what runs make, and a user's file stays where it is.
     assert (tmp_path / ".notes.tmp").read_text() == "the user's"
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "imagenet_pretrained.pth").read_bytes() == b"weights"
+    assert "imagenet_pretrained.pth" in proc.stdout and "notes.txt" in proc.stdout
     assert not list((tmp_path / "earlier_runs").glob("*/.notes.tmp"))
 
 

@@ -354,8 +354,13 @@ SPEED_FLAGS = ["compile=true", "channels_last=true", "amp.enabled=true", "amp.dt
 def test_compiled_bf16_run_with_ema_resumes_identically(tmp_path, uninterrupted):
     """torch.compile, channels-last and bf16 autocast together, with EMA: the checkpoint holds the plain
     model's names (not the compiled wrapper's), and a run stopped mid-epoch resumes to the uninterrupted run's
-    weights and EMA weights, bit for bit."""
+    weights and EMA weights, bit for bit. The log says it compiled (the one subprocess run through Inductor: that
+    compiled steps train as eager is test_compile's, in process)."""
     whole = run_train(tmp_path / "whole", *RESUME_RUN, *SPEED_FLAGS)
+    assert (
+        "compiled (torch.compile, mode default, one graph): compile=true"
+        in (tmp_path / "whole" / "log.txt").read_text()
+    )
     out = tmp_path / "preempted"
     proc = _start_and_signal(out, signal.SIGTERM, *RESUME_RUN, *SPEED_FLAGS)
     log = proc.stdout.read()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import re
 import os
+import re
 import runpy
 import sys
 import zipfile
