@@ -138,8 +138,8 @@ def test_an_option_a_component_does_not_take_is_refused(task, option, expected, 
 
 @pytest.mark.slow
 def test_the_trainers_refuse_them_in_one_line_before_the_first_step(toy_coco, toy_ade, tmp_path):
-    """Through train_det.py / train_seg.py: one line, exit 2, nothing written outside the run folder, no step taken
-    (the issue's 146 MB checkpoint written over a file outside is never written)."""
+    """Through train_det.py / train_seg.py, hooks, a backend and a metric: one line, exit 2, nothing written outside
+    the run folder, no step taken (the issue's 146 MB checkpoint written over a file outside is never written)."""
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "x_1.pth").write_text("theirs")
@@ -147,6 +147,7 @@ def test_the_trainers_refuse_them_in_one_line_before_the_first_step(toy_coco, to
         "det": {
             "template": [f"+mm={{default_hooks.checkpoint.filename_tmpl: '{outside}/x_{{}}.pth'}}"],
             "misspelt": ["+mm={default_hooks.checkpoint.intervall: 2}"],
+            "metric": [f"+mm={{val_evaluator: [{{type: DumpResults, out_file_path: {outside}/x_1.pth}}]}}"],
         },
         "seg": {
             "backend": [f"+mm={{visualizer: {{vis_backends: [{{type: LocalVisBackend, save_dir: {outside}}}]}}}}"],
@@ -156,6 +157,7 @@ def test_the_trainers_refuse_them_in_one_line_before_the_first_step(toy_coco, to
     expected = {
         "template": "mm.default_hooks.checkpoint.filename_tmpl: CheckpointHook would write",
         "misspelt": "mm.default_hooks.checkpoint.intervall: CheckpointHook takes no option 'intervall'",
+        "metric": "mm.val_evaluator[0].out_file_path: DumpResults would write",
         "backend": "mm.visualizer.vis_backends[0].save_dir: LocalVisBackend would write",
         "hook_list": "mm.custom_hooks[0].out_dir: CheckpointHook would write",
     }
