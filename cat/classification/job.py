@@ -87,7 +87,7 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
             console_text(result),
             result["num_images"],
         )
-        if num_classes == 1000 and (expected := paper_top1(cfg.model.name, cfg.input_size()[0])) is not None:
+        if (expected := paper_reference(cfg, num_classes)) is not None:
             label, top1 = expected
             folder.log.info(
                 "the paper's ImageNet-1K top-1 for %s at %d²: %.1f%% (Table 2); this eval: %.2f%%",
@@ -102,6 +102,16 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     record = split_names("eval", metrics)
     folder.metrics.log({k: v for k, v in record.items() if k != "eval/num_images"}, step=0)
     return {**record, "checkpoint": os.path.abspath(checkpoint)}
+
+
+def paper_reference(cfg: ClsConfig, num_classes: int) -> tuple[str, float] | None:
+    """Table 2's label and ImageNet-1K top-1 for the model an eval of ``cfg`` runs, where that model is one the
+    table prints: its registered configuration (no ``model.kwargs``, not converted), 1000 classes, at a size the
+    table gives. None otherwise: a Table 5 ablation (``kwargs: {reweight: none}``) or a narrower model under the
+    same name is not the model the paper measured."""
+    if num_classes != 1000 or cfg.model.kwargs or cfg.model.convert is not None:
+        return None
+    return paper_top1(cfg.model.name, cfg.input_size()[0])
 
 
 def _val_set(cfg: ClsConfig, env: DistEnv) -> SplitDataset:

@@ -36,6 +36,7 @@ from tests.conftest import (
     quick_few,
     refusal_line,
     run_folder,
+    typed_cls,
     typed_config,
 )
 
@@ -169,6 +170,20 @@ def test_an_imagenet_eval_prints_the_papers_top1_beside_the_measured(tmp_path):
     measured = metrics["eval/top1"]
     line = f"the paper's ImageNet-1K top-1 for CA-DeiT-T at 224²: 75.0% (Table 2); this eval: {measured:.2f}%"
     assert line in log, log[-2000:]
+
+
+def test_the_papers_top1_stands_only_beside_the_model_the_paper_measured():
+    """Table 2's number for its own models at its sizes and 1000 classes; none for an ablation, a narrower model of
+    the same name, a converted one, another class count or size."""
+    from cat.classification.job import paper_reference
+
+    table2 = ["experiment=ca_deit_t", "data.img_size=224"]
+    assert paper_reference(typed_cls(*table2), 1000) == ("CA-DeiT-T", 75.0)
+    assert paper_reference(typed_cls(*table2), 10) is None
+    assert paper_reference(typed_cls(*table2, "data.img_size=384"), 1000) is None
+    assert paper_reference(typed_cls("experiment=table5_ca_d1", "data.img_size=224"), 1000) is None
+    assert paper_reference(typed_cls(*table2, "++model.kwargs.depth=1"), 1000) is None
+    assert paper_reference(typed_cls(*table2, "model.convert={}"), 1000) is None
 
 
 @pytest.fixture(scope="module")
