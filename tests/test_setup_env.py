@@ -81,9 +81,8 @@ def _installed_mmcv(checkout: Path) -> list[Path]:
 
 
 def _uninstall_mmcv(checkout: Path) -> None:
-    for site in (checkout / ".venv" / "lib").glob("python*/site-packages"):
-        for path in [site / "mmcv", *site.glob("mmcv-*.dist-info")]:
-            shutil.rmtree(path, ignore_errors=True)
+    python = checkout / ".venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "mmcv"], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")

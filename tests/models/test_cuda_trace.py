@@ -28,11 +28,10 @@ MODELS = {
 # in float32 the attentions a float32 CUDA run takes (the FFT, stored or lean, and the kernels).
 SETTINGS = [(1, backend, lean) for backend in ("fft", "separable", "matmul") for lean in (0, 1)]
 SETTINGS += [(0, "fft", 0), (0, "fft", 1), (1, "triton", 0), (0, "triton", 0)]
-# Traced lean, a model's graphs are its stored graphs less the attention (the lean function runs uncompiled), and in
-# float32 its bf16 graphs less autocast's casts: the other families are traced stored under bf16 autocast, which
-# covers every operator their lean and float32 graphs hold, with the two attentions a CUDA run takes by default (the
-# FFT and the kernels). The GEMM DFTs, taken only where a card measured them faster, are the same function in every
-# family's blocks: CA-DeiT-T is traced with them (SETTINGS).
+# Traced lean, a model's graphs are its stored graphs less the attention (the lean function runs uncompiled): the
+# other families are traced stored under bf16 autocast, with the two attentions a CUDA run takes by default (the FFT
+# and the kernels). The GEMM DFTs, taken only where a card measured them faster, are the same function in every
+# family's blocks, traced in CA-DeiT-T's SETTINGS.
 STORED = [(1, "fft", 0), (1, "triton", 0)]
 
 

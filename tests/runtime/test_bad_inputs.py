@@ -317,6 +317,12 @@ CASES = {
     "checkpoint_ema_not_bool": (_overrides("checkpoint_ema=maybe"), "checkpoint_ema='maybe': expected"),
     "accum_steps_zero": (_overrides("accum_steps=0"), "accum_steps=0: expected an integer >= 1"),
     "dist_timeout_zero": (_overrides("dist_timeout_s=0"), "dist_timeout_s=0: expected an integer >= 1"),
+    "confine_not_bool": (_overrides("run.confine=maybe"), "run.confine='maybe': expected true or false"),
+    "may_write_a_string": (
+        _overrides("run.may_write=/scratch"),
+        "run.may_write='/scratch': expected a list of strings",
+    ),
+    "may_write_numbers": (_overrides("run.may_write=[1]"), "run.may_write=[1]: expected a list of strings"),
     "wandb_group_list": (_overrides("logger.wandb.group=[a]"), "logger.wandb.group=['a']: expected a string (or null)"),
     "wandb_tag_long": (
         _overrides(f"logger.wandb.tags=[ok,{'t' * 65}]"),
