@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import timm
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
@@ -63,7 +62,7 @@ from cat.ops import CirculantAttention
 from cat.ops.reference import released_circulant_attention
 from cat.runtime import AMP_DTYPES, autocast_for, report_user_errors
 from cat.toolkit import check_model_size, device_name, positive_int, timing
-from cat.toolkit.variants import build_variant, split_variant, train_step_fns
+from cat.toolkit.variants import build_variant, inference_variant, split_variant, train_step_fns
 
 
 def module_candidates(dim: int, side: int, batch: int, backward: bool, matmul: bool) -> dict[str, Callable[[], object]]:
@@ -121,8 +120,7 @@ def whole_models(resolutions: list[int], batches: list[int], rounds: int, min_bl
     rows = []
     for i, res in enumerate(resolutions):
         batch = batches[min(i, len(batches) - 1)]
-        ca = timm.create_model("ca_deit_tiny", img_size=res).eval()
-        deit = timm.create_model("deit_tiny_patch16_224", img_size=res).eval()
+        ca, deit = (inference_variant(name, res, "cpu", {}) for name in ("ca_deit_tiny", "deit_tiny_patch16_224"))
         x = torch.randn(batch, 3, res, res)
 
         def run(model, x=x):

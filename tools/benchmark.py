@@ -44,7 +44,7 @@ from cat.toolkit.cli import float_between, int_between, output_folder
 from cat.toolkit.dispatch import count_kernels, peak_tensor_bytes
 from cat.toolkit.fig4 import MODELS, gflops, plot
 from cat.toolkit.timing import median_quartiles
-from cat.toolkit.variants import build_variant, train_step_fns
+from cat.toolkit.variants import inference_variant, train_step_fns
 
 FAMILIES = ("DeiT-T", "DeiT-S", "DeiT-B", "CA-DeiT-T", "CA-DeiT-S", "CA-DeiT-B")  # labels of Table 2's rows
 # Images per step at 224^2 on each device kind; larger resolutions keep the tokens per step (never below 1).
@@ -68,7 +68,7 @@ def inference_fns(specs: dict[str, str], res: int, batch: int, device: torch.dev
     x = torch.randn(batch, 3, res, res, device=device)
     fns = {}
     for label, spec in specs.items():
-        model = build_variant(spec, res, device, {}).eval()
+        model = inference_variant(spec, res, device, {})
         forward = torch.compile(model, mode=args.compile_mode) if args.compile_mode else model
 
         def infer(forward=forward) -> None:

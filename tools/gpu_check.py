@@ -49,7 +49,7 @@ from cat.toolkit import interleaved_medians, positive_int
 from cat.toolkit.cli import output_folder
 from cat.toolkit.fig4 import MODELS as FIG4_MODELS
 from cat.toolkit.fig4 import gflops, plot
-from cat.toolkit.variants import build_variant, train_step_fns
+from cat.toolkit.variants import build_variant, inference_variant, train_step_fns
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -157,7 +157,7 @@ def step_fns(
     x = torch.randn(batch, 3, res, res, device=device)
     fns = {}
     for label, spec in specs.items():
-        model = build_variant(spec, res, device, {}).eval()
+        model = inference_variant(spec, res, device, {})
         forward = torch.compile(model, mode=mode) if mode is not None else model
 
         def infer(forward=forward) -> None:

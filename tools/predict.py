@@ -21,6 +21,7 @@ import sys
 import torch
 from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
+from timm.utils.model import reparameterize_model
 
 import cat
 from cat.errors import ConfigError
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         model = cat.create_model(name, pretrained=True).eval()
     else:
         model = model_from_args(args)
+    reparameterize_model(model, inplace=True)  # inference only: weight-only work done once (CirculantBlock)
     transform = create_transform(**resolve_data_config({}, model=model))
     named = [(None, sample_images(("chelsea",))[0])] if paths is None else [(p, read_image(p)) for p in paths]
     folder = args.image is not None and os.path.isdir(args.image)

@@ -79,7 +79,24 @@ class CirculantBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.num_prefix_tokens = 0  # leading tokens not on the grid, left as they are
+        # Set by reparameterize: the convolution with its centre tap, x + cpe(x) as it is.
+        self.cpe_with_identity: nn.Conv2d | None = None
         self.apply(init_vit_weights)
+
+    def reparameterize(self) -> None:
+        """For inference (``timm.utils.reparameterize_model``): the positional convolution's kernel with its centre
+        tap added once (``cpe_with_identity``, in place of ``cpe``) and the attention's projections joined
+        (:meth:`CirculantAttention.reparameterize`): two operators fewer a block, the same outputs. One way; the
+        state dict's names change with it."""
+        self.attn.reparameterize()
+        if self.cpe_with_identity is not None:
+            return
+        weight = self.cpe.weight
+        C = weight.shape[0]
+        conv = nn.Conv2d(C, C, 3, padding=1, groups=C, device=weight.device, dtype=weight.dtype)
+        conv.load_state_dict({"weight": with_centre_tap(weight), "bias": self.cpe.bias})
+        self.cpe_with_identity = conv.to(memory_format=torch.channels_last).requires_grad_(weight.requires_grad)
+        del self.cpe
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         P = self.num_prefix_tokens
@@ -94,8 +111,11 @@ class CirculantBlock(nn.Module):
         # x + cpe(x) is one convolution whose kernel has 1 added at its centre: the block adds a 3x3 kernel instead of
         # a (B, N, C) map, and the backward gives x one gradient instead of two that autograd then adds. (A cached
         # constant, not a buffer: DDP would broadcast a buffer at every step.)
-        kernel = with_centre_tap(self.cpe.weight)
-        x = F.conv2d(maps, kernel, self.cpe.bias, padding=1, groups=C).permute(0, 2, 3, 1).reshape(B, N, C)
+        if self.cpe_with_identity is not None:
+            kernel, bias = self.cpe_with_identity.weight, self.cpe_with_identity.bias
+        else:
+            kernel, bias = with_centre_tap(self.cpe.weight), self.cpe.bias
+        x = F.conv2d(maps, kernel, bias, padding=1, groups=C).permute(0, 2, 3, 1).reshape(B, N, C)
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 

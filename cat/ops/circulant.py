@@ -170,6 +170,9 @@ class CirculantAttention(nn.Module):
         self.gate = nn.Sequential(nn.Linear(dim, dim), nn.SiLU()) if reweight != "none" else None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        # Set by reparameterize: q, k, v's and the gate's weights as one (4C, C) Linear, and the gate's bias.
+        self.qkv_gate: nn.Linear | None = None
+        self.register_parameter("gate_bias", None)
         # Analysis tools set keep_weights to read each forward's attention weights (B, heads, H, W).
         self.keep_weights = False
         self.last_weights: Tensor | None = None
@@ -180,16 +183,40 @@ class CirculantAttention(nn.Module):
             f"fft_backend={self.fft_backend!r}, lean={self.lean}, attention_kernel={self.attention_kernel!r}"
         )
 
+    def reparameterize(self) -> None:
+        """For inference (``timm.utils.reparameterize_model``; timm's benchmark and validate scripts' ``--reparam``):
+        q, k, v's and the gate's weights joined once into one (4C, C) Linear, ``qkv_gate``, so that the kernels' path
+        joins no weights at every call (one operator a block). The outputs are the same; the state dict then names
+        ``qkv_gate.weight`` and ``gate_bias`` for ``qkv.weight`` and ``gate.0``, so a checkpoint of one form does not
+        load into the other (a missing or unexpected key, by name). One way, as timm's reparameterizations are."""
+        if self.gate is None or self.qkv_gate is not None:
+            return
+        gate = cast(nn.Linear, self.gate[0])
+        weight = self.qkv.weight
+        self.qkv_gate = nn.Linear(self.dim, 4 * self.dim, bias=False, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.qkv_gate.weight.copy_(torch.cat([weight, gate.weight]))
+        self.gate_bias = nn.Parameter(gate.bias.detach().clone(), requires_grad=gate.bias.requires_grad)
+        del self.qkv
+        self.gate = None
+
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         gate_weight: Tensor | None = None
         gate_bias: Tensor | None = None
-        if self.gate is not None:
-            # A Linear (no cast here: TorchScript compiles this method, and torch types a submodule's parameter loosely)
-            gate_weight, gate_bias = self.gate[0].weight, self.gate[0].bias  # type: ignore[assignment]
+        qkv_gate_weight: Tensor | None = None
+        if self.qkv_gate is not None:  # reparameterized: q, k, v and the gate as views of one weight
+            qkv_gate_weight = self.qkv_gate.weight
+            qkv_weight = qkv_gate_weight[: 3 * self.dim]
+            gate_weight, gate_bias = qkv_gate_weight[3 * self.dim :], self.gate_bias
+        else:
+            qkv_weight = self.qkv.weight
+            if self.gate is not None:
+                # A Linear (no cast: TorchScript compiles this method, and torch types a submodule's parameter loosely)
+                gate_weight, gate_bias = self.gate[0].weight, self.gate[0].bias  # type: ignore[assignment]
         out, weights = circulant_attention_layer(
             x,
             hw,
-            self.qkv.weight,
+            qkv_weight,
             gate_weight,
             gate_bias,
             self.proj.weight,
@@ -205,6 +232,7 @@ class CirculantAttention(nn.Module):
             None,  # no qkv bias, no prefix tokens (TorchScript takes no defaults of an ignored function)
             None,
             self.attention_kernel,
+            qkv_gate_weight,
         )
         if self.keep_weights and not torch.jit.is_scripting():
             self.last_weights = weights.detach()
@@ -234,12 +262,15 @@ def circulant_attention_layer(
     qkv_bias: Tensor | None = None,
     prefix: Tensor | None = None,
     attention_kernel: str = "auto",  # KernelPolicy (TorchScript reads no Literal)
+    qkv_gate_weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:class:`CirculantAttention`'s computation on its weights: the output (B, N, C) before the
     dropout, and the attention weights (B, heads, H, W) (an empty tensor unless ``keep_weights``).
     For :func:`cat.convert`'s attention also: ``qkv_bias`` (3C,), and ``prefix`` (B, P, C),
     the attention outputs of P tokens before the grid (class and register tokens), which x then holds first,
-    (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting).
+    (B, P + N, C); they are gated and projected with the grid's (post- or no reweighting). ``qkv_gate_weight``: the
+    (4C, C) weight ``qkv_weight`` and ``gate_weight`` are the rows of (a reparameterized module's), which the kernels'
+    path then takes as it is instead of joining them.
 
     Of the qkv bias only v's part acts: a constant added to q or k shifts all of a head's logits alike (each
     logit sums over the whole torus), which the softmax ignores, and v's passes through weights that sum to 1
@@ -277,7 +308,8 @@ def circulant_attention_layer(
         from .kernels.launch import circulant_kernel_qkv
 
         if reweight == "post" and gate_weight is not None and not P:
-            out = _gated_kernel_layer(x, hw, qkv_weight, qkv_bias, gate_weight, gate_bias, head_dim, scale)
+            weight = torch.cat([qkv_weight, gate_weight]) if qkv_gate_weight is None else qkv_gate_weight
+            out = _gated_kernel_layer(x, hw, weight, qkv_bias, gate_bias, head_dim, scale)
             return F.linear(out, proj_weight, proj_bias), out.narrow(0, 0, 0)
 
         def attend(qkv: Tensor) -> Tensor:
@@ -408,27 +440,25 @@ def _token_layer(
 def _gated_kernel_layer(
     x: Tensor,
     hw: tuple[int, int],
-    qkv_weight: Tensor,
+    weight: Tensor,
     qkv_bias: Tensor | None,
-    gate_weight: Tensor,
     gate_bias: Tensor | None,
     head_dim: int,
     scale: float | None,
 ) -> Tensor:
     """The gated attention output (B, N, C), before the output projection, through the kernels with the gate in
-    them: q, k, v and the gate's pre-activation from one GEMM (B, N, 4C), the kernels applying the gate's bias and
-    SiLU and the product in the forward's epilogue, the backward recomputing. Against projecting the gate apart
-    and gating outside: one GEMM instead of two each way, and no SiLU, product or their backwards (one operator
-    each way for all of it)."""
-    from .kernels.launch import circulant_kernel_qkv
+    them: q, k, v and the gate's pre-activation from one GEMM (B, N, 4C) with ``weight`` (4C, C), the kernels
+    applying the gate's bias and SiLU and the product in the forward's epilogue, the backward making the projection
+    again and recomputing (:func:`cat.ops.kernels.launch.projected_kernel`). Against projecting the gate apart and
+    gating outside: one GEMM instead of two each way, and no SiLU, product or their backwards (one operator each way
+    for all of it)."""
+    from .kernels.launch import projected_kernel
 
-    weight = torch.cat([qkv_weight, gate_weight])
-    if qkv_bias is None:  # the gate's bias goes to the kernels (no tensor of zeros for q, k and v)
-        qkvg = F.linear(x, weight)
-    else:
-        bias = torch.cat([qkv_bias, gate_bias if gate_bias is not None else qkv_bias.new_zeros(gate_weight.shape[0])])
-        qkvg, gate_bias = F.linear(x, weight, bias), None
-    return circulant_kernel_qkv(qkvg, hw, head_dim, scale, gated=True, gate_bias=gate_bias)
+    bias = None
+    if qkv_bias is not None:  # else the gate's bias goes to the kernels (no tensor of zeros for q, k and v)
+        bias = torch.cat([qkv_bias, gate_bias if gate_bias is not None else qkv_bias.new_zeros(weight.shape[1])])
+        gate_bias = None
+    return projected_kernel(x, weight, bias, gate_bias, hw, head_dim, scale)
 
 
 def _torus_offset_index(hw: tuple[int, int], device: torch.device | None = None) -> Tensor:

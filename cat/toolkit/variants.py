@@ -18,6 +18,7 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from timm.utils.model import reparameterize_model
 
 import cat
 from cat.classification.optimization import step_kwargs
@@ -25,7 +26,7 @@ from cat.errors import ConfigError
 from cat.ops import CirculantAttention, set_attention_kernel, set_fft_backend, set_lean_attention
 from cat.ops.reference import released_circulant_attention
 
-__all__ = ["VARIANTS", "split_variant", "build_variant", "train_step_fns"]
+__all__ = ["VARIANTS", "split_variant", "build_variant", "inference_variant", "train_step_fns"]
 
 VARIANTS = (
     "",
@@ -76,6 +77,14 @@ def build_variant(spec: str, res: int, device: str | torch.device, model_args: d
         for module in softmax:
             module.fused_attn = False
     return model
+
+
+def inference_variant(spec: str, res: int, device: str | torch.device, model_args: dict[str, Any]) -> Any:
+    """:func:`build_variant`'s model as inference runs it: in eval mode, reparameterized
+    (``timm.utils.reparameterize_model``: circulant blocks add their convolution's centre tap and join their
+    projections' weights once) but for ``+released``, which reads the released parameters by name."""
+    model = build_variant(spec, res, device, model_args).eval()
+    return model if split_variant(spec)[1] == "released" else reparameterize_model(model, inplace=True)
 
 
 def train_step_fns(

@@ -34,3 +34,54 @@ def test_nhwc_block_is_the_token_block():
 @pytest.mark.parametrize(("pattern", "counts"), [("CCSS", [2, 2, 0, 0]), ("CM1SM2", [2, 1, 0, 2])])
 def test_attn_pattern(pattern, counts):
     assert parse_attn_pattern(pattern, (2, 2, 6, 2)) == counts
+
+
+REPARAMETERIZED = {  # (kwargs, input side): a few blocks, small grids (the kernels run in Triton's interpreter)
+    "ca_deit_tiny": ({"img_size": 32, "depth": 2, "embed_dim": 16, "patch_size": 4}, 32),
+    "ca_pvt_tiny": ({"depths": (1, 1, 1, 1), "embed_dims": (8, 16, 40, 64)}, 64),
+}
+
+
+@pytest.mark.parametrize("name", REPARAMETERIZED)
+def test_a_reparameterized_model_gives_the_same_outputs_with_two_operators_fewer_a_block(name):
+    """timm.utils.reparameterize_model (timm's --reparam): each circulant block adds its convolution's centre tap
+    and joins its projections' weights once; the logits and the gradients are the same on the ATen path and
+    through the kernels, the kernels' inference issues two operators fewer a block, and the renamed state dict
+    keeps a checkpoint of one form from loading into the other."""
+    import timm
+    from timm.utils.model import reparameterize_model
+
+    import cat  # noqa: F401  (registers cat's models with timm)
+    from cat.ops import set_attention_kernel
+    from cat.toolkit.dispatch import count_kernels
+
+    torch.manual_seed(0)
+    kwargs, side = REPARAMETERIZED[name]
+    model = timm.create_model(name, **kwargs).eval()
+    x = torch.randn(2, 3, side, side)
+    for kernel in ("aten", "triton"):
+        set_attention_kernel(model, kernel)
+        fused = reparameterize_model(model)
+        torch.testing.assert_close(fused(x), model(x), rtol=1e-6, atol=1e-6)
+        model.zero_grad()
+        model(x).square().sum().backward()
+        fused(x).square().sum().backward()
+        pairs = zip(
+            (m for m in model.modules() if isinstance(m, CirculantBlock)),
+            (m for m in fused.modules() if isinstance(m, CirculantBlock)),
+            strict=True,
+        )
+        for block, fused_block in pairs:
+            joined = torch.cat([block.attn.qkv.weight.grad, block.attn.gate[0].weight.grad])
+            torch.testing.assert_close(fused_block.attn.qkv_gate.weight.grad, joined, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(fused_block.cpe_with_identity.weight.grad, block.cpe.weight.grad)
+    with torch.no_grad():
+        counts = [sum(count_kernels(lambda m=m: m(x)).values()) for m in (model, fused)]
+    blocks = sum(isinstance(m, CirculantBlock) for m in model.modules())
+    assert counts[0] - counts[1] == 2 * blocks, counts
+    names = {key.split(".")[-2] for key in fused.state_dict() if "." in key}
+    assert {"cpe_with_identity", "qkv_gate", "attn"} <= names and not {"cpe", "qkv"} & names, names
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*cpe_with_identity\.weight"):
+        fused.load_state_dict(model.state_dict())
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*cpe\.weight"):
+        model.load_state_dict(fused.state_dict())

@@ -98,10 +98,16 @@ def test_the_fused_function_issues_a_fixed_number_of_kernels_until_the_budget_sp
     assert split > counts[1] if lean else split == counts[1]
 
 
-def inference_kernels(name: str, res: int, attention_kernel: str = "auto") -> int:
+def inference_kernels(name: str, res: int, attention_kernel: str = "auto", reparameterized: bool = False) -> int:
+    """The operators of one forward at ``res``, batch 1, in eval mode; ``reparameterized`` as cat's inference tools
+    run it (:func:`cat.toolkit.variants.inference_variant`: timm.utils.reparameterize_model)."""
+    from timm.utils.model import reparameterize_model
+
     from cat.ops import set_attention_kernel
 
     model = set_attention_kernel(timm.create_model(name, img_size=res).eval(), attention_kernel)
+    if reparameterized:
+        reparameterize_model(model, inplace=True)
     with torch.no_grad(), sizes_only():
         x = torch.randn(1, 3, res, res)
         model(x)
@@ -164,8 +170,8 @@ def kernel_counts(deit_kernels) -> dict[str, tuple[int, int]]:
         "fp32": (sized_step_kernels(through_kernels(224), 64), deit_kernels[False]),
         "bf16": (sized_step_kernels(through_kernels(224), 64, amp=True), deit_kernels[True]),
         "infer_1536": (
-            inference_kernels("ca_deit_tiny", 1536, "triton"),
-            inference_kernels("deit_tiny_patch16_224", 1536),
+            inference_kernels("ca_deit_tiny", 1536, "triton", reparameterized=True),
+            inference_kernels("deit_tiny_patch16_224", 1536, reparameterized=True),
         ),
         "memory_1024": memory,
     }
@@ -173,12 +179,13 @@ def kernel_counts(deit_kernels) -> dict[str, tuple[int, int]]:
 
 def test_the_kernels_count_as_one_operator_each_way(kernel_counts):
     """With the kernels a block's attention, its gate included, is one operator each way: CA-DeiT-T's training step
-    issues 1.06x DeiT-T's operators in float32 (400 against 378; the ATen path: 1.95x) and 0.95x under bf16 autocast
-    (627 against 657; 1.5x): q, k, v and the gate come from one GEMM, and the kernels apply the gate. What remains
-    beyond DeiT-T is each block's depthwise convolution and its centre tap and the join of the two projections'
-    weights. Inference at 1536^2: 1.29x (161 against 125; the same three operators a block). Training memory at
-    1024^2, batch 1: 1.13x DeiT-T's: a block keeps its input for the convolution's backward and the gate's C
-    channels beside q, k, v (2C a token that DeiT-T does not keep; no spectrum; the stored ATen path: 1.37x)."""
+    issues 1.09x DeiT-T's operators in float32 (412 against 378; the ATen path: 1.95x) and 0.97x under bf16 autocast
+    (639 against 657; 1.5x): q, k, v and the gate come from one GEMM, the kernels apply the gate, and the backward
+    makes the projection again (one GEMM a block) instead of keeping it. What remains beyond DeiT-T is each block's
+    depthwise convolution and its centre tap and the join of the two projections' weights. Inference at 1536^2,
+    reparameterized as cat's inference tools run it (the centre tap and the join made once): 1.10x (137 against 125;
+    the convolution a block; 161, 1.29x, without). Training memory at 1024^2, batch 1: 0.89x DeiT-T's: a block keeps
+    its attention's input, not its (B, N, 4C) projection (1.13x when it kept it; the stored ATen path: 1.37x)."""
     ratios = {name: ours / deit for name, (ours, deit) in kernel_counts.items()}
-    assert ratios["fp32"] <= 1.1 and ratios["bf16"] <= 1.0 and ratios["infer_1536"] <= 1.3, kernel_counts
-    assert ratios["memory_1024"] <= 1.14, kernel_counts
+    assert ratios["fp32"] <= 1.1 and ratios["bf16"] <= 1.0 and ratios["infer_1536"] <= 1.1, kernel_counts
+    assert ratios["memory_1024"] <= 0.9, kernel_counts

@@ -14,7 +14,7 @@ import cat
 from cat.ops import circulant_attention, set_attention_kernel
 from cat.ops.kernels import check, launch
 from cat.ops.kernels.check import use_kernels
-from cat.ops.kernels.launch import circulant_kernel, circulant_kernel_qkv, kernel_forward
+from cat.ops.kernels.launch import circulant_kernel, circulant_kernel_qkv, kernel_forward, projected_kernel
 from cat.ops.policy import KERNEL_INFERENCE_TILE, KERNEL_TRAINING_TILE, kernel_for, tile_of
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -71,6 +71,39 @@ def test_the_gate_in_the_kernels_epilogue_gives_the_gated_operator_and_its_gradi
     assert relative(out, ref) < 1e-5
     for mine, theirs in zip(grads, grads_ref, strict=True):
         assert relative(mine, theirs) < 1e-5
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16_autocast"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["gate_bias", "joined_bias"])
+def test_making_the_projection_again_in_the_backward_gives_what_keeping_it_gives(amp, with_bias):
+    """projected_kernel keeps x and the weights, not the (B, N, 4C) projection, and makes it again in the backward:
+    the output and every gradient equal those of the kept projection (F.linear, then the kernels), in float32 and
+    under bf16 autocast, with the gate's bias in the kernels or a bias joined to the projection's."""
+    torch.manual_seed(0)
+    hw, C = (3, 5), 4
+    x = torch.randn(2, 15, C, requires_grad=True)
+    weight = torch.randn(4 * C, C, requires_grad=True)
+    bias = torch.randn(4 * C, requires_grad=True) if with_bias else None
+    gate_bias = None if with_bias else torch.randn(C, requires_grad=True)
+    leaves = [t for t in (x, weight, bias, gate_bias) if t is not None]
+    g = torch.randn(2, 15, C)
+    results = []
+    for recompute in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            if recompute:
+                out = projected_kernel(x, weight, bias, gate_bias, hw)
+            else:
+                qkvg = torch.nn.functional.linear(x, weight, bias)
+                out = circulant_kernel_qkv(qkvg, hw, gated=True, gate_bias=gate_bias)
+        results.append((out, torch.autograd.grad(out, leaves, g.to(out.dtype))))
+    (out, grads), (kept_out, kept_grads) = results
+    assert out.dtype == (torch.bfloat16 if amp else torch.float32)
+    torch.testing.assert_close(out, kept_out, rtol=0, atol=0)
+    for mine, kept in zip(grads, kept_grads, strict=True):
+        assert mine.dtype == kept.dtype
+        torch.testing.assert_close(mine, kept, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"weight \(4C, C\) needed; got \(2, 15, 4\) and \(12, 4\)"):
+        projected_kernel(x, weight[:12], None, None, hw)
 
 
 def test_a_64_by_64_grid_and_an_explicit_scale():

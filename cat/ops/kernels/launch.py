@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..policy import gemm_precision, tile_of
 from . import backward as backward_module
@@ -27,6 +29,7 @@ __all__ = [
     "kernels",
     "circulant_kernel",
     "circulant_kernel_qkv",
+    "projected_kernel",
     "compiled_for",
 ]
 
@@ -196,6 +199,64 @@ def circulant_kernel_qkv(
     scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
     precision = gemm_precision(qkv.dtype, qkv.device)
     return kernel_forward(qkv, gate_bias, gated, H, W, head_dim, scale, precision)[0]
+
+
+class _ProjectedKernel(torch.autograd.Function):
+    """The gated kernels of ``x``'s projection, keeping ``x`` and the weights instead of the projection's output: the
+    backward computes the (B, N, 4C) projection again (one GEMM) as flash attention recomputes its logits, so a block
+    keeps C floats a token for its attention instead of 4C."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, gate_bias, settings):
+        H, W, head_dim, scale, precision = settings
+        out, lse = kernel_forward(F.linear(x, weight, bias), gate_bias, True, H, W, head_dim, scale, precision)
+        ctx.save_for_backward(x, weight, bias, gate_bias, lse)
+        ctx.settings = settings
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_out):
+        x, weight, bias, gate_bias, lse = ctx.saved_tensors
+        qkvg = F.linear(x, weight, bias)
+        grad = kernel_backward(g_out, qkvg, gate_bias, True, lse, *ctx.settings)
+        rows = grad.flatten(0, 1)
+        needs = ctx.needs_input_grad
+        grad_x = grad @ weight if needs[0] else None
+        grad_weight = rows.t() @ x.flatten(0, 1) if needs[1] else None
+        grad_bias = rows.sum(0) if bias is not None and needs[2] else None
+        grad_gate_bias = None
+        if gate_bias is not None and needs[3]:
+            grad_gate_bias = rows[:, 3 * gate_bias.shape[0] :].sum(0, dtype=gate_bias.dtype)
+        return grad_x, grad_weight, grad_bias, grad_gate_bias, None
+
+
+def projected_kernel(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    gate_bias: Tensor | None,
+    hw: tuple[int, int],
+    head_dim: int = 1,
+    scale: float | None = None,
+) -> Tensor:
+    """The gated :func:`circulant_kernel_qkv` of ``F.linear(x, weight, bias)`` (``weight`` (4C, C): q, k, v and the
+    gate), the projection made again in the backward instead of kept. Under autocast ``x``, ``weight`` and ``bias``
+    are cast as ``F.linear`` would cast them, before the function (the backward then makes the projection in the
+    forward's dtype; autograd casts the gradients back)."""
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    C = x.shape[-1]
+    if x.dim() != 3 or weight.shape != (4 * C, C):
+        raise ValueError(f"x (B, N, C) and weight (4C, C) needed; got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if gate_bias is not None and gate_bias.shape != (C,):
+        raise ValueError(f"the gate's bias must have shape ({C},); got {tuple(gate_bias.shape)}")
+    H, W = hw
+    scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
+    settings = (H, W, head_dim, scale, gemm_precision(x.dtype, x.device))
+    return _ProjectedKernel.apply(x, weight, bias, gate_bias, settings)
 
 
 def circulant_kernel(
