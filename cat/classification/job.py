@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from timm.utils.model import reparameterize_model
 
 from cat.data import SplitDataset, build_dataset
 from cat.errors import ConfigError
@@ -58,16 +59,20 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         weights["ema_"] = extract_state_dict(entries, checkpoint, use_ema=True)
     trained_config = recorded_config(entries)
     del entries  # the optimizer's state, among others
+    # Inference only: the models reparameterized once their weights loaded (weight-only work done once; timm's own).
     models = {
         prefix: precision.model(
-            build_model(
-                cfg.model,
-                num_classes,
-                cfg.input_size()[0],
-                checkpoint,
-                cfg.strict_load,
-                state_dict=state_dict,
-                trained_config=trained_config,
+            reparameterize_model(
+                build_model(
+                    cfg.model,
+                    num_classes,
+                    cfg.input_size()[0],
+                    checkpoint,
+                    cfg.strict_load,
+                    state_dict=state_dict,
+                    trained_config=trained_config,
+                ),
+                inplace=True,
             )
         )
         for prefix, state_dict in weights.items()
@@ -122,13 +127,16 @@ def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, An
     hw = cfg.input_size()
     precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
     model = precision.model(
-        build_model(
-            cfg.model,
-            cfg.data.num_classes or 1000,
-            hw[0],
-            checkpoint=cfg.checkpoint,
-            strict=cfg.strict_load,
-            use_ema=cfg.checkpoint_ema,
+        reparameterize_model(
+            build_model(
+                cfg.model,
+                cfg.data.num_classes or 1000,
+                hw[0],
+                checkpoint=cfg.checkpoint,
+                strict=cfg.strict_load,
+                use_ema=cfg.checkpoint_ema,
+            ),
+            inplace=True,
         )
     )
     folder.write_config(cfg)
