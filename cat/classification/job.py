@@ -59,21 +59,18 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
         weights["ema_"] = extract_state_dict(entries, checkpoint, use_ema=True)
     trained_config = recorded_config(entries)
     del entries  # the optimizer's state, among others
-    # Inference only: the models reparameterized once their weights loaded (weight-only work done once; timm's own).
     models = {
-        prefix: precision.model(
-            reparameterize_model(
-                build_model(
-                    cfg.model,
-                    num_classes,
-                    cfg.input_size()[0],
-                    checkpoint,
-                    cfg.strict_load,
-                    state_dict=state_dict,
-                    trained_config=trained_config,
-                ),
-                inplace=True,
-            )
+        prefix: _for_inference(
+            precision,
+            build_model(
+                cfg.model,
+                num_classes,
+                cfg.input_size()[0],
+                checkpoint,
+                cfg.strict_load,
+                state_dict=state_dict,
+                trained_config=trained_config,
+            ),
         )
         for prefix, state_dict in weights.items()
     }
@@ -119,6 +116,12 @@ def paper_reference(cfg: ClsConfig, num_classes: int) -> tuple[str, float] | Non
     return paper_top1(cfg.model.name, cfg.input_size()[0])
 
 
+def _for_inference(precision: Precision, model: torch.nn.Module) -> torch.nn.Module:
+    """A model whose weights are loaded, reparameterized for inference (timm's: circulant blocks make their
+    weight-only work once) and put in ``precision``'s device, dtype and layout."""
+    return precision.model(reparameterize_model(model, inplace=True))
+
+
 def _val_set(cfg: ClsConfig, env: DistEnv) -> SplitDataset:
     return build_dataset(cfg.data, cfg.aug, "val", env.rank, env.world_size)
 
@@ -126,18 +129,16 @@ def _val_set(cfg: ClsConfig, env: DistEnv) -> SplitDataset:
 def _throughput(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     hw = cfg.input_size()
     precision = Precision.from_config(cfg.amp, env.device, cfg.channels_last)
-    model = precision.model(
-        reparameterize_model(
-            build_model(
-                cfg.model,
-                cfg.data.num_classes or 1000,
-                hw[0],
-                checkpoint=cfg.checkpoint,
-                strict=cfg.strict_load,
-                use_ema=cfg.checkpoint_ema,
-            ),
-            inplace=True,
-        )
+    model = _for_inference(
+        precision,
+        build_model(
+            cfg.model,
+            cfg.data.num_classes or 1000,
+            hw[0],
+            checkpoint=cfg.checkpoint,
+            strict=cfg.strict_load,
+            use_ema=cfg.checkpoint_ema,
+        ),
     )
     folder.write_config(cfg)
     folder.log.info("%s", describe_precision(cfg.amp, env.device))

@@ -195,10 +195,14 @@ def circulant_kernel_qkv(
     head's channels, w = softmax over the N offsets, out_i = sum_d w_d v_{i+d}; (B, N, C). With ``gated`` the
     projection's output is (B, N, 4C), the gate's pre-activation a its last C channels, and the output is
     out * SiLU(a + ``gate_bias``). ``scale`` None: the released 1 / sqrt(N head_dim)."""
+    return kernel_forward(qkv, gate_bias, gated, *_settings(hw, head_dim, scale, qkv))[0]
+
+
+def _settings(hw: tuple[int, int], head_dim: int, scale: float | None, x: Tensor) -> tuple[int, int, int, float, str]:
+    """The kernels' H, W, head dim, scale (None: the released 1 / sqrt(N head_dim)) and GEMM precision for ``x``."""
     H, W = hw
     scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
-    precision = gemm_precision(qkv.dtype, qkv.device)
-    return kernel_forward(qkv, gate_bias, gated, H, W, head_dim, scale, precision)[0]
+    return H, W, head_dim, scale, gemm_precision(x.dtype, x.device)
 
 
 class _ProjectedKernel(torch.autograd.Function):
@@ -253,10 +257,7 @@ def projected_kernel(
         raise ValueError(f"x (B, N, C) and weight (4C, C) needed; got {tuple(x.shape)} and {tuple(weight.shape)}")
     if gate_bias is not None and gate_bias.shape != (C,):
         raise ValueError(f"the gate's bias must have shape ({C},); got {tuple(gate_bias.shape)}")
-    H, W = hw
-    scale = (H * W * head_dim) ** -0.5 if scale is None else float(scale)
-    settings = (H, W, head_dim, scale, gemm_precision(x.dtype, x.device))
-    return _ProjectedKernel.apply(x, weight, bias, gate_bias, settings)
+    return _ProjectedKernel.apply(x, weight, bias, gate_bias, _settings(hw, head_dim, scale, x))
 
 
 def circulant_kernel(
