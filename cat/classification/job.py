@@ -89,15 +89,8 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
             console_text(result),
             result["num_images"],
         )
-        if (expected := paper_reference(cfg, num_classes)) is not None:
-            label, top1 = expected
-            folder.log.info(
-                "the paper's ImageNet-1K top-1 for %s at %d²: %.1f%% (Table 2); this eval: %.2f%%",
-                label,
-                cfg.input_size()[0],
-                top1,
-                result["top1"],
-            )
+        if (line := beside_the_paper(cfg, num_classes, result["top1"])) is not None:
+            folder.log.info("%s", line)
         metrics.update({f"{prefix}{metric.name}": result[metric.name] for metric in EVAL_METRICS})
         metrics.setdefault("num_images", result["num_images"])
     # One name per metric (cat.classification.metrics): eval/<name> in metrics.json, metrics.jsonl and W&B.
@@ -106,14 +99,18 @@ def _eval(cfg: ClsConfig, env: DistEnv, folder: RunFolder) -> dict[str, Any]:
     return {**record, "checkpoint": os.path.abspath(checkpoint)}
 
 
-def paper_reference(cfg: ClsConfig, num_classes: int) -> tuple[str, float] | None:
-    """Table 2's label and ImageNet-1K top-1 for the model an eval of ``cfg`` runs, where that model is one the
-    table prints: its registered configuration (no ``model.kwargs``, not converted), 1000 classes, at a size the
-    table gives. None otherwise: a Table 5 ablation (``kwargs: {reweight: none}``) or a narrower model under the
-    same name is not the model the paper measured."""
+def beside_the_paper(cfg: ClsConfig, num_classes: int, top1: float) -> str | None:
+    """The eval log's line putting Table 2's ImageNet-1K top-1 beside ``top1``, where the model an eval of ``cfg``
+    runs is one the table prints: its registered configuration (no ``model.kwargs``, not converted), 1000 classes,
+    at a size the table gives. None otherwise: a Table 5 ablation (``kwargs: {reweight: none}``) or a narrower model
+    under the same name is not the model the paper measured."""
     if num_classes != 1000 or cfg.model.kwargs or cfg.model.convert is not None:
         return None
-    return paper_top1(cfg.model.name, cfg.input_size()[0])
+    size = cfg.input_size()[0]
+    if (reference := paper_top1(cfg.model.name, size)) is None:
+        return None
+    label, paper = reference
+    return f"the paper's ImageNet-1K top-1 for {label} at {size}²: {paper:.1f}% (Table 2); this eval: {top1:.2f}%"
 
 
 def _for_inference(precision: Precision, model: torch.nn.Module) -> torch.nn.Module:
