@@ -347,7 +347,8 @@ def test_preempted_job_checkpoints_mid_epoch_once_requeues_and_matches(slurm, re
     """On every node the cluster has (two, or one where namespaces cannot be made), submitted with resume=false over
     an earlier run: the job starts the folder over once; a stop mid-epoch saves one checkpoint holding every rank's
     state; the requeued job goes on with what it trained, not starting over again, to the uninterrupted run's
-    weights. (The single-node template's requeue: the slow-to-save test below.)"""
+    weights. (The single-node template's requeue: the slow-to-save test above.)"""
+    assert_nodes_usable()
     steps = 179 // slurm  # an epoch's steps on each of the job's ranks
     out, log = run_folder(tmp_path / "run"), tmp_path / "job.out"
     (out / "metrics.jsonl").write_text("{}\n")  # an earlier run's record
