@@ -3,18 +3,24 @@
 ``--durations``, the totals by tier, and the tests that took the most. On 2 cores the suite is bound by the CPU, so
 this, not the wall clock of one test among three workers, says what a change to a test saves.
 
-A command a test does not wait for itself is not counted: the commands :mod:`tests.prewarmed` forks from its
-interpreter (their CPU reaches the worker when that interpreter ends), Slurm's jobs and daemons, and Inductor's
-compile workers. ``/usr/bin/time`` on the whole command gives the run's total; the difference is theirs."""
+The commands a test waits for include those :mod:`tests.prewarmed` forks for it (their CPU time comes back with
+their exit status). A command a test does not wait for itself is not counted: Slurm's jobs and daemons, torchrun's
+workers (forked through the server's shim), and Inductor's compile workers, whose C++ compilers count to the test
+that ends their pool. ``/usr/bin/time`` on the whole command gives the run's total; the difference is theirs.
+``CAT_TEST_CPU_TOP=N`` lists the N costliest tests (15 by default)."""
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Generator
 
 import pytest
 
-TOP = 15
+from tests import prewarmed
+
+# How many of the costliest tests the summary lists (CAT_TEST_CPU_TOP=2000: every one).
+TOP = int(os.environ.get("CAT_TEST_CPU_TOP", "15"))
 _START = pytest.StashKey[tuple[float, float]]()
 _rows: list[tuple[float, float, bool, str]] = []  # (own, waited commands', slow, test) as the reports arrive
 
@@ -24,9 +30,14 @@ def _cpu_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _waited_cpu_seconds() -> float:
+    """The commands this process waited for: its children's and those the prewarmed server forked for it."""
+    return _cpu_seconds(resource.RUSAGE_CHILDREN) + prewarmed.forked_cpu_s
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-    item.stash[_START] = (_cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN))
+    item.stash[_START] = (_cpu_seconds(resource.RUSAGE_SELF), _waited_cpu_seconds())
     yield
 
 
@@ -38,7 +49,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
         # On the report, so that it reaches pytest-xdist's controller from the worker that ran the test.
         outcome.get_result().user_properties += [
             ("cpu_own_s", _cpu_seconds(resource.RUSAGE_SELF) - own),
-            ("cpu_waited_s", _cpu_seconds(resource.RUSAGE_CHILDREN) - children),
+            ("cpu_waited_s", _waited_cpu_seconds() - children),
         ]
 
 

@@ -1,6 +1,7 @@
 """The prewarmed children (tests/prewarmed.py): torchrun stays a process of its own and its workers are forked, a
 shim killed outright takes its forked command with it, as the killed process would have ended, and a command past
-its timeout ends with its output kept and its own commands ended."""
+its timeout ends with its output kept and its own commands ended; a forked command's CPU time comes back to the
+process that waited for it."""
 
 from __future__ import annotations
 
@@ -104,3 +105,11 @@ def test_a_command_past_its_timeout_ends_with_what_it_printed_and_takes_its_comm
     while Path(f"/proc/{grandchild}").exists() and _state(grandchild) != "Z":
         assert time.monotonic() < deadline, "the command's own command outlived the timeout"
         time.sleep(0.05)
+
+
+def test_a_forked_commands_cpu_time_comes_back_to_the_process_that_waited():
+    """tests/cpu_time.py counts a forked command's CPU to its test: the server returns it with the exit status."""
+    burn = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3: pass"
+    before = prewarmed.forked_cpu_s
+    prewarmed.run([sys.executable, "-c", burn], cwd=REPO, check=True, timeout=60)
+    assert prewarmed.forked_cpu_s - before >= 0.3

@@ -57,11 +57,13 @@ def test_adam_steps_fused_on_cuda_unless_the_config_says_otherwise():
     assert optimizer.defaults["fused"] is True  # timm passes it on to torch's AdamW
 
 
-def build(name: str) -> torch.nn.Module:
+def build(name: str, depth: int = 1) -> torch.nn.Module:
+    """A small model of the kind ``name``; one block (the default) holds every operator a compiled step meets, and
+    Inductor's time grows with the blocks."""
     torch.manual_seed(0)
     if name == "converted":
-        return cat.convert(timm.create_model("deit_tiny_patch16_224", img_size=32, depth=2, num_classes=5))
-    model = timm.create_model("ca_deit_tiny", img_size=32, depth=2, num_classes=5)
+        return cat.convert(timm.create_model("deit_tiny_patch16_224", img_size=32, depth=depth, num_classes=5))
+    model = timm.create_model("ca_deit_tiny", img_size=32, depth=depth, num_classes=5)
     return set_lean_attention(model, True) if name == "lean" else model
 
 
@@ -141,7 +143,7 @@ def test_lean_auto_follows_the_memory_rule_when_compiled():
     from cat.ops import set_attention_memory
     from cat.runtime import Precision
 
-    model = build("ca_deit_tiny")
+    model = build("ca_deit_tiny", depth=2)
     x = torch.randn(4, 3, 32, 32)
     for memory_mb, lean in ((1, True), (4096, False)):
         set_attention_memory(model, memory_mb)
