@@ -19,7 +19,7 @@ import pytest
 
 from tests import prewarmed
 
-# How many of the costliest tests the summary lists (CAT_TEST_CPU_TOP=2000: every one).
+# How many of the costliest tests the summary lists (a number at least the test count lists every one).
 TOP = int(os.environ.get("CAT_TEST_CPU_TOP", "15"))
 _START = pytest.StashKey[tuple[float, float]]()
 _rows: list[tuple[float, float, bool, str]] = []  # (own, waited commands', slow, test) as the reports arrive
