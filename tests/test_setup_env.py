@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -113,12 +114,7 @@ def checkout(tmp_path_factory) -> Path:
 def test_setup_uses_only_the_cached_files_it_verified(checkout, tmp_path):
     xdg, marker = tmp_path / "xdg", tmp_path / "planted_uv_ran"
     cache = xdg / "cat"
-    torch_tag = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__.replace('+', '_'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    torch_tag = torch.__version__.replace("+", "_")  # the suite's venv's torch, which the copy's venv installs too
     wheels = cache / "wheels" / f"torch-{torch_tag}"
     wheels.mkdir(parents=True)
     wheel = _fake_mmcv(wheels)

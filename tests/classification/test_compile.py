@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 
 import pytest
 import timm
@@ -15,7 +16,8 @@ import cat
 from cat.classification.model_building import compile_plan, compiled
 from cat.classification.optimization import step_kwargs
 from cat.ops import set_lean_attention
-from tests.conftest import typed_cls
+from tests import prewarmed
+from tests.conftest import REPO, typed_cls
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -266,11 +268,29 @@ def test_two_process_compiled_ddp_splits_at_buckets_and_trains_as_eager(tmp_path
     buckets (several backward graphs, one per bucket, each bucket's all-reduce free to start as its graph ends), and
     three steps give eager DDP's losses."""
     import json
-
-    import torch.multiprocessing as mp
+    import subprocess
+    import sys
 
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    # Each rank a process of its own, forked from the prewarmed interpreter: torch, timm and cat already imported.
+    ranks = [
+        prewarmed.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"from {__name__} import _ddp_rank; _ddp_rank({rank}, {str(tmp_path / 'store')!r}, {str(out)!r})",
+            ],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for rank in ranks:
+        output = rank.communicate(timeout=300)[0]
+        assert rank.returncode == 0, output[-3000:]
     result = json.loads(out.read_text())
     assert result["backward_graphs"] > 1
     assert result["losses"]["eager"][2] < result["losses"]["eager"][0]

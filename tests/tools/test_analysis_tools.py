@@ -764,13 +764,21 @@ def test_predict_builds_a_model_that_takes_no_input_size(run_tool, tmp_path):
 
 
 def test_predict_refuses_a_decompression_bomb_in_one_line(run_tool, tmp_path):
-    """A 30000 x 30000 PNG (a few hundred kilobytes, 2.7 GB decoded): refused before it is decoded."""
+    """A 30000 x 30000 PNG (3 MB, 2.7 GB decoded): refused before it is decoded."""
     import zlib
 
     width = height = 30000
     row = b"\0" + b"\0" * (3 * width)
-    compressor = zlib.compressobj(9)
-    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    # A valid zlib stream of every row, without deflating 2.7 GB (7 CPU-seconds): one row deflated up to a full flush
+    # is a run of blocks that needs no earlier bytes, so it repeats; then an empty final block and the data's Adler-32.
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    one_row = deflate.compress(row) + deflate.flush(zlib.Z_FULL_FLUSH)
+    checksum = 1
+    for _ in range(height):
+        checksum = zlib.adler32(row, checksum)
+    final = zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+    data = b"\x78\xda" + one_row * height + final + checksum.to_bytes(4, "big")
+    assert zlib.decompressobj().decompress(data, 2**20) == row * (2**20 // len(row)) + row[: 2**20 % len(row)]
 
     def chunk(kind: bytes, payload: bytes) -> bytes:
         return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
