@@ -270,27 +270,36 @@ def test_two_process_compiled_ddp_splits_at_buckets_and_trains_as_eager(tmp_path
     import json
     import subprocess
     import sys
+    import time
 
     out = tmp_path / "out.json"
     # Each rank a process of its own, forked from the prewarmed interpreter: torch, timm and cat already imported.
-    ranks = [
-        prewarmed.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"from {__name__} import _ddp_rank; _ddp_rank({rank}, {str(tmp_path / 'store')!r}, {str(out)!r})",
-            ],
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
+    # Its output goes to a file (a full pipe would stall it while the other is waited for).
+    logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
+    ranks = []
+    for rank, log in enumerate(logs):
+        with open(log, "w") as output:
+            code = f"from {__name__} import _ddp_rank; _ddp_rank({rank}, {str(tmp_path / 'store')!r}, {str(out)!r})"
+            ranks.append(
+                prewarmed.Popen(
+                    [sys.executable, "-c", code],
+                    cwd=REPO,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    # Until both end, one fails (the other would wait on it in gloo) or five minutes pass; then neither is left.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not all(r.poll() == 0 for r in ranks):
+        if any(r.poll() not in (None, 0) for r in ranks):
+            break
+        time.sleep(0.1)
     for rank in ranks:
-        output = rank.communicate(timeout=300)[0]
-        assert rank.returncode == 0, output[-3000:]
+        if rank.poll() is None:
+            rank.kill()
+        rank.wait()
+    assert [r.returncode for r in ranks] == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     result = json.loads(out.read_text())
     assert result["backward_graphs"] > 1
     assert result["losses"]["eager"][2] < result["losses"]["eager"][0]
