@@ -18,6 +18,7 @@ from cat.classification.optimization import step_kwargs
 from cat.ops import set_lean_attention
 from tests import prewarmed
 from tests.conftest import REPO, typed_cls
+from tests.subprocess_output import TAIL_CHARS
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -276,30 +277,25 @@ def test_two_process_compiled_ddp_splits_at_buckets_and_trains_as_eager(tmp_path
     # Each rank a process of its own, forked from the prewarmed interpreter: torch, timm and cat already imported.
     # Its output goes to a file (a full pipe would stall it while the other is waited for).
     logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
-    ranks = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = []
     for rank, log in enumerate(logs):
+        code = f"from {__name__} import _ddp_rank; _ddp_rank({rank}, {str(tmp_path / 'store')!r}, {str(out)!r})"
         with open(log, "w") as output:
-            code = f"from {__name__} import _ddp_rank; _ddp_rank({rank}, {str(tmp_path / 'store')!r}, {str(out)!r})"
-            ranks.append(
+            procs.append(
                 prewarmed.Popen(
-                    [sys.executable, "-c", code],
-                    cwd=REPO,
-                    env={**os.environ, "OMP_NUM_THREADS": "1"},
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
+                    [sys.executable, "-c", code], cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
                 )
             )
-    # Until both end, one fails (the other would wait on it in gloo) or five minutes pass; then neither is left.
+    # Until both end, one fails (the other would wait on it in gloo) or five minutes pass; then none is left running.
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not all(r.poll() == 0 for r in ranks):
-        if any(r.poll() not in (None, 0) for r in ranks):
-            break
+    while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for rank in ranks:
-        if rank.poll() is None:
-            rank.kill()
-        rank.wait()
-    assert [r.returncode for r in ranks] == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log.read_text()[-TAIL_CHARS:] for log in logs)
     result = json.loads(out.read_text())
     assert result["backward_graphs"] > 1
     assert result["losses"]["eager"][2] < result["losses"]["eager"][0]
